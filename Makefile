@@ -1,0 +1,32 @@
+# `make demo` and `make test` work on a fresh machine: each creates .venv and installs first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Flower's CLI would otherwise reinstall the app's dependencies with uv and phone home.
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+export FLWR_TELEMETRY_ENABLED := 0
+export FLWR_DISABLE_UPDATE_CHECK := 1
+
+.PHONY: install demo test lint clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/edgefleet run scenarios/default.toml --report
+
+lint: install
+	$(BIN)/ruff format --check edgefleet tests benchmarks
+	$(BIN)/ruff check edgefleet tests benchmarks
+	$(BIN)/mypy edgefleet
+
+test: lint
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) runs report .pytest_cache .mypy_cache .ruff_cache

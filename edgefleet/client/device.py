@@ -1,0 +1,102 @@
+"""What a device is: its identity, its local data and a model to train, built once per process.
+
+Flower's quickstart rebuilds the data set and the model on every message; on a simulation
+that is a large share of the time. A :class:`Device` is built on the first message a
+process sees for a (run config, node) pair and reused for every later round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from edgefleet.config import RunConfig, parse_run_config
+from edgefleet.task.data import (
+    ArrayDataset,
+    load_dataset,
+    partition_indices,
+    split_local,
+)
+from edgefleet.task.models import build_model
+from edgefleet.task.train import seed_for
+
+
+class NodeConfigError(ValueError):
+    """A SuperNode's ``--node-config`` is missing a key or has a bad value."""
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """The node-level facts a device reports. In simulation Flower sets only
+    ``partition-id`` and ``num-partitions``; the rest derive from them."""
+
+    partition_id: int
+    num_partitions: int
+    device_id: int
+
+    @classmethod
+    def from_node_config(cls, node_config: Mapping[str, Any]) -> DeviceProfile:
+        try:
+            pid = int(node_config["partition-id"])
+            n = int(node_config["num-partitions"])
+        except KeyError as err:
+            raise NodeConfigError(
+                f"node config lacks {err.args[0]!r}; start the SuperNode with "
+                "--node-config 'partition-id=I num-partitions=N' (and optionally device-id=D)"
+            ) from None
+        except (TypeError, ValueError):
+            raise NodeConfigError(
+                "node config 'partition-id' and 'num-partitions' must be integers, got "
+                f"{node_config.get('partition-id')!r} and {node_config.get('num-partitions')!r}"
+            ) from None
+        if not 0 <= pid < n:
+            raise NodeConfigError(
+                f"node config partition-id={pid} must be in [0, num-partitions={n})"
+            )
+        return cls(pid, n, int(node_config.get("device-id", pid)))
+
+
+@dataclass
+class Device:
+    profile: DeviceProfile
+    config: RunConfig
+    train_data: ArrayDataset
+    test_data: ArrayDataset
+    model: nn.Module
+
+
+_DEVICES: dict[tuple[Any, ...], Device] = {}
+
+
+def get_device(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> Device:
+    """The cached :class:`Device` for this run config and node, built on first use."""
+    key = (tuple(sorted(run_config.items())), tuple(sorted(node_config.items())))
+    if key not in _DEVICES:
+        _DEVICES[key] = _build_device(parse_run_config(run_config), node_config)
+    return _DEVICES[key]
+
+
+def _build_device(cfg: RunConfig, node_config: Mapping[str, Any]) -> Device:
+    profile = DeviceProfile.from_node_config(node_config)
+    torch.set_num_threads(cfg.train.client_threads)
+    train_pool, _, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
+    idx = partition_indices(
+        train_pool.y,
+        profile.num_partitions,
+        profile.partition_id,
+        cfg.data.partition,
+        alpha=cfg.data.alpha,
+        shards_per_partition=cfg.data.shards_per_device,
+        seed=cfg.seed,
+    )
+    local_train, local_test = split_local(
+        train_pool.subset(idx),
+        cfg.data.local_test_fraction,
+        seed=seed_for(cfg.seed, profile.partition_id),
+    )
+    model = build_model(cfg.train.model, info.input_shape, info.num_classes)
+    return Device(profile, cfg, local_train, local_test, model)

@@ -1,0 +1,214 @@
+"""Run config: the flat ``key = value`` table Flower hands to both apps, parsed once.
+
+Flower passes ``context.run_config`` as a flat mapping (``pyproject.toml``'s
+``[tool.flwr.app.config]`` fused with ``--run-config`` overrides). :func:`parse_run_config`
+turns it into a frozen :class:`RunConfig` and rejects every bad value before any work is
+spent, naming the key, the value and what would have been valid.
+
+``DEFAULTS`` is the single source of the defaults; ``tests/test_config.py`` checks that the
+``pyproject.toml`` table says the same.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from edgefleet.task.data import DATASETS, PARTITIONS
+from edgefleet.task.models import MODELS
+
+STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox")
+
+DEFAULTS: dict[str, bool | int | float | str] = {
+    "num-server-rounds": 5,
+    "strategy": "fedavg",
+    "proximal-mu": 0.01,
+    "fraction-train": 1.0,
+    "min-nodes": 2,
+    "dataset": "mnist-5k",
+    "data-dir": "",
+    "partition": "dirichlet",
+    "alpha": 0.5,
+    "shards-per-device": 2,
+    "local-test-fraction": 0.2,
+    "model": "smallcnn",
+    "lr": 0.05,
+    "momentum": 0.9,
+    "batch-size": 32,
+    "local-steps": 20,
+    "client-threads": 1,
+    "seed": 0,
+    "round-timeout": 600.0,
+    "node-wait-timeout": 120.0,
+    "output-dir": "runs",
+    "run-name": "",
+}
+
+
+class ConfigError(ValueError):
+    """A run-config value is invalid; the message names the key, value and valid choices."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str
+    data_dir: str
+    partition: str
+    alpha: float
+    shards_per_device: int
+    local_test_fraction: float
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str
+    lr: float
+    momentum: float
+    batch_size: int
+    local_steps: int
+    proximal_mu: float
+    client_threads: int
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    num_rounds: int
+    strategy: str
+    fraction_train: float
+    min_nodes: int
+    round_timeout: float
+    node_wait_timeout: float
+    output_dir: str
+    run_name: str
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    data: DataConfig
+    train: TrainConfig
+    server: ServerConfig
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """The resolved config, in the run-config key names, for ``summary.json``."""
+        flat: dict[str, Any] = {"seed": self.seed}
+        for section in (self.data, self.train, self.server):
+            flat.update({k.replace("_", "-"): v for k, v in asdict(section).items()})
+        flat["num-server-rounds"] = flat.pop("num-rounds")
+        return dict(sorted(flat.items()))
+
+
+# A check returns None when the value is fine, else the text "must be ..." for the error.
+Check = Callable[[Any], str | None]
+
+
+def _choice(options: tuple[str, ...]) -> Check:
+    return lambda v: None if v in options else f"must be one of {', '.join(options)}"
+
+
+def _at_least(low: float) -> Check:
+    return lambda v: None if v >= low else f"must be >= {low}"
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _fraction(v: Any) -> str | None:
+    return None if 0.0 < v <= 1.0 else "must be in (0, 1]"
+
+
+def _half_open_fraction(v: Any) -> str | None:
+    return None if 0.0 <= v < 1.0 else "must be in [0, 1)"
+
+
+def _any(_: Any) -> str | None:
+    return None
+
+
+_CHECKS: dict[str, Check] = {
+    "num-server-rounds": _at_least(1),
+    "strategy": _choice(STRATEGIES),
+    "proximal-mu": _at_least(0.0),
+    "fraction-train": _fraction,
+    "min-nodes": _at_least(1),
+    "dataset": _choice(DATASETS),
+    "data-dir": _any,
+    "partition": _choice(PARTITIONS),
+    "alpha": _positive,
+    "shards-per-device": _at_least(1),
+    "local-test-fraction": _half_open_fraction,
+    "model": _choice(MODELS),
+    "lr": _positive,
+    "momentum": _half_open_fraction,
+    "batch-size": _at_least(1),
+    "local-steps": _at_least(1),
+    "client-threads": _at_least(1),
+    "seed": _at_least(0),
+    "round-timeout": _positive,
+    "node-wait-timeout": _at_least(0.0),
+    "output-dir": lambda v: None if v else "must not be empty",
+    "run-name": lambda v: None if "/" not in v else "must not contain '/'",
+}
+
+
+def _coerce(key: str, value: Any) -> bool | int | float | str:
+    """Match the default's type; TOML and ``--run-config`` give ints where floats are meant."""
+    want = type(DEFAULTS[key])
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise ConfigError(
+            f"run config '{key}' = {value!r}: must be a {want.__name__} (default {DEFAULTS[key]!r})"
+        )
+    return value
+
+
+def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
+    """Validate ``raw`` (missing keys take their defaults) and build a :class:`RunConfig`.
+
+    Keys this version does not know are an error too: a typo would otherwise be ignored.
+    """
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if unknown:
+        raise ConfigError(
+            f"unknown run config key(s) {', '.join(unknown)}; valid keys: {', '.join(DEFAULTS)}"
+        )
+    v: dict[str, Any] = {}
+    for key, default in DEFAULTS.items():
+        value = _coerce(key, raw.get(key, default))
+        problem = _CHECKS[key](value)
+        if problem:
+            raise ConfigError(f"run config '{key}' = {value!r}: {problem}")
+        v[key] = value
+    return RunConfig(
+        data=DataConfig(
+            dataset=v["dataset"],
+            data_dir=v["data-dir"],
+            partition=v["partition"],
+            alpha=v["alpha"],
+            shards_per_device=v["shards-per-device"],
+            local_test_fraction=v["local-test-fraction"],
+        ),
+        train=TrainConfig(
+            model=v["model"],
+            lr=v["lr"],
+            momentum=v["momentum"],
+            batch_size=v["batch-size"],
+            local_steps=v["local-steps"],
+            proximal_mu=v["proximal-mu"],
+            client_threads=v["client-threads"],
+        ),
+        server=ServerConfig(
+            num_rounds=v["num-server-rounds"],
+            strategy=v["strategy"],
+            fraction_train=v["fraction-train"],
+            min_nodes=v["min-nodes"],
+            round_timeout=v["round-timeout"],
+            node_wait_timeout=v["node-wait-timeout"],
+            output_dir=v["output-dir"],
+            run_name=v["run-name"],
+        ),
+        seed=v["seed"],
+    )

@@ -1,0 +1,200 @@
+"""The one round loop every EdgeFleet run goes through, with callbacks.
+
+Flower's ``Strategy.start`` runs a fixed number of rounds and offers no hook between them;
+stopping rules, checkpoints and metrics rows would each have to copy it. Here the loop is
+written once: per round it asks the strategy for train messages, sends them with a bounded
+timeout, screens the replies (a malformed one is dropped with a logged reason instead of
+letting Flower's consistency check end the run), lets the strategy aggregate, evaluates the
+global model centrally, and hands a :class:`RoundResult` to each callback in order. Any
+callback may ask to stop (in the style of pfl-research's ``after_central_iteration``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Protocol
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+EvaluateFn = Callable[[int, ArrayRecord], dict[str, float]]
+
+
+@dataclass
+class RoundResult:
+    """What happened in one round; callbacks read it, and may add to ``extra``."""
+
+    round: int
+    session: int
+    arrays: ArrayRecord  # global model after the round
+    participants: list[str]  # device ids whose update was aggregated
+    declined: list[str]  # devices that answered with an error
+    rejected: list[dict[str, str]]  # {"device": ..., "reason": ...} for dropped replies
+    bytes_up: int
+    bytes_down: int
+    energy_spent: float
+    train_metrics: dict[str, float]
+    eval_metrics: dict[str, float]  # central evaluation: test_loss, test_accuracy
+    wall_s: float  # seconds since the loop started
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class RoundCallback(Protocol):
+    def after_round(self, result: RoundResult) -> str | None:
+        """Called after each round; return a stop reason to end the run, else None."""
+        ...
+
+
+@dataclass(frozen=True)
+class LoopOutcome:
+    arrays: ArrayRecord
+    rounds_run: int
+    stop_round: int | None  # round at which a callback stopped the run; None = budget used
+    stop_reason: str  # "budget" or the callback's reason
+
+
+def device_of(msg: Message, known: dict[int, str]) -> str:
+    """The device id a reply speaks for; falls back to the Flower node id."""
+    node = msg.metadata.src_node_id
+    if not msg.has_error() and msg.has_content():
+        metrics = msg.content.metric_records.get("metrics")
+        if metrics is not None and "device-id" in metrics:
+            known[node] = str(int(metrics["device-id"]))  # type: ignore[arg-type]
+    return known.get(node, f"node-{node}")
+
+
+def check_train_reply(msg: Message, reference: ArrayRecord) -> str | None:
+    """Why a (non-error) train reply cannot be aggregated, or None if it can.
+
+    The checks are those Flower's strategies would otherwise fail on mid-aggregation, plus
+    the ones that would silently poison the model (shape, dtype, non-finite values).
+    """
+    content = msg.content
+    if set(content.array_records) != {"arrays"} or set(content.metric_records) != {"metrics"}:
+        return (
+            f"expected one ArrayRecord 'arrays' and one MetricRecord 'metrics', got "
+            f"{sorted(content.array_records)} and {sorted(content.metric_records)}"
+        )
+    metrics = content.metric_records["metrics"]
+    n = metrics.get("num-examples")
+    if not isinstance(n, int | float) or not n > 0:
+        return f"metric 'num-examples' must be a positive number, got {n!r}"
+    arrays = content.array_records["arrays"]
+    if set(arrays) != set(reference):
+        missing, extra = set(reference) - set(arrays), set(arrays) - set(reference)
+        return f"array keys differ: missing {sorted(missing)}, unexpected {sorted(extra)}"
+    for key, ref in reference.items():
+        got = arrays[key]
+        if tuple(got.shape) != tuple(ref.shape) or got.dtype != ref.dtype:
+            want = f"{ref.dtype}{list(ref.shape)}"
+            return f"array {key!r}: got {got.dtype}{list(got.shape)}, want {want}"
+        value = got.numpy()
+        if value.dtype.kind == "f" and not np.isfinite(value).all():
+            return f"array {key!r} has non-finite values"
+    return None
+
+
+class RoundLoop:
+    """Drive ``strategy`` for up to ``num_rounds`` rounds over ``grid``."""
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        grid: Grid,
+        *,
+        evaluate_fn: EvaluateFn,
+        callbacks: Sequence[RoundCallback] = (),
+        round_timeout: float = 600.0,
+    ) -> None:
+        self.strategy = strategy
+        self.grid = grid
+        self.evaluate_fn = evaluate_fn
+        self.callbacks = list(callbacks)
+        self.round_timeout = round_timeout
+        self._devices: dict[int, str] = {}
+
+    def run(
+        self,
+        initial_arrays: ArrayRecord,
+        num_rounds: int,
+        train_config: ConfigRecord | None = None,
+        first_round: int = 1,
+    ) -> LoopOutcome:
+        arrays = initial_arrays
+        t0 = time.monotonic()
+        for rnd in range(first_round, num_rounds + 1):
+            result = self.run_round(rnd, arrays, ConfigRecord(dict(train_config or {})), t0)
+            arrays = result.arrays
+            for callback in self.callbacks:
+                reason = callback.after_round(result)
+                if reason:
+                    log(INFO, "Stopping after round %d: %s", rnd, reason)
+                    return LoopOutcome(arrays, rnd, rnd, reason)
+        return LoopOutcome(arrays, num_rounds, None, "budget")
+
+    def run_round(
+        self, rnd: int, arrays: ArrayRecord, config: ConfigRecord, t0: float
+    ) -> RoundResult:
+        log(INFO, "[ROUND %d]", rnd)
+        messages = list(self.strategy.configure_train(rnd, arrays, config, self.grid))
+        bytes_down = sum(_payload_bytes(m) for m in messages)
+        replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
+        if len(replies) < len(messages):
+            log(WARNING, "Round %d: %d of %d replies", rnd, len(replies), len(messages))
+        accepted, declined, rejected = self._screen(replies, arrays)
+        new_arrays, agg_metrics = self.strategy.aggregate_train(rnd, accepted)
+        if new_arrays is not None:
+            arrays = new_arrays
+        eval_metrics = self.evaluate_fn(rnd, arrays)
+        log(INFO, "Round %d: %s", rnd, eval_metrics)
+        return RoundResult(
+            round=rnd,
+            session=0,
+            arrays=arrays,
+            participants=[device_of(m, self._devices) for m in accepted],
+            declined=declined,
+            rejected=rejected,
+            bytes_up=sum(_payload_bytes(m) for m in accepted),
+            bytes_down=bytes_down,
+            energy_spent=sum(_metric(m, "energy-spent") for m in accepted),
+            train_metrics={k: float(v) for k, v in (agg_metrics or {}).items()},  # type: ignore[arg-type]
+            eval_metrics=eval_metrics,
+            wall_s=time.monotonic() - t0,
+        )
+
+    def _screen(
+        self, replies: Iterable[Message], reference: ArrayRecord
+    ) -> tuple[list[Message], list[str], list[dict[str, str]]]:
+        accepted: list[Message] = []
+        declined: list[str] = []
+        rejected: list[dict[str, str]] = []
+        for msg in replies:
+            device = device_of(msg, self._devices)
+            if msg.has_error():
+                log(INFO, "Device %s declined: %s", device, msg.error.reason)
+                declined.append(device)
+                continue
+            reason = check_train_reply(msg, reference)
+            if reason:
+                log(WARNING, "Dropping reply from device %s: %s", device, reason)
+                rejected.append({"device": device, "reason": reason})
+                continue
+            accepted.append(msg)
+        return accepted, declined, rejected
+
+
+def _payload_bytes(msg: Message) -> int:
+    if msg.has_error() or not msg.has_content():
+        return 0
+    return sum(rec.count_bytes() for rec in msg.content.array_records.values())
+
+
+def _metric(msg: Message, key: str) -> float:
+    metrics: MetricRecord | None = msg.content.metric_records.get("metrics")
+    return float(metrics.get(key, 0.0)) if metrics else 0.0  # type: ignore[arg-type]

@@ -1,0 +1,95 @@
+"""Run results on disk: ``metrics.jsonl`` (a row per round) and ``summary.json``.
+
+Rows are appended and flushed as each round ends, so a crashed run still leaves every
+finished round behind; ``summary.json`` is written once at the end, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from edgefleet.config import RunConfig
+from edgefleet.server.loop import LoopOutcome, RoundResult
+
+
+def default_run_name(cfg: RunConfig) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{cfg.server.strategy}-{cfg.data.dataset}-s{cfg.seed}"
+
+
+def prepare_run_dir(cfg: RunConfig) -> Path:
+    """Create ``output-dir/run-name``; refuse one that already holds results."""
+    run_dir = Path(cfg.server.output_dir) / (cfg.server.run_name or default_run_name(cfg))
+    if (run_dir / "metrics.jsonl").exists():
+        raise FileExistsError(
+            f"run folder {run_dir} already holds results; choose another run-name or remove it"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def round_row(result: RoundResult) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "round": result.round,
+        "session": result.session,
+        "test_accuracy": result.eval_metrics.get("test_accuracy"),
+        "test_loss": result.eval_metrics.get("test_loss"),
+        "participants": result.participants,
+        "declined": result.declined,
+        "rejected": result.rejected,
+        "bytes_up": result.bytes_up,
+        "bytes_down": result.bytes_down,
+        "energy_spent": result.energy_spent,
+        "wall_s": round(result.wall_s, 3),
+        "train_loss": result.train_metrics.get("train-loss"),
+    }
+    row.update(result.extra)
+    return row
+
+
+class MetricsWriter:
+    """Round callback: append one JSON row per round to ``metrics.jsonl``."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / "metrics.jsonl"
+        self.rows: list[dict[str, Any]] = []
+
+    def after_round(self, result: RoundResult) -> str | None:
+        row = round_row(result)
+        self.rows.append(row)
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+            f.flush()
+        return None
+
+
+def write_summary(
+    run_dir: Path,
+    cfg: RunConfig,
+    outcome: LoopOutcome,
+    rows: list[dict[str, Any]],
+    wall_s: float,
+) -> dict[str, Any]:
+    accs = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
+    summary = {
+        "run_name": run_dir.name,
+        "final_accuracy": accs[-1] if accs else None,
+        "best_accuracy": max(accs) if accs else None,
+        "best_round": rows[accs.index(max(accs))]["round"] if accs else None,
+        "rounds_run": len(rows),
+        "stop_round": outcome.stop_round,
+        "stop_reason": outcome.stop_reason,
+        "total_bytes_up": sum(r["bytes_up"] for r in rows),
+        "total_bytes_down": sum(r["bytes_down"] for r in rows),
+        "total_energy_spent": sum(r["energy_spent"] for r in rows),
+        "wall_s": round(wall_s, 3),
+        "config": cfg.to_dict(),
+    }
+    tmp = run_dir / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, run_dir / "summary.json")
+    return summary

@@ -1,0 +1,98 @@
+"""Local training and evaluation, shared by the ClientApp and the server's central evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from flwr.app import ArrayRecord
+from torch import nn
+
+from edgefleet.task.data import ArrayDataset
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    loss: float  # mean training loss over the local steps
+    num_examples: int  # samples seen (steps x batch size, last batch may be short)
+
+
+def seed_for(*parts: int) -> int:
+    """One 63-bit seed from several ints (seed, device, round), stable across processes."""
+    h = 1469598103934665603
+    for p in parts:
+        h = ((h ^ (p & 0xFFFFFFFFFFFFFFFF)) * 1099511628211) & 0x7FFFFFFFFFFFFFFF
+    return h
+
+
+def get_arrays(model: nn.Module) -> ArrayRecord:
+    return ArrayRecord(model.state_dict())
+
+
+def set_arrays(model: nn.Module, arrays: ArrayRecord) -> None:
+    model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+
+
+def _batches(n: int, batch_size: int, steps: int, gen: torch.Generator) -> list[torch.Tensor]:
+    """``steps`` mini-batch index sets, drawing epochs of a seeded permutation."""
+    out: list[torch.Tensor] = []
+    perm = torch.randperm(n, generator=gen)
+    pos = 0
+    while len(out) < steps:
+        if pos >= n:
+            perm, pos = torch.randperm(n, generator=gen), 0
+        out.append(perm[pos : pos + batch_size])
+        pos += batch_size
+    return out
+
+
+def train_local(
+    model: nn.Module,
+    data: ArrayDataset,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    seed: int,
+    proximal_mu: float = 0.0,
+) -> TrainResult:
+    """Run ``steps`` mini-batch SGD steps on ``data``; FedProx's proximal term when mu > 0."""
+    if len(data) == 0:
+        raise ValueError("cannot train on an empty partition")
+    gen = torch.Generator().manual_seed(seed)
+    x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+    anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    loss_fn = nn.CrossEntropyLoss()
+    model.train()
+    total, seen = 0.0, 0
+    for idx in _batches(len(data), batch_size, steps, gen):
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x[idx]), y[idx])
+        if anchor:
+            prox = sum(
+                ((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor, strict=True)
+            )
+            loss = loss + 0.5 * proximal_mu * prox
+        loss.backward()
+        opt.step()
+        total += float(loss.detach()) * len(idx)
+        seen += len(idx)
+    return TrainResult(loss=total / seen, num_examples=seen)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 1000) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of ``model`` on ``data``; (nan, nan) when it is empty."""
+    if len(data) == 0:
+        return float("nan"), float("nan")
+    model.eval()
+    x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(data), batch_size):
+        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
+        logits = model(xb)
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(1) == yb).sum())
+    return loss_sum / len(data), correct / len(data)

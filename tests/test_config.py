@@ -1,0 +1,73 @@
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from edgefleet.config import DEFAULTS, ConfigError, parse_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_table_matches_defaults() -> None:
+    table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert table == DEFAULTS
+
+
+def test_defaults_parse() -> None:
+    cfg = parse_run_config({})
+    assert cfg.data.dataset == "mnist-5k"
+    assert cfg.server.strategy == "fedavg"
+    assert cfg.train.model == "smallcnn"
+    assert cfg.to_dict() == dict(sorted(DEFAULTS.items()))
+
+
+def test_int_accepted_for_float_key() -> None:
+    assert parse_run_config({"lr": 1}).train.lr == 1.0
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("dataset", "imagenet", "mnist-5k"),
+        ("model", "vgg", "smallcnn"),
+        ("strategy", "scaffold", "fedprox"),
+        ("partition", "zipf", "dirichlet"),
+        ("lr", -0.1, "> 0"),
+        ("lr", 0.0, "> 0"),
+        ("alpha", 0.0, "> 0"),
+        ("alpha", -1.0, "> 0"),
+        ("momentum", 1.0, "[0, 1)"),
+        ("fraction-train", 0.0, "(0, 1]"),
+        ("fraction-train", 1.5, "(0, 1]"),
+        ("local-steps", 0, ">= 1"),
+        ("batch-size", 0, ">= 1"),
+        ("num-server-rounds", 0, ">= 1"),
+        ("proximal-mu", -0.5, ">= 0"),
+        ("local-test-fraction", 1.0, "[0, 1)"),
+        ("seed", -1, ">= 0"),
+        ("round-timeout", 0.0, "> 0"),
+        ("output-dir", "", "empty"),
+        ("run-name", "a/b", "'/'"),
+    ],
+)
+def test_bad_value_names_key_value_and_choices(key: str, value: object, expected: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_run_config({key: value})
+    text = str(err.value)
+    assert f"'{key}'" in text
+    assert repr(value) in text
+    assert expected in text
+
+
+def test_wrong_type_rejected() -> None:
+    with pytest.raises(ConfigError, match="'local-steps' = 'ten': must be a int"):
+        parse_run_config({"local-steps": "ten"})
+    with pytest.raises(ConfigError, match="must be a int"):
+        parse_run_config({"batch-size": True})
+    with pytest.raises(ConfigError, match="must be a float"):
+        parse_run_config({"lr": "fast"})
+
+
+def test_unknown_key_lists_valid_keys() -> None:
+    with pytest.raises(ConfigError, match="unknown run config key.*num-rounds.*valid keys"):
+        parse_run_config({"num-rounds": 3})
