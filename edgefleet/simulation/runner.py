@@ -28,7 +28,7 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,22 +186,52 @@ def local_superlink(flwr_home: Path, log_file: Path) -> Iterator[dict[str, str]]
         yield env
     finally:
         _stop_group(proc)
+        _stop_leftovers(f"FLWR_HOME={flwr_home}")
 
 
 def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 5.0)):
+    for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
             return
         try:
-            proc.wait(timeout=wait)
-            # The group may outlive its leader (Ray workers); make sure it is gone.
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
+            proc.wait(timeout=10)
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def processes_with_env(marker: str) -> list[int]:
+    """Live (non-zombie) processes whose environment contains ``marker``. Linux only;
+    elsewhere an empty list."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue  # a zombie holds nothing (and a container's init may not reap it)
+            if marker.encode() in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def _stop_leftovers(marker: str, grace: float = 5.0) -> None:
+    """Stop what the SuperLink started in sessions of its own (flower-superexec,
+    flwr-simulation and its Ray actors). They watch their parent and exit when it is gone,
+    but only eventually; they all carry our private FLWR_HOME in their environment."""
+    deadline = time.monotonic() + grace
+    sig = signal.SIGTERM
+    while pids := processes_with_env(marker):
+        if time.monotonic() > deadline:
+            if sig == signal.SIGKILL:
+                return
+            sig, deadline = signal.SIGKILL, time.monotonic() + grace
+        for pid in pids:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        time.sleep(0.2)
 
 
 def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = False) -> Path:

@@ -1,0 +1,262 @@
+"""Turn EdgeFleet run folders into a text summary and a few PNG plots.
+
+A run folder holds ``metrics.jsonl`` (one JSON object per round) and ``summary.json``.
+Usage: ``edgefleet report RUN_DIR [RUN_DIR ...] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+# Reports are made on headless machines and in CI: never try to open a window.
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.ticker import MaxNLocator
+
+MB = 1e6  # decimal megabytes, the unit used in the table and the plots
+
+
+class ReportError(ValueError):
+    """A run folder is missing or cannot be parsed."""
+
+
+@dataclass
+class RunData:
+    path: Path
+    name: str
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+def load_run(run_dir: str | Path) -> RunData:
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise ReportError(f"{path}: not a run folder (no such directory)")
+    metrics = path / "metrics.jsonl"
+    if not metrics.is_file():
+        raise ReportError(f"{metrics}: missing metrics file")
+    rows: list[dict[str, Any]] = []
+    for lineno, line in enumerate(metrics.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ReportError(f"{metrics}:{lineno}: malformed JSON ({exc.msg})") from exc
+        if not isinstance(row, dict):
+            raise ReportError(f"{metrics}:{lineno}: expected a JSON object per line")
+        rows.append(row)
+    # A run that crashed may have rounds but no summary; report what it has.
+    summary: dict[str, Any] = {}
+    summary_file = path / "summary.json"
+    if summary_file.is_file():
+        try:
+            loaded = json.loads(summary_file.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ReportError(f"{summary_file}:{exc.lineno}: malformed JSON ({exc.msg})") from exc
+        if not isinstance(loaded, dict):
+            raise ReportError(f"{summary_file}: expected a JSON object")
+        summary = loaded
+    name = str(summary.get("run_name") or path.resolve().name)
+    return RunData(path=path, name=name, rows=rows, summary=summary)
+
+
+# ---------------------------------------------------------------- table
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or value == "":
+        return "-"
+    try:
+        return format(value, spec)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _table_row(run: RunData) -> list[str]:
+    s, rows = run.summary, run.rows
+    config: dict[str, Any] = s["config"] if isinstance(s.get("config"), dict) else {}
+    accs = [r["test_accuracy"] for r in rows if r.get("test_accuracy") is not None]
+    # Fall back to the per-round rows so a run without summary.json still shows figures.
+    final = s.get("final_accuracy", accs[-1] if accs else None)
+    best = s.get("best_accuracy", max(accs) if accs else None)
+    up = s.get("total_bytes_up", sum(r.get("bytes_up", 0) for r in rows))
+    down = s.get("total_bytes_down", sum(r.get("bytes_down", 0) for r in rows))
+    wall = s.get("wall_s", rows[-1].get("wall_s") if rows else None)
+    return [
+        run.name,
+        _fmt(config.get("strategy"), ""),
+        _fmt(config.get("dataset"), ""),
+        _fmt(s.get("rounds_run", len(rows)), "d"),
+        _fmt(final, ".4f"),
+        _fmt(best, ".4f"),
+        _fmt(s.get("stop_round"), "d"),
+        _fmt(s.get("stop_reason"), ""),
+        _fmt(up / MB if isinstance(up, int | float) else None, ".2f"),
+        _fmt(down / MB if isinstance(down, int | float) else None, ".2f"),
+        _fmt(wall, ".1f"),
+    ]
+
+
+_HEADERS = ["run", "strategy", "dataset", "rounds", "final acc", "best acc", "stop round"]
+_HEADERS += ["stop reason", "MB up", "MB down", "wall s"]
+_TEXT_COLUMNS = {0, 1, 2, 7}  # left-aligned; the numbers are right-aligned so digits line up
+
+
+def summary_table(runs: list[RunData]) -> str:
+    table = [_HEADERS] + [_table_row(run) for run in runs]
+    widths = [max(len(row[i]) for row in table) for i in range(len(_HEADERS))]
+
+    def line(cells: list[str]) -> str:
+        padded = [
+            c.ljust(w) if i in _TEXT_COLUMNS else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "  ".join(padded).rstrip()
+
+    rule = "  ".join("-" * w for w in widths)
+    return "\n".join([line(table[0]), rule] + [line(row) for row in table[1:]])
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _series(rows: list[dict[str, Any]], key: str, scale: float = 1.0) -> tuple[list, list]:
+    """(rounds, values) for the rows that have ``key``; older runs may lack optional keys."""
+    xs, ys = [], []
+    for i, row in enumerate(rows, start=1):
+        if row.get(key) is not None:
+            xs.append(row.get("round", i))
+            ys.append(row[key] / scale)
+    return xs, ys
+
+
+def _natural_key(device: str) -> list[Any]:
+    # "dev-2" before "dev-10", as a reader expects.
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", device)]
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)  # pyplot keeps every figure alive until closed
+    return path
+
+
+def _plot_accuracy(runs: list[RunData], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(8, 5))
+    session_labelled = False
+    for run in runs:
+        (line,) = ax.plot(*_series(run.rows, "test_accuracy"), marker=".", label=run.name)
+        color = line.get_color()
+        stop_round, reason = run.summary.get("stop_round"), run.summary.get("stop_reason")
+        # Running out of budget is the normal end; only early stops deserve a marker.
+        if stop_round is not None and reason != "budget":
+            ax.axvline(stop_round, color=color, ls="--", lw=1, label=f"{run.name}: {reason}")
+        for prev, row in zip(run.rows, run.rows[1:], strict=False):
+            if row.get("session") != prev.get("session") and "round" in row:
+                # Halfway between rounds: the change happens between two rounds, not at one.
+                label = "_nolegend_" if session_labelled else "session change"
+                ax.axvline(row["round"] - 0.5, color=color, ls=":", lw=1, label=label)
+                session_labelled = True
+    ax.set(xlabel="round", ylabel="test accuracy", title="Test accuracy per round")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
+    ax.grid(alpha=0.3)
+    if runs:
+        ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def _plot_per_round(
+    runs: list[RunData], path: Path, title: str, panels: list[tuple[str, str, float]]
+) -> Path:
+    """One subplot per (key, y label, scale) in ``panels``, every run overlaid."""
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels) + 1), sharex=True)
+    axes_list: list[Axes] = list(axes) if len(panels) > 1 else [axes]
+    for ax, (key, ylabel, scale) in zip(axes_list, panels, strict=True):
+        for run in runs:
+            ax.plot(*_series(run.rows, key, scale), marker=".", label=run.name)
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes_list[0].set_title(title)
+    axes_list[-1].set_xlabel("round")
+    axes_list[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
+    if runs:
+        axes_list[0].legend(fontsize="small")
+    return _save(fig, path)
+
+
+def _plot_participation(runs: list[RunData], path: Path) -> Path:
+    counts = [Counter(d for row in run.rows for d in row.get("participants", [])) for run in runs]
+    devices = sorted(set().union(*counts), key=_natural_key)
+    fig, ax = plt.subplots(figsize=(min(max(8, 0.3 * len(devices) * max(len(runs), 1)), 30), 5))
+    # Grouped bars: each device gets a slot, each run one bar inside it.
+    width = 0.8 / max(len(runs), 1)
+    for k, (run, count) in enumerate(zip(runs, counts, strict=True)):
+        xs = [i + (k - (len(runs) - 1) / 2) * width for i in range(len(devices))]
+        ax.bar(xs, [count[d] for d in devices], width=width, label=run.name)
+    ax.set_xticks(range(len(devices)), devices, rotation=90, fontsize="small")
+    ax.set(xlabel="device", ylabel="rounds participated", title="Participation per device")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(axis="y", alpha=0.3)
+    if not devices:
+        ax.text(0.5, 0.5, "no participants recorded", ha="center", transform=ax.transAxes)
+    elif runs:
+        ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def draw_plots(runs: list[RunData], out_dir: str | Path) -> list[Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    comm = [("bytes_up", "MB up", MB), ("bytes_down", "MB down", MB)]
+    energy = [("energy_spent", "energy", 1.0)]
+    return [
+        _plot_accuracy(runs, out / "accuracy.png"),
+        _plot_per_round(runs, out / "communication.png", "Communication per round", comm),
+        _plot_per_round(runs, out / "energy.png", "Energy spent per round", energy),
+        _plot_participation(runs, out / "participation.png"),
+    ]
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``edgefleet report``; ``argv`` is what follows the subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="edgefleet report", description="Summarise and plot EdgeFleet run folders."
+    )
+    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folder(s)")
+    parser.add_argument(
+        "--out", help="where to write the PNGs (default: the run folder for one run, else ./report)"
+    )
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse exits; callers of main() expect a return code
+        return exc.code if isinstance(exc.code, int) else 2
+    try:
+        runs = [load_run(d) for d in args.run_dirs]
+    except ReportError as exc:
+        print(f"edgefleet report: error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else runs[0].path if len(runs) == 1 else Path("report")
+    print(summary_table(runs))
+    print()
+    for path in draw_plots(runs, out):
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,200 @@
+"""Tests for edgefleet.simulation.report on synthetic run folders (no Flower needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgefleet.simulation.report import (
+    ReportError,
+    RunData,
+    draw_plots,
+    load_run,
+    main,
+    summary_table,
+)
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _row(rnd: int, acc: float, session: int = 0, **extra: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "round": rnd,
+        "session": session,
+        "test_accuracy": acc,
+        "test_loss": 2.0 - acc,
+        "participants": [f"dev-{i}" for i in range(rnd % 3, 10, 2)],
+        "declined": ["dev-1"],
+        "bytes_up": 1_500_000,
+        "bytes_down": 3_000_000,
+        "energy_spent": 0.5 * rnd,
+        "wall_s": 2.0 * rnd,
+    }
+    row.update(extra)
+    return row
+
+
+def _write_run(path: Path, rows: list[dict[str, Any]], summary: dict[str, Any]) -> Path:
+    path.mkdir(parents=True)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "summary.json").write_text(json.dumps(summary))
+    return path
+
+
+def _summary(rows: list[dict[str, Any]], **overrides: Any) -> dict[str, Any]:
+    accs = [r["test_accuracy"] for r in rows]
+    summary: dict[str, Any] = {
+        "final_accuracy": accs[-1] if accs else 0.0,
+        "best_accuracy": max(accs) if accs else 0.0,
+        "rounds_run": len(rows),
+        "stop_round": None,
+        "stop_reason": "budget",
+        "total_bytes_up": sum(r["bytes_up"] for r in rows),
+        "total_bytes_down": sum(r["bytes_down"] for r in rows),
+        "wall_s": rows[-1]["wall_s"] if rows else 0.0,
+        "config": {"strategy": "fedavg", "dataset": "cifar10", "model": "cnn"},
+    }
+    summary.update(overrides)
+    return summary
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> dict[str, Path]:
+    """Three runs: one stopped early, one spanning sessions (with newer/missing keys), one empty."""
+    early_rows = [_row(r, acc) for r, acc in enumerate([0.31, 0.52, 0.61, 0.6123, 0.6100], 1)]
+    early = _write_run(
+        tmp_path / "run-a",
+        early_rows,
+        _summary(early_rows, run_name="early-stop", stop_round=5, stop_reason="plateau"),
+    )
+    session_rows = [
+        _row(r, 0.2 + 0.1 * r, session=(r - 1) // 2, rejected=["dev-3"], growth=1.1)
+        for r in range(1, 7)
+    ]
+    del session_rows[2]["energy_spent"]  # optional keys may be missing
+    sessions = _write_run(
+        tmp_path / "sessions-run",
+        session_rows,
+        _summary(session_rows, config={"strategy": "fedprox", "dataset": "femnist"}),
+    )
+    empty = _write_run(tmp_path / "empty-run", [], _summary([], stop_reason="no_devices"))
+    return {"early": early, "sessions": sessions, "empty": empty}
+
+
+def test_load_run_parses(runs: dict[str, Path]) -> None:
+    early = load_run(runs["early"])
+    assert isinstance(early, RunData)
+    assert early.name == "early-stop"  # run_name wins over the folder name
+    assert early.path == runs["early"]
+    assert [r["round"] for r in early.rows] == [1, 2, 3, 4, 5]
+    assert early.summary["stop_reason"] == "plateau"
+
+    sessions = load_run(str(runs["sessions"]))
+    assert sessions.name == "sessions-run"  # no run_name: folder name
+    assert sessions.rows[0]["rejected"] == ["dev-3"]  # unknown keys are kept, not rejected
+
+    empty = load_run(runs["empty"])
+    assert empty.rows == []
+    assert empty.summary["rounds_run"] == 0
+
+
+def test_load_run_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(ReportError, match="nope"):
+        load_run(tmp_path / "nope")
+
+
+def test_load_run_missing_metrics(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    with pytest.raises(ReportError, match="metrics.jsonl"):
+        load_run(tmp_path / "run")
+
+
+def test_load_run_malformed_line_names_file_and_line(tmp_path: Path) -> None:
+    run = tmp_path / "bad"
+    run.mkdir()
+    lines = [json.dumps(_row(1, 0.1)), json.dumps(_row(2, 0.2)), "{not json"]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(ReportError, match=r"metrics\.jsonl:3"):
+        load_run(run)
+    assert issubclass(ReportError, ValueError)
+
+
+def test_load_run_non_object_line(tmp_path: Path) -> None:
+    run = tmp_path / "bad"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("[1, 2]\n")
+    with pytest.raises(ReportError, match=r"metrics\.jsonl:1"):
+        load_run(run)
+
+
+def test_summary_table_has_names_and_figures(runs: dict[str, Path]) -> None:
+    table = summary_table([load_run(p) for p in runs.values()])
+    for name in ("early-stop", "sessions-run", "empty-run"):
+        assert name in table
+    for figure in ("fedavg", "fedprox", "femnist", "cifar10", "plateau", "budget", "no_devices"):
+        assert figure in table
+    assert "0.6123" in table  # best accuracy of the early run
+    assert "0.6100" in table  # its final accuracy
+    assert "7.50" in table  # 5 rounds x 1.5 MB up
+    assert "18.00" in table  # 6 rounds x 3 MB down
+    lines = table.splitlines()
+    assert lines[0].startswith("run") and "stop reason" in lines[0]
+    assert len(lines) == 2 + 3  # header, rule, one line per run
+
+
+def test_draw_plots_writes_pngs(runs: dict[str, Path], tmp_path: Path) -> None:
+    out = tmp_path / "plots"
+    paths = draw_plots([load_run(p) for p in runs.values()], out)
+    names = {p.name for p in paths}
+    assert names == {"accuracy.png", "communication.png", "energy.png", "participation.png"}
+    for path in paths:
+        assert path.parent == out
+        data = path.read_bytes()
+        assert data.startswith(PNG_SIGNATURE)
+        assert len(data) > 1000
+
+
+def test_draw_plots_single_empty_run(runs: dict[str, Path], tmp_path: Path) -> None:
+    paths = draw_plots([load_run(runs["empty"])], tmp_path / "out")
+    assert all(p.read_bytes().startswith(PNG_SIGNATURE) for p in paths)
+
+
+def test_main_prints_table_and_writes_plots(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "report-out"
+    assert main([str(runs["early"]), str(runs["sessions"]), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "early-stop" in printed and "sessions-run" in printed
+    assert str(out / "accuracy.png") in printed
+    assert (out / "participation.png").is_file()
+
+
+def test_main_single_run_defaults_to_run_folder(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([str(runs["sessions"])]) == 0
+    assert (runs["sessions"] / "accuracy.png").is_file()
+    assert "sessions-run" in capsys.readouterr().out
+
+
+def test_main_several_runs_default_to_report_dir(
+    runs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main([str(runs["early"]), str(runs["empty"])]) == 0
+    assert (tmp_path / "report" / "energy.png").is_file()
+
+
+def test_main_missing_folder_returns_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "missing" in err and "error" in err
+
+
+def test_main_without_arguments_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert "RUN_DIR" in capsys.readouterr().err
