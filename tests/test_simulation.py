@@ -12,12 +12,8 @@ import pytest
 
 from edgefleet.cli import main as cli_main
 from edgefleet.config import ConfigError
-from edgefleet.simulation.runner import (
-    load_scenario,
-    parse_value,
-    processes_with_env,
-    run_scenario,
-)
+from edgefleet.processes import processes_with_env
+from edgefleet.simulation.runner import load_scenario, parse_value, run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,9 +2,10 @@
 
 ``edgefleet run scenarios/X.toml`` does what ``flwr run .`` does, with three differences
 that matter for experiments: the run config is validated before any Flower process starts;
-every run gets its own SuperLink on free ports and its own ``FLWR_HOME`` (so runs, tests
+every run gets its own SuperLink on a free port and its own ``FLWR_HOME`` (so runs, tests
 and benchmarks can go on side by side, and no SuperLink is left behind, unlike ``flwr
-run .``'s detached one); and the command waits for the run and prints its summary.
+run .``'s detached one: see :mod:`edgefleet.processes`); and the command waits for the run
+and prints its summary.
 
 A scenario file has two tables::
 
@@ -18,22 +19,17 @@ A scenario file has two tables::
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import time
 import tomllib
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgefleet.config import DEFAULTS, ConfigError, RunConfig, parse_run_config
+from edgefleet.processes import BIN_DIR, FleetError, FlowerFleet, config_arg
 from edgefleet.server.results import default_run_name
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -46,13 +42,6 @@ FEDERATION_KEYS = (
     "backend",
     "verbose",
 )
-# The environment Flower's CLI needs to stay offline and not reinstall the app's
-# dependencies into the running environment (README, "Run a simulation").
-QUIET_FLOWER_ENV = {
-    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-    "FLWR_TELEMETRY_ENABLED": "0",
-    "FLWR_DISABLE_UPDATE_CHECK": "1",
-}
 
 
 @dataclass(frozen=True)
@@ -134,106 +123,6 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
     return parse_run_config(raw), raw
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)
-    return repr(value)
-
-
-def _config_args(flag: str, values: Mapping[str, Any]) -> list[str]:
-    return [flag, " ".join(f"{k}={_toml_value(v)}" for k, v in values.items())]
-
-
-@contextmanager
-def local_superlink(flwr_home: Path, log_file: Path) -> Iterator[dict[str, str]]:
-    """A simulation SuperLink of our own on free ports, stopped (with its process group)
-    on exit. Yields the environment under which ``flwr run . local`` talks to it."""
-    env = {
-        **os.environ,
-        **QUIET_FLOWER_ENV,
-        "FLWR_HOME": str(flwr_home),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-    }
-    bin_dir = Path(sys.executable).parent
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [
-        str(bin_dir / "flower-superlink"),
-        "--insecure",
-        "--simulation",
-        "--isolation",
-        "subprocess",
-        "--disable-runtime-dependency-installation",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"],
-        "--control-api-address",
-        f"127.0.0.1:{env['FLWR_LOCAL_CONTROL_API_PORT']}",
-    ]
-    with log_file.open("ab") as log:
-        # Own session: the SuperLink's flwr-simulation child is stopped with it.
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
-    try:
-        yield env
-    finally:
-        _stop_group(proc)
-        _stop_leftovers(f"FLWR_HOME={flwr_home}")
-
-
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=10)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-def processes_with_env(marker: str) -> list[int]:
-    """Live (non-zombie) processes whose environment contains ``marker``. Linux only;
-    elsewhere an empty list."""
-    found = []
-    for proc in Path("/proc").glob("[0-9]*"):
-        try:
-            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue  # a zombie holds nothing (and a container's init may not reap it)
-            if marker.encode() in (proc / "environ").read_bytes():
-                found.append(int(proc.name))
-        except (OSError, IndexError):
-            continue
-    return found
-
-
-def _stop_leftovers(marker: str, grace: float = 5.0) -> None:
-    """Stop what the SuperLink started in sessions of its own (flower-superexec,
-    flwr-simulation and its Ray actors). They watch their parent and exit when it is gone,
-    but only eventually; they all carry our private FLWR_HOME in their environment."""
-    deadline = time.monotonic() + grace
-    sig = signal.SIGTERM
-    while pids := processes_with_env(marker):
-        if time.monotonic() > deadline:
-            if sig == signal.SIGKILL:
-                return
-            sig, deadline = signal.SIGKILL, time.monotonic() + grace
-        for pid in pids:
-            with suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        time.sleep(0.2)
-
-
 def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = False) -> Path:
     """Run ``scenario`` to completion on the Simulation Engine; return its run folder."""
     cfg, raw = resolve_run_config(scenario)
@@ -242,27 +131,34 @@ def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = F
         raise ConfigError(f"run folder {run_dir} already holds results; set another run-name")
     run_dir.mkdir(parents=True, exist_ok=True)
     with (
-        tempfile.TemporaryDirectory(prefix="edgefleet-flwr-") as home,
-        local_superlink(Path(home), run_dir / "superlink.log") as env,
+        tempfile.TemporaryDirectory(prefix="edgefleet-flwr-") as work,
+        FlowerFleet(Path(work), connection="edgefleet-sim") as fleet,
     ):
+        try:
+            fleet.start_superlink(simulation=True)
+        except FleetError as err:
+            raise RuntimeError(f"could not start a SuperLink: {err}") from None
         cmd = [
-            str(Path(sys.executable).parent / "flwr"),
+            str(BIN_DIR / "flwr"),
             "run",
             str(PROJECT_DIR),
-            "local",
+            fleet.connection,
             "--stream",
-            *_config_args("--run-config", raw),
-            *_config_args("--federation-config", scenario.federation),
+            "--run-config",
+            config_arg(raw),
+            "--federation-config",
+            config_arg(scenario.federation),
         ]
         out = subprocess.DEVNULL if quiet else None
-        proc = subprocess.run(cmd, env=env, stdout=out, stderr=out, timeout=timeout)
-        # `--stream` returns when the log stream ends; the summary marks success.
-        deadline = time.monotonic() + 30
+        proc = subprocess.run(cmd, env=fleet.env, stdout=out, stderr=out, timeout=timeout)
+        # `--stream` can end a moment before the ServerApp has written its summary.
+        deadline = time.monotonic() + (30 if proc.returncode == 0 else 5)
         while not (run_dir / "summary.json").exists() and time.monotonic() < deadline:
             time.sleep(0.5)
-    if not (run_dir / "summary.json").exists():
-        raise RuntimeError(
-            f"run {cfg.server.run_name} ended (flwr exit code {proc.returncode}) without a "
-            f"summary; see the log above and {run_dir / 'superlink.log'}"
-        )
+        if not (run_dir / "summary.json").exists():
+            (run_dir / "flower.log").write_text(fleet.report(lines=200))
+            raise RuntimeError(
+                f"run {cfg.server.run_name} ended (flwr exit code {proc.returncode}) without a "
+                f"summary; see the log above and {run_dir / 'flower.log'}"
+            )
     return run_dir

@@ -1,0 +1,427 @@
+"""Real Flower processes on loopback: a SuperLink, SuperNodes and the ``flwr`` CLI.
+
+Used by ``edgefleet run`` (a simulation SuperLink of its own per run) and by the tests that
+run the Deployment Engine. ``FlowerFleet`` owns every process of one run or test. Each
+process runs in a session of its own (``start_new_session=True``), with its own log file,
+from the fleet's work folder, and with an environment that carries
+
+- ``FLWR_HOME`` = a private folder whose ``config.toml`` defines the connection to this
+  fleet's SuperLink (so ``flwr run <project> <connection>`` and ``flwr supernode ls`` reach
+  it and nothing else),
+- the variables that keep Flower offline and away from ``uv sync``,
+- a per-fleet tag (``EDGEFLEET_FLEET_TAG``), inherited by every descendant.
+
+``stop()`` sends SIGTERM, then SIGKILL, to every process group it started *and* to every
+process that carries the tag. The tag matters: the SuperLink starts its ``flower-superexec``
+(which starts ``flwr-serverapp``) in a new session, so that child is not in the
+SuperLink's process group and would outlive a group kill. ``survivors()`` lists whatever of
+ours is still alive (zombies do not count), for a test to assert that it is empty.
+
+Flower 1.42 facts this relies on (checked here): the SuperLink serves the Fleet, Control and
+Runtime APIs on one HTTP port (``--host``/``--port``; ``--control-api-address`` is
+deprecated and unused), with ``GET /health``; a connection is
+``[superlink.<name>] address = "127.0.0.1:<port>"`` plus ``insecure = true`` or
+``root-certificates = "<ca.crt>"``; a SuperNode's ``--port`` is its own Runtime API, so
+every SuperNode on one machine needs a free one. The ServerApp and ClientApps run from the
+FAB that ``flwr run`` builds and installs under ``$FLWR_HOME/apps/``, with the cwd of the
+SuperLink / SuperNode: relative paths in a run config resolve against ``workdir``.
+
+Linux only (``/proc``), like the deployment targets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BIN_DIR = Path(sys.executable).parent
+QUIET_FLOWER_ENV = {
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+}
+TAG_VAR = "EDGEFLEET_FLEET_TAG"
+
+
+class FleetError(RuntimeError):
+    """A Flower process died, or something did not happen before its deadline."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def toml_value(value: Any) -> str:
+    """``value`` written as in a TOML file / Flower's ``--run-config "k=v ..."``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str | Path):
+        return json.dumps(str(value))
+    return repr(value)
+
+
+def config_arg(values: Mapping[str, Any]) -> str:
+    """``{"a": 1, "b": "x"}`` -> ``'a=1 b="x"'`` (``--run-config``, ``--node-config``)."""
+    return " ".join(f"{k}={toml_value(v)}" for k, v in values.items())
+
+
+@dataclass
+class FlowerProcess:
+    """One process started by a fleet (the leader of its own process group)."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+    args: list[str]
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no log file)"
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class _ProcInfo:
+    pid: int
+    state: str
+    pgid: int
+    cmd: str
+
+
+def _processes() -> Iterable[tuple[_ProcInfo, bytes]]:
+    """(pid, state, group, command line) and the raw environment of every visible process."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            environ = (entry / "environ").read_bytes()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+        fields = stat.rpartition(")")[2].split()
+        yield _ProcInfo(int(entry.name), fields[0], int(fields[2]), cmd.strip()), environ
+
+
+def processes_with_env(marker: str) -> list[str]:
+    """``"pid: command"`` of each live (non-zombie) process whose environment holds
+    ``marker`` (e.g. ``"FLWR_HOME=/tmp/x"``; a prefix of a variable's value matches too)."""
+    return [
+        f"{info.pid}: {info.cmd}"
+        for info, environ in _processes()
+        if info.state != "Z" and info.pid != os.getpid() and marker.encode() in environ
+    ]
+
+
+class FlowerFleet:
+    """Every Flower process of one test; stop them all with ``stop()`` (or ``with``)."""
+
+    def __init__(self, workdir: Path, connection: str = "fleet") -> None:
+        self.workdir = workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.flwr_home = workdir / "flwr-home"
+        self.flwr_home.mkdir(exist_ok=True)
+        self.connection = connection
+        self.tag = uuid.uuid4().hex
+        self.env: dict[str, str] = {
+            **os.environ,
+            **QUIET_FLOWER_ENV,
+            "FLWR_HOME": str(self.flwr_home),
+            "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
+            TAG_VAR: self.tag,
+        }
+        self.processes: list[FlowerProcess] = []
+        self.superlink_address: str | None = None
+        self.root_certificates: Path | None = None
+        self._count: dict[str, int] = {}
+
+    # -- starting -------------------------------------------------------------------------
+
+    def start(self, name: str, args: Sequence[str]) -> FlowerProcess:
+        """Start ``args`` (``args[0]`` an executable next to ``sys.executable``) in its own
+        session, stdout and stderr into ``<workdir>/<name>.log``."""
+        n = self._count[name] = self._count.get(name, 0) + 1
+        log_path = self.workdir / (f"{name}.log" if n == 1 else f"{name}-{n}.log")
+        cmd = [str(BIN_DIR / args[0]), *args[1:]]
+        with log_path.open("ab") as log:
+            log.write(f"$ {' '.join(cmd)}\n".encode())
+            log.flush()
+            popen = subprocess.Popen(
+                cmd,
+                cwd=self.workdir,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc = FlowerProcess(name, popen, log_path, cmd)
+        self.processes.append(proc)
+        return proc
+
+    def start_superlink(
+        self,
+        extra_args: Sequence[str] = (),
+        *,
+        root_certificates: Path | None = None,
+        port: int | None = None,
+        timeout: float = 60.0,
+        simulation: bool = False,
+    ) -> FlowerProcess:
+        """A Deployment Engine SuperLink on 127.0.0.1, ServerApps in subprocesses.
+
+        Without ``root_certificates`` it runs ``--insecure``; with it, ``extra_args`` must
+        hold the ``--ssl-*`` files. Returns once ``/health`` answers, having written this
+        fleet's connection (``self.connection``) into ``$FLWR_HOME/config.toml``. With
+        ``simulation`` it runs Flower's Simulation Engine instead of waiting for SuperNodes.
+        """
+        port = port or free_port()
+        args = ["flower-superlink"]
+        if root_certificates is None:
+            args.append("--insecure")
+        if simulation:
+            args.append("--simulation")
+        args += [
+            "--isolation",
+            "subprocess",
+            "--disable-runtime-dependency-installation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *extra_args,
+        ]
+        proc = self.start("superlink", args)
+        self.superlink_address = f"127.0.0.1:{port}"
+        self.root_certificates = root_certificates
+        self.write_connection()
+        self.wait_for_health(proc, timeout)
+        return proc
+
+    def write_connection(self) -> Path:
+        """``$FLWR_HOME/config.toml`` with one connection, the default, to our SuperLink."""
+        if self.superlink_address is None:
+            raise FleetError("no SuperLink started")
+        lines = [
+            "[superlink]",
+            f"default = {toml_value(self.connection)}",
+            "",
+            f"[superlink.{self.connection}]",
+            f"address = {toml_value(self.superlink_address)}",
+        ]
+        if self.root_certificates is None:
+            lines.append("insecure = true")
+        else:
+            lines.append(f"root-certificates = {toml_value(self.root_certificates.resolve())}")
+        path = self.flwr_home / "config.toml"
+        path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def wait_for_health(self, proc: FlowerProcess, timeout: float) -> None:
+        """Poll the SuperLink's ``/health`` until it answers 2xx; fail early if it dies."""
+        scheme = "http" if self.root_certificates is None else "https"
+        url = f"{scheme}://{self.superlink_address}/health"
+        context = None
+        if self.root_certificates is not None:
+            context = ssl.create_default_context(cafile=str(self.root_certificates))
+        deadline = time.monotonic() + timeout
+        while True:
+            if not proc.running():
+                raise FleetError(
+                    f"{proc.name} exited with code {proc.popen.returncode} before it was "
+                    f"healthy; log:\n{proc.tail()}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=1.0, context=context) as resp:
+                    if 200 <= resp.status < 300:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise FleetError(f"{url} did not answer within {timeout:.0f} s")
+            time.sleep(0.25)
+
+    def start_supernode(
+        self,
+        node_config: Mapping[str, Any],
+        extra_args: Sequence[str] = (),
+        *,
+        name: str | None = None,
+    ) -> FlowerProcess:
+        """A SuperNode connected to our SuperLink, its Runtime API on a free port, ClientApps
+        in subprocesses. ``--insecure`` unless the SuperLink has TLS (then it gets
+        ``--root-certificates``)."""
+        if self.superlink_address is None:
+            raise FleetError("start the SuperLink first")
+        args = ["flower-supernode"]
+        if self.root_certificates is None:
+            args.append("--insecure")
+        else:
+            args += ["--root-certificates", str(self.root_certificates)]
+        args += [
+            "--superlink",
+            self.superlink_address,
+            "--port",
+            str(free_port()),
+            "--node-config",
+            config_arg(node_config),
+            *extra_args,
+        ]
+        return self.start(name or f"supernode-{len(self.supernodes())}", args)
+
+    def supernodes(self) -> list[FlowerProcess]:
+        return [p for p in self.processes if p.args[0].endswith("flower-supernode")]
+
+    # -- the flwr CLI ---------------------------------------------------------------------
+
+    def flwr(self, *args: str, name: str = "flwr") -> FlowerProcess:
+        """Start ``flwr ARGS`` (the CLI) like any other fleet process; returns at once."""
+        return self.start(name, ["flwr", *args])
+
+    def flwr_output(self, *args: str, timeout: float = 60.0) -> str:
+        """Run ``flwr ARGS`` to completion (bounded); its output, or ``FleetError``."""
+        proc = self.flwr(*args, name="flwr-cli")
+        try:
+            rc = proc.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop_groups([proc])
+            raise FleetError(f"`flwr {' '.join(args)}` ran past {timeout:.0f} s") from None
+        output = proc.log_path.read_text(errors="replace")
+        if rc != 0:
+            raise FleetError(f"`flwr {' '.join(args)}` exited with code {rc}:\n{output}")
+        return output
+
+    def online_nodes(self, timeout: float = 60.0) -> list[dict[str, Any]]:
+        """The SuperNodes the SuperLink lists as online (``flwr supernode ls --format json``)."""
+        output = self.flwr_output(
+            "supernode", "ls", self.connection, "--format", "json", timeout=timeout
+        )
+        start = output.find("{")
+        if start < 0:
+            raise FleetError(f"no JSON in `flwr supernode ls` output:\n{output}")
+        data = json.loads(output[start:])
+        return [n for n in data.get("nodes", []) if n.get("status") == "online"]
+
+    def wait_for_nodes(self, count: int, timeout: float = 60.0) -> None:
+        """Wait until ``count`` SuperNodes are online; fail early if a SuperNode dies."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            online = len(self.online_nodes(timeout=max(5.0, deadline - time.monotonic())))
+            if online >= count:
+                return
+            if time.monotonic() > deadline:
+                raise FleetError(f"{online} of {count} SuperNodes online after {timeout:.0f} s")
+            time.sleep(1.0)
+
+    def check_alive(self) -> None:
+        """Raise if a SuperLink or SuperNode has exited."""
+        for proc in self.processes:
+            if _is_server(proc) and not proc.running():
+                raise FleetError(
+                    f"{proc.name} exited with code {proc.popen.returncode}; log:\n{proc.tail()}"
+                )
+
+    # -- stopping -------------------------------------------------------------------------
+
+    def members(self) -> list[_ProcInfo]:
+        """Live (non-zombie) processes of ours: in a group we started, or carrying our tag."""
+        groups = {p.pid for p in self.processes}
+        marker = f"{TAG_VAR}={self.tag}".encode()
+        return [
+            info
+            for info, environ in _processes()
+            if info.state != "Z"
+            and info.pid != os.getpid()
+            and (info.pgid in groups or marker in environ.split(b"\0"))
+        ]
+
+    def stop(self, term_timeout: float = 10.0, kill_timeout: float = 5.0) -> None:
+        """SIGTERM every group and tagged process, wait, then SIGKILL whatever is left."""
+        for sig, timeout in ((signal.SIGTERM, term_timeout), (signal.SIGKILL, kill_timeout)):
+            _signal_all(self.processes, self.members(), sig)
+            deadline = time.monotonic() + timeout
+            while True:
+                for proc in self.processes:
+                    proc.popen.poll()  # reap our own children
+                if not self.members() or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            if not self.members():
+                break
+        for proc in self.processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=1.0)
+
+    def survivors(self) -> list[str]:
+        """``"pid (group g): command"`` for each of our processes still alive."""
+        return [f"{i.pid} (group {i.pgid}): {i.cmd}" for i in self.members()]
+
+    def report(self, lines: int = 40) -> str:
+        """The tail of every process's log, for a failing test's output."""
+        parts = []
+        for proc in self.processes:
+            if proc.name == "flwr-cli" and proc.popen.returncode == 0:
+                continue  # the many successful `flwr supernode ls` polls
+            state = "running" if proc.running() else f"exit code {proc.popen.returncode}"
+            parts.append(
+                f"===== {proc.name} (pid {proc.pid}, {state}): {proc.log_path}\n{proc.tail(lines)}"
+            )
+        return "\n".join(parts)
+
+    def __enter__(self) -> FlowerFleet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _is_server(proc: FlowerProcess) -> bool:
+    return Path(proc.args[0]).name in ("flower-superlink", "flower-supernode")
+
+
+def _signal_all(processes: Sequence[FlowerProcess], members: Sequence[_ProcInfo], sig: int) -> None:
+    for proc in processes:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+    for info in members:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(info.pid, sig)
+
+
+def _stop_groups(processes: Sequence[FlowerProcess]) -> None:
+    """Stop the groups of ``processes`` alone (SIGTERM, 5 s, SIGKILL)."""
+    _signal_all(processes, [], signal.SIGTERM)
+    for proc in processes:
+        try:
+            proc.popen.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            _signal_all([proc], [], signal.SIGKILL)
+            proc.popen.wait(timeout=5.0)

@@ -1,0 +1,109 @@
+"""Deployment smoke test: the same app runs under Flower's Deployment Engine.
+
+A real ``flower-superlink`` (not ``--simulation``) and three ``flower-supernode`` processes on
+loopback, each in its own session, with a private ``FLWR_HOME``; ``flwr run <project>
+<connection> --stream`` submits the app (built into a FAB from the project folder) and the
+ServerApp must write a two-round ``summary.json`` with all three nodes in every round.
+Everything started here is stopped by process group (and by an inherited environment tag,
+which also reaches the SuperLink's ``flower-superexec``, started in a session of its own),
+and the test checks that nothing outlives it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from edgefleet.processes import FlowerFleet, config_arg
+
+PROJECT_DIR = Path(__file__).resolve().parents[1]
+NUM_NODES = 3
+NUM_ROUNDS = 2
+RUN_NAME = "deploy-smoke"
+# Seconds, from the test's start. Two rounds take about 30-60 s on an idle 2-core machine
+# (each ClientApp is a fresh process that imports torch); under load, more.
+STARTUP_TIMEOUT = 60.0
+RUN_DEADLINE = 240.0
+SUMMARY_GRACE = 30.0  # after `flwr run --stream` has returned
+
+
+@pytest.mark.timeout(300)
+def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    output_dir = tmp_path / "out"
+    run_dir = output_dir / RUN_NAME
+    fleet = FlowerFleet(tmp_path / "flower", connection="deploy-smoke")
+    try:
+        fleet.start_superlink(timeout=STARTUP_TIMEOUT)
+        for i in range(NUM_NODES):
+            fleet.start_supernode({"partition-id": i, "num-partitions": NUM_NODES})
+        fleet.wait_for_nodes(NUM_NODES, timeout=STARTUP_TIMEOUT)
+        t_nodes = time.monotonic() - t0
+        run_config = {
+            "num-server-rounds": NUM_ROUNDS,
+            "local-steps": 5,
+            "min-nodes": NUM_NODES,
+            "output-dir": str(output_dir),
+            "run-name": RUN_NAME,
+        }
+        flwr_run = fleet.flwr(
+            "run",
+            str(PROJECT_DIR),
+            fleet.connection,
+            "--stream",
+            "--run-config",
+            config_arg(run_config),
+            name="flwr-run",
+        )
+        # `--stream` may return before or after the ServerApp writes the summary; a run that
+        # failed ends the stream without one.
+        summary_path = run_dir / "summary.json"
+        stream_ended: float | None = None
+        while not summary_path.exists():
+            fleet.check_alive()
+            rc = flwr_run.popen.poll()
+            if rc not in (None, 0):
+                pytest.fail(f"`flwr run` exited with code {rc}:\n{flwr_run.tail()}")
+            if rc == 0 and stream_ended is None:
+                stream_ended = time.monotonic()
+            if stream_ended is not None and time.monotonic() - stream_ended > SUMMARY_GRACE:
+                pytest.fail(f"the run ended without {summary_path}:\n{flwr_run.tail()}")
+            if time.monotonic() - t0 > RUN_DEADLINE:
+                pytest.fail(f"no {summary_path} {RUN_DEADLINE:.0f} s after the test started")
+            time.sleep(0.5)
+        t_summary = time.monotonic() - t0
+
+        summary = json.loads(summary_path.read_text())
+        assert summary["rounds_run"] == NUM_ROUNDS
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [row["round"] for row in rows] == list(range(1, NUM_ROUNDS + 1))
+        for row in rows:
+            assert len(set(row["participants"])) == len(row["participants"]) == NUM_NODES, row
+            assert row["declined"] == [] and row["rejected"] == [], row
+            acc = row["test_accuracy"]
+            assert isinstance(acc, float) and math.isfinite(acc) and 0.0 <= acc <= 1.0, row
+        assert summary["final_accuracy"] == rows[-1]["test_accuracy"]
+
+        # The stream ends with the run; a CLI still attached long after is a failure too.
+        try:
+            rc = flwr_run.popen.wait(timeout=SUMMARY_GRACE)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"`flwr run --stream` still running {SUMMARY_GRACE:.0f} s after the summary"
+            )
+        assert rc == 0, flwr_run.tail()
+        print(f"\n{NUM_NODES} nodes online after {t_nodes:.1f} s, summary after {t_summary:.1f} s")
+    except BaseException:
+        print(f"\n----- Flower process logs ({tmp_path}) -----\n{fleet.report()}")
+        raise
+    finally:
+        t_stop = time.monotonic()
+        fleet.stop()
+        now = time.monotonic()
+        print(f"fleet stopped in {now - t_stop:.1f} s; test took {now - t0:.1f} s")
+    assert fleet.survivors() == [], "Flower processes outlived the test"
