@@ -19,6 +19,8 @@ from edgefleet.task.data import DATASETS, PARTITIONS
 from edgefleet.task.models import MODELS
 
 STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox")
+STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation")
+STOPPING_NORMS: tuple[str, ...] = ("l2", "squared")
 
 DEFAULTS: dict[str, bool | int | float | str] = {
     "num-server-rounds": 5,
@@ -43,6 +45,11 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "node-wait-timeout": 120.0,
     "output-dir": "runs",
     "run-name": "",
+    "stopping.mode": "off",
+    "stopping.tau": 0.005,
+    "stopping.patience": 10,
+    "stopping.norm": "l2",
+    "stopping.validation-fraction": 0.5,
 }
 
 
@@ -84,17 +91,34 @@ class ServerConfig:
 
 
 @dataclass(frozen=True)
+class StoppingConfig:
+    """``stopping.*``: data-free early stopping (or the validation baseline)."""
+
+    mode: str
+    tau: float
+    patience: int
+    norm: str
+    validation_fraction: float
+
+
+@dataclass(frozen=True)
 class RunConfig:
     data: DataConfig
     train: TrainConfig
     server: ServerConfig
+    stopping: StoppingConfig
     seed: int
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config, in the run-config key names, for ``summary.json``."""
         flat: dict[str, Any] = {"seed": self.seed}
-        for section in (self.data, self.train, self.server):
-            flat.update({k.replace("_", "-"): v for k, v in asdict(section).items()})
+        for prefix, section in (
+            ("", self.data),
+            ("", self.train),
+            ("", self.server),
+            ("stopping.", self.stopping),
+        ):
+            flat.update({prefix + k.replace("_", "-"): v for k, v in asdict(section).items()})
         flat["num-server-rounds"] = flat.pop("num-rounds")
         return dict(sorted(flat.items()))
 
@@ -150,6 +174,11 @@ _CHECKS: dict[str, Check] = {
     "node-wait-timeout": _at_least(0.0),
     "output-dir": lambda v: None if v else "must not be empty",
     "run-name": lambda v: None if "/" not in v else "must not contain '/'",
+    "stopping.mode": _choice(STOPPING_MODES),
+    "stopping.tau": _at_least(0.0),
+    "stopping.patience": _at_least(1),
+    "stopping.norm": _choice(STOPPING_NORMS),
+    "stopping.validation-fraction": lambda v: None if 0.0 < v < 1.0 else "must be in (0, 1)",
 }
 
 
@@ -209,6 +238,13 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
             node_wait_timeout=v["node-wait-timeout"],
             output_dir=v["output-dir"],
             run_name=v["run-name"],
+        ),
+        stopping=StoppingConfig(
+            mode=v["stopping.mode"],
+            tau=v["stopping.tau"],
+            patience=v["stopping.patience"],
+            norm=v["stopping.norm"],
+            validation_fraction=v["stopping.validation-fraction"],
         ),
         seed=v["seed"],
     )

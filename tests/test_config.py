@@ -2,6 +2,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from flwr.common.config import flatten_dict
 
 from edgefleet.config import DEFAULTS, ConfigError, parse_run_config
 
@@ -10,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_pyproject_table_matches_defaults() -> None:
     table = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    assert table == DEFAULTS
+    assert flatten_dict(table) == DEFAULTS
 
 
 def test_defaults_parse() -> None:
@@ -48,6 +49,11 @@ def test_int_accepted_for_float_key() -> None:
         ("round-timeout", 0.0, "> 0"),
         ("output-dir", "", "empty"),
         ("run-name", "a/b", "'/'"),
+        ("stopping.mode", "early", "data-free"),
+        ("stopping.tau", -0.1, ">= 0"),
+        ("stopping.patience", 0, ">= 1"),
+        ("stopping.norm", "l1", "squared"),
+        ("stopping.validation-fraction", 1.0, "(0, 1)"),
     ],
 )
 def test_bad_value_names_key_value_and_choices(key: str, value: object, expected: str) -> None:

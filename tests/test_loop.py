@@ -11,7 +11,13 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from flwr.serverapp.strategy import FedAvg, FedProx
 
 from edgefleet.config import parse_run_config
-from edgefleet.server.loop import LoopOutcome, RoundLoop, RoundResult, check_train_reply
+from edgefleet.server.loop import (
+    LoopOutcome,
+    RoundCallback,
+    RoundLoop,
+    RoundResult,
+    check_train_reply,
+)
 from edgefleet.server.results import MetricsWriter, write_summary
 from tests.fakes import FakeGrid
 
@@ -91,7 +97,7 @@ def test_bad_and_declining_replies_are_dropped_not_fatal() -> None:
     grid = FakeGrid(handlers)
     seen: list[RoundResult] = []
 
-    class Keep:
+    class Keep(RoundCallback):
         def after_round(self, result: RoundResult) -> str | None:
             seen.append(result)
             return None
@@ -121,7 +127,7 @@ def test_no_participant_keeps_model() -> None:
 
 
 def test_callback_stop_and_result_files(tmp_path: Path) -> None:
-    class StopAt2:
+    class StopAt2(RoundCallback):
         def after_round(self, result: RoundResult) -> str | None:
             return "enough" if result.round == 2 else None
 

@@ -89,3 +89,30 @@ def test_parse_value() -> None:
 
 def test_cli_usage() -> None:
     assert subprocess.run([sys.executable, "-m", "edgefleet.cli"]).returncode == 2
+
+
+@pytest.mark.timeout(300)
+def test_data_free_stopping_ends_run_early(tmp_path: Path) -> None:
+    # A loose threshold so that a short run plateaus: the rule, not the budget, ends it.
+    scenario = load_scenario(
+        ROOT / "scenarios" / "default.toml",
+        {
+            "federation.num-supernodes": 2,
+            "num-server-rounds": 12,
+            "local-steps": 5,
+            "lr": 0.01,
+            "stopping.mode": "data-free",
+            "stopping.tau": 0.3,
+            "stopping.patience": 2,
+            "output-dir": str(tmp_path),
+            "run-name": "stop",
+        },
+    )
+    run_dir = run_scenario(scenario, timeout=240, quiet=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["stop_reason"] == "task-vector-plateau"
+    assert 3 <= summary["stop_round"] < 12
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == summary["stop_round"] == summary["rounds_run"]
+    assert rows[0]["task_vector_growth"] is None
+    assert all(r["task_vector_growth"] < 0.3 for r in rows[-2:])

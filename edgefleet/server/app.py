@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 
 import torch
@@ -19,7 +21,9 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.server.loop import EvaluateFn, RoundLoop
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
-from edgefleet.task.data import load_dataset
+from edgefleet.strategies.base import LoopStrategy
+from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
+from edgefleet.task.data import load_dataset, split_local
 from edgefleet.task.models import build_model
 from edgefleet.task.train import evaluate, get_arrays, set_arrays
 
@@ -27,6 +31,7 @@ app = ServerApp()
 
 
 def make_strategy(cfg: RunConfig) -> Strategy:
+    """The inner aggregation strategy named by ``strategy``."""
     common = {
         "fraction_train": cfg.server.fraction_train,
         "fraction_evaluate": 0.0,  # central evaluation on the held-out set instead
@@ -36,6 +41,18 @@ def make_strategy(cfg: RunConfig) -> Strategy:
     if cfg.server.strategy == "fedprox":
         return FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
     return FedAvg(**common)  # type: ignore[arg-type]
+
+
+def wrap_stopping(
+    strategy: Strategy, cfg: RunConfig, keys: list[str], validate: Callable[[ArrayRecord], float]
+) -> Strategy:
+    """Wrap ``strategy`` in the stopping rule ``stopping.mode`` names (if any)."""
+    sc = cfg.stopping
+    if sc.mode == "data-free":
+        return TaskVectorStopping(strategy, sc.tau, sc.patience, sc.norm, keys=keys)
+    if sc.mode == "validation":
+        return ValidationStopping(strategy, validate, sc.patience)
+    return strategy
 
 
 def wait_for_nodes(grid: Grid, wanted: int, timeout: float) -> int:
@@ -55,9 +72,23 @@ def wait_for_nodes(grid: Grid, wanted: int, timeout: float) -> int:
     return n
 
 
-def central_evaluator(cfg: RunConfig) -> tuple[EvaluateFn, ArrayRecord]:
-    """The held-out test evaluation and the seeded initial model."""
+@dataclass
+class CentralEvaluation:
+    """The seeded initial model, its trainable keys, and evaluation on data the server holds:
+    the held-out test set, and (only for the validation-stopping baseline) a validation
+    split carved from it, in which case test figures are on the rest."""
+
+    initial: ArrayRecord
+    keys: list[str]
+    evaluate: EvaluateFn
+    validate: Callable[[ArrayRecord], float]
+
+
+def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     _, test_set, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
+    validation = test_set
+    if cfg.stopping.mode == "validation":
+        test_set, validation = split_local(test_set, cfg.stopping.validation_fraction, cfg.seed)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.train.model, info.input_shape, info.num_classes)
     initial = get_arrays(model)
@@ -67,7 +98,12 @@ def central_evaluator(cfg: RunConfig) -> tuple[EvaluateFn, ArrayRecord]:
         loss, acc = evaluate(model, test_set)
         return {"test_loss": loss, "test_accuracy": acc}
 
-    return evaluate_fn, initial
+    def validate(arrays: ArrayRecord) -> float:
+        set_arrays(model, arrays)
+        return evaluate(model, validation)[1]
+
+    keys = [name for name, _ in model.named_parameters()]
+    return CentralEvaluation(initial, keys, evaluate_fn, validate)
 
 
 @app.main()
@@ -76,24 +112,34 @@ def main(grid: Grid, context: Context) -> None:
     random.seed(cfg.seed)  # Flower's node sampling draws from the global RNG
     run_dir = prepare_run_dir(cfg)
     log(INFO, "EdgeFleet run %s: writing results to %s", run_dir.name, run_dir.resolve())
-    evaluate_fn, initial = central_evaluator(cfg)
+    central = central_evaluation(cfg)
+    strategy = wrap_stopping(make_strategy(cfg), cfg, central.keys, central.validate)
     wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout)
     writer = MetricsWriter(run_dir)
+    callbacks = strategy.round_callbacks() if isinstance(strategy, LoopStrategy) else []
     loop = RoundLoop(
-        make_strategy(cfg),
+        strategy,
         grid,
-        evaluate_fn=evaluate_fn,
-        callbacks=[writer],
+        evaluate_fn=central.evaluate,
+        callbacks=[*callbacks, writer],  # the writer last: it records what the others add
         round_timeout=cfg.server.round_timeout,
     )
     t0 = time.monotonic()
-    outcome = loop.run(initial, cfg.server.num_rounds, ConfigRecord())
-    summary = write_summary(run_dir, cfg, outcome, writer.rows, time.monotonic() - t0)
+    outcome = loop.run(central.initial, cfg.server.num_rounds, ConfigRecord())
+    extra = {}
+    if isinstance(strategy, ValidationStopping):
+        # The baseline returns its best model, so its figures are those of that round.
+        extra = {"best_validation_round": strategy.best_round}
+        best = next((r for r in writer.rows if r["round"] == strategy.best_round), None)
+        if best is not None:
+            extra["final_accuracy"] = best["test_accuracy"]
+    summary = write_summary(run_dir, cfg, outcome, writer.rows, time.monotonic() - t0, extra)
     log(
         INFO,
-        "EdgeFleet run %s done: %d rounds, final accuracy %.4f, results in %s",
+        "EdgeFleet run %s done: %d rounds (%s), final accuracy %.4f, results in %s",
         run_dir.name,
         summary["rounds_run"],
+        summary["stop_reason"],
         summary["final_accuracy"] or float("nan"),
         run_dir.resolve(),
     )

@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -45,10 +44,15 @@ class RoundResult:
     extra: dict[str, object] = field(default_factory=dict)
 
 
-class RoundCallback(Protocol):
+class RoundCallback:
+    """Base class of round callbacks; override what you need."""
+
+    def on_start(self, arrays: ArrayRecord, first_round: int) -> None:
+        """Called once before the first round with the model the loop starts from."""
+
     def after_round(self, result: RoundResult) -> str | None:
         """Called after each round; return a stop reason to end the run, else None."""
-        ...
+        return None
 
 
 @dataclass(frozen=True)
@@ -127,15 +131,18 @@ class RoundLoop:
         first_round: int = 1,
     ) -> LoopOutcome:
         arrays = initial_arrays
+        for callback in self.callbacks:
+            callback.on_start(arrays, first_round)
         t0 = time.monotonic()
         for rnd in range(first_round, num_rounds + 1):
             result = self.run_round(rnd, arrays, ConfigRecord(dict(train_config or {})), t0)
             arrays = result.arrays
-            for callback in self.callbacks:
-                reason = callback.after_round(result)
-                if reason:
-                    log(INFO, "Stopping after round %d: %s", rnd, reason)
-                    return LoopOutcome(arrays, rnd, rnd, reason)
+            # Every callback sees every round (the metrics row must be written even when
+            # an earlier callback asks to stop); the first reason given wins.
+            reasons = [r for cb in self.callbacks if (r := cb.after_round(result))]
+            if reasons:
+                log(INFO, "Stopping after round %d: %s", rnd, reasons[0])
+                return LoopOutcome(arrays, rnd, rnd, reasons[0])
         return LoopOutcome(arrays, num_rounds, None, "budget")
 
     def run_round(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edgefleet.config import RunConfig
-from edgefleet.server.loop import LoopOutcome, RoundResult
+from edgefleet.server.loop import LoopOutcome, RoundCallback, RoundResult
 
 
 def default_run_name(cfg: RunConfig) -> str:
@@ -51,7 +51,7 @@ def round_row(result: RoundResult) -> dict[str, Any]:
     return row
 
 
-class MetricsWriter:
+class MetricsWriter(RoundCallback):
     """Round callback: append one JSON row per round to ``metrics.jsonl``."""
 
     def __init__(self, run_dir: Path) -> None:
@@ -73,7 +73,9 @@ def write_summary(
     outcome: LoopOutcome,
     rows: list[dict[str, Any]],
     wall_s: float,
+    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Write ``summary.json``; ``extra`` adds keys or overrides computed ones."""
     accs = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
     summary = {
         "run_name": run_dir.name,
@@ -89,6 +91,7 @@ def write_summary(
         "wall_s": round(wall_s, 3),
         "config": cfg.to_dict(),
     }
+    summary.update(extra or {})
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     os.replace(tmp, run_dir / "summary.json")

@@ -1,0 +1,115 @@
+"""Wrapper strategies that plug into EdgeFleet's round loop.
+
+Each EdgeFleet technique is a ``flwr.serverapp.strategy.Strategy`` that wraps another one,
+the way Flower's ``DifferentialPrivacyServerSideFixedClipping`` wraps ``FedAvg``: the
+message-building and aggregation calls go to the inner strategy unless the wrapper changes
+them, and what happens *between* rounds (stopping, sessions) is a round callback. Since
+Flower's own ``Strategy.start`` has no hook between rounds, :meth:`LoopStrategy.start` runs
+EdgeFleet's :class:`~edgefleet.server.loop.RoundLoop` instead, so a Flower user can write::
+
+    result = TaskVectorStopping(FedAvg()).start(grid, arrays, num_rounds=500)
+
+and EdgeFleet's own ServerApp is only the first user of that public API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from edgefleet.server.loop import RoundCallback, RoundLoop, RoundResult
+
+
+class LoopStrategy(Strategy):
+    """Delegates every Strategy call to ``inner``; contributes round callbacks."""
+
+    def __init__(self, inner: Strategy) -> None:
+        self.inner = inner
+
+    def round_callbacks(self) -> list[RoundCallback]:
+        """Callbacks of this wrapper and of every wrapper inside it, innermost first."""
+        inner = self.inner.round_callbacks() if isinstance(self.inner, LoopStrategy) else []
+        return inner + self.own_callbacks()
+
+    def own_callbacks(self) -> list[RoundCallback]:
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume, for the server checkpoint (nested per wrapper)."""
+        inner = self.inner.state_dict() if isinstance(self.inner, LoopStrategy) else {}
+        return {"inner": inner}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if isinstance(self.inner, LoopStrategy):
+            self.inner.load_state_dict(state.get("inner", {}))
+
+    def summary(self) -> None:
+        self.inner.summary()
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.inner.configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        return self.inner.aggregate_train(server_round, replies)
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        return self.inner.configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        return self.inner.aggregate_evaluate(server_round, replies)
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    ) -> Result:
+        """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop.
+
+        Differences: rounds may end early (a callback stops the run), and federated
+        evaluation on the ClientApps is not run (``evaluate_config`` is unused);
+        ``evaluate_fn`` is called after every round, as in Flower.
+        """
+
+        def central(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
+            res = evaluate_fn(rnd, arrays) if evaluate_fn else None
+            return {k: float(v) for k, v in (res or {}).items()}  # type: ignore[arg-type]
+
+        result = Result()
+
+        class Collect(RoundCallback):
+            def after_round(self, res: RoundResult) -> str | None:
+                for metrics, into in (
+                    (res.train_metrics, result.train_metrics_clientapp),
+                    (res.eval_metrics, result.evaluate_metrics_serverapp),
+                ):
+                    if metrics:
+                        into[res.round] = MetricRecord(dict(metrics))
+                return None
+
+        loop = RoundLoop(
+            self,
+            grid,
+            evaluate_fn=central,
+            callbacks=[Collect(), *self.round_callbacks()],
+            round_timeout=timeout,
+        )
+        outcome = loop.run(initial_arrays, num_rounds, train_config)
+        result.arrays = outcome.arrays
+        return result

@@ -1,0 +1,191 @@
+"""Stopping rules: data-free (from the global task vector) and validation-based.
+
+``TaskVectorStopping`` is the rule of "Beyond Fixed Rounds: Data-Free Early Stopping for
+Practical Federated Learning" (arXiv 2601.22669). It watches only the global model: the task
+vector v_r = theta_r - theta_0 grows fast while the federation learns and stalls once it
+has converged (or never takes off with a learning rate far too low), so the run stops when
+the relative growth of ||v_r|| stays below ``tau`` for ``patience`` rounds in a row. It
+needs no data on the server. Choose it whenever the server must not hold data.
+
+``ValidationStopping`` is the baseline that paper compares against: patience on the
+accuracy of a validation set held by the server. It exists for comparison only: a server
+that holds validation data breaks the premise of federated learning.
+
+Squared norm (``norm = "squared"``): g' = (d_r^2 - d_{r-1}^2) / d_{r-1}^2 = (1 + g)^2 - 1,
+about 2g for small g, so a threshold tau on the plain norm corresponds to about 2 tau on the
+squared norm (tau' = (1 + tau)^2 - 1 exactly).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord
+from flwr.serverapp.strategy import Strategy
+
+from edgefleet.server.loop import RoundCallback, RoundResult
+from edgefleet.strategies.base import LoopStrategy
+
+NORMS = ("l2", "squared")
+STOP_PLATEAU = "task-vector-plateau"
+STOP_DIVERGED = "diverged"
+STOP_VALIDATION = "validation-plateau"
+
+
+def task_vector_norm(
+    theta: ArrayRecord, theta0: ArrayRecord, keys: Iterable[str], squared: bool = False
+) -> float:
+    """||theta - theta0|| over the arrays named in ``keys`` (the trainable parameters)."""
+    total = 0.0
+    for key in keys:
+        diff = theta[key].numpy().astype(np.float64) - theta0[key].numpy().astype(np.float64)
+        total += float(np.dot(diff.ravel(), diff.ravel()))
+    return total if squared else math.sqrt(total)
+
+
+def trainable_keys(arrays: ArrayRecord) -> list[str]:
+    """Floating-point arrays other than BatchNorm statistics: PyTorch's trainable tensors
+    for the models here. Pass explicit keys to the stopper for other models."""
+    stats = ("running_mean", "running_var", "num_batches_tracked")
+    return [k for k, a in arrays.items() if not k.endswith(stats) and np.dtype(a.dtype).kind == "f"]
+
+
+@dataclass
+class PlateauCounter:
+    """The counting rule on a sequence of task-vector norms d_1, d_2, ...
+
+    g_r = (d_r - d_{r-1}) / d_{r-1} for r >= 2; the counter grows by one while g_r < tau
+    and resets to zero when g_r >= tau; the rule fires when the counter reaches patience.
+    d_{r-1} = 0 (theta_1 equal to theta_0): any growth from zero is infinite growth (reset),
+    no growth from zero is none (count).
+    """
+
+    tau: float = 0.005
+    patience: int = 10
+    previous: float | None = None
+    counter: int = 0
+    growth: list[float | None] = field(default_factory=list)
+
+    def update(self, norm: float) -> bool:
+        """Feed d_r; True when the rule fires."""
+        g: float | None = None
+        if self.previous is not None:
+            if self.previous > 0:
+                g = (norm - self.previous) / self.previous
+            else:
+                g = math.inf if norm > 0 else 0.0
+            self.counter = self.counter + 1 if g < self.tau else 0
+        self.previous = norm
+        self.growth.append(g)
+        return self.counter >= self.patience
+
+    def reset(self) -> None:
+        self.previous, self.counter = None, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"previous": self.previous, "counter": self.counter, "growth": list(self.growth)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.previous, self.counter = state["previous"], state["counter"]
+        self.growth = list(state["growth"])
+
+
+class TaskVectorStopping(LoopStrategy, RoundCallback):
+    """Data-free early stopping (arXiv 2601.22669) around any inner strategy.
+
+    After every round: d_r = ||theta_r - theta_0|| (``norm="l2"``, the reference code's
+    choice, or ``"squared"``), growth g_r and a patience counter (:class:`PlateauCounter`);
+    the run stops at the first round where the counter reaches ``patience`` (reason
+    ``task-vector-plateau``), or at once if the global model holds NaN or inf (reason
+    ``diverged``). A round in which no update was aggregated carries no information about
+    growth (the model did not move because nobody trained, not because training
+    converged): it neither counts towards patience nor resets the counter.
+    :meth:`restart` starts over from a new theta_0 (a new session).
+    """
+
+    def __init__(
+        self,
+        inner: Strategy,
+        tau: float = 0.005,
+        patience: int = 10,
+        norm: str = "l2",
+        keys: list[str] | None = None,
+    ) -> None:
+        super().__init__(inner)
+        if norm not in NORMS:
+            raise ValueError(f"norm {norm!r}: must be one of {', '.join(NORMS)}")
+        if patience < 1:
+            raise ValueError(f"patience {patience}: must be >= 1")
+        self.rule = PlateauCounter(tau=tau, patience=patience)
+        self.squared = norm == "squared"
+        self.keys = keys
+        self.theta0: ArrayRecord | None = None
+
+    def own_callbacks(self) -> list[RoundCallback]:
+        return [self]
+
+    def on_start(self, arrays: ArrayRecord, first_round: int) -> None:
+        if self.theta0 is None:  # a resumed run keeps the theta_0 it had
+            self.restart(arrays)
+
+    def restart(self, theta0: ArrayRecord) -> None:
+        self.theta0 = ArrayRecord({k: v for k, v in theta0.items()})
+        self.rule.reset()
+
+    def after_round(self, result: RoundResult) -> str | None:
+        assert self.theta0 is not None, "on_start was not called"
+        keys = self.keys or trainable_keys(self.theta0)
+        if not all(np.isfinite(result.arrays[k].numpy()).all() for k in keys):
+            return STOP_DIVERGED
+        if not result.participants:
+            result.extra["task_vector_growth"] = None
+            return None
+        norm = task_vector_norm(result.arrays, self.theta0, keys, self.squared)
+        fired = self.rule.update(norm)
+        result.extra["task_vector_norm"] = norm
+        result.extra["task_vector_growth"] = self.rule.growth[-1]
+        result.extra["plateau_count"] = self.rule.counter
+        return STOP_PLATEAU if fired else None
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["rule"] = self.rule.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.rule.load_state_dict(state["rule"])
+
+
+class ValidationStopping(LoopStrategy, RoundCallback):
+    """Baseline for comparison only: stop when validation accuracy has not improved for
+    ``patience`` rounds, and remember the best model (``best_arrays``, ``best_round``).
+
+    ``validate`` maps the global model to an accuracy on data the *server* holds, which a
+    federated deployment should not have; EdgeFleet uses it to measure the data-free rule.
+    """
+
+    def __init__(self, inner: Strategy, validate: Any, patience: int = 10) -> None:
+        super().__init__(inner)
+        self.validate = validate
+        self.patience = patience
+        self.best_accuracy = -math.inf
+        self.best_round = 0
+        self.best_arrays: ArrayRecord | None = None
+
+    def own_callbacks(self) -> list[RoundCallback]:
+        return [self]
+
+    def after_round(self, result: RoundResult) -> str | None:
+        accuracy = float(self.validate(result.arrays))
+        result.extra["validation_accuracy"] = accuracy
+        if accuracy > self.best_accuracy:
+            self.best_accuracy, self.best_round = accuracy, result.round
+            self.best_arrays = result.arrays
+        if result.round - self.best_round >= self.patience:
+            return STOP_VALIDATION
+        return None
