@@ -19,7 +19,8 @@ from edgefleet.task.data import DATASETS, PARTITIONS
 from edgefleet.task.models import MODELS
 
 STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox")
-STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation")
+# "observe" records both rules' signals every round and never stops (for benchmarks).
+STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
 STOPPING_NORMS: tuple[str, ...] = ("l2", "squared")
 
 DEFAULTS: dict[str, bool | int | float | str] = {

@@ -152,3 +152,18 @@ def test_bad_arguments() -> None:
         TaskVectorStopping(FedAvg(), norm="l1")
     with pytest.raises(ValueError, match="patience"):
         TaskVectorStopping(FedAvg(), patience=0)
+
+
+def test_observe_mode_records_both_rules_and_never_stops() -> None:
+    from edgefleet.config import parse_run_config
+    from edgefleet.server.app import wrap_stopping
+
+    cfg = parse_run_config({"stopping.mode": "observe", "stopping.patience": 1})
+    strategy = wrap_stopping(FedAvg(), cfg, ["w"], lambda arrays: 0.5)
+    callbacks = strategy.round_callbacks()  # type: ignore[attr-defined]
+    for cb in callbacks:
+        cb.on_start(_rec(w=np.zeros(2)), 1)
+    for r in range(1, 6):
+        res = _result(r, _rec(w=np.ones(2)), ["0"])
+        assert [cb.after_round(res) for cb in callbacks] == [None, None]
+    assert res.extra["plateau_count"] == 4 and res.extra["validation_accuracy"] == 0.5

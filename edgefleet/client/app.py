@@ -68,12 +68,12 @@ def evaluate(msg: Message, context: Context) -> Message:
     except (ValueError, FileNotFoundError) as err:
         return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
     set_arrays(device.model, msg.content.array_records["arrays"])
-    loss, accuracy = evaluate_model(device.model, device.test_data)
+    res = evaluate_model(device.model, device.test_data)
     metrics = MetricRecord(
         {
             "num-examples": len(device.test_data),
-            "eval-loss": loss,
-            "eval-accuracy": accuracy,
+            "eval-loss": res.loss,
+            "eval-accuracy": res.accuracy,
             "device-id": device.profile.device_id,
         }
     )

@@ -48,10 +48,11 @@ def wrap_stopping(
 ) -> Strategy:
     """Wrap ``strategy`` in the stopping rule ``stopping.mode`` names (if any)."""
     sc = cfg.stopping
-    if sc.mode == "data-free":
-        return TaskVectorStopping(strategy, sc.tau, sc.patience, sc.norm, keys=keys)
-    if sc.mode == "validation":
-        return ValidationStopping(strategy, validate, sc.patience)
+    if sc.mode in ("data-free", "observe"):
+        enforce = sc.mode == "data-free"
+        strategy = TaskVectorStopping(strategy, sc.tau, sc.patience, sc.norm, keys, enforce)
+    if sc.mode in ("validation", "observe"):
+        strategy = ValidationStopping(strategy, validate, sc.patience, sc.mode == "validation")
     return strategy
 
 
@@ -87,7 +88,7 @@ class CentralEvaluation:
 def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     _, test_set, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     validation = test_set
-    if cfg.stopping.mode == "validation":
+    if cfg.stopping.mode in ("validation", "observe"):
         test_set, validation = split_local(test_set, cfg.stopping.validation_fraction, cfg.seed)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.train.model, info.input_shape, info.num_classes)
@@ -95,12 +96,16 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
 
     def evaluate_fn(_: int, arrays: ArrayRecord) -> dict[str, float]:
         set_arrays(model, arrays)
-        loss, acc = evaluate(model, test_set)
-        return {"test_loss": loss, "test_accuracy": acc}
+        res = evaluate(model, test_set)
+        return {
+            "test_loss": res.loss,
+            "test_accuracy": res.accuracy,
+            "test_balanced_accuracy": res.balanced_accuracy,
+        }
 
     def validate(arrays: ArrayRecord) -> float:
         set_arrays(model, arrays)
-        return evaluate(model, validation)[1]
+        return evaluate(model, validation).accuracy
 
     keys = [name for name, _ in model.named_parameters()]
     return CentralEvaluation(initial, keys, evaluate_fn, validate)
@@ -127,7 +132,7 @@ def main(grid: Grid, context: Context) -> None:
     t0 = time.monotonic()
     outcome = loop.run(central.initial, cfg.server.num_rounds, ConfigRecord())
     extra = {}
-    if isinstance(strategy, ValidationStopping):
+    if isinstance(strategy, ValidationStopping) and strategy.enforce:
         # The baseline returns its best model, so its figures are those of that round.
         extra = {"best_validation_round": strategy.best_round}
         best = next((r for r in writer.rows if r["round"] == strategy.best_round), None)

@@ -38,6 +38,7 @@ def round_row(result: RoundResult) -> dict[str, Any]:
         "session": result.session,
         "test_accuracy": result.eval_metrics.get("test_accuracy"),
         "test_loss": result.eval_metrics.get("test_loss"),
+        "test_balanced_accuracy": result.eval_metrics.get("test_balanced_accuracy"),
         "participants": result.participants,
         "declined": result.declined,
         "rejected": result.rejected,

@@ -104,7 +104,9 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
     ``diverged``). A round in which no update was aggregated carries no information about
     growth (the model did not move because nobody trained, not because training
     converged): it neither counts towards patience nor resets the counter.
-    :meth:`restart` starts over from a new theta_0 (a new session).
+    :meth:`restart` starts over from a new theta_0 (a new session). With
+    ``enforce=False`` it only records (``task_vector_norm``, ``task_vector_growth`` and
+    ``plateau_count`` in each metrics row) and never stops the run.
     """
 
     def __init__(
@@ -114,8 +116,10 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         patience: int = 10,
         norm: str = "l2",
         keys: list[str] | None = None,
+        enforce: bool = True,
     ) -> None:
         super().__init__(inner)
+        self.enforce = enforce
         if norm not in NORMS:
             raise ValueError(f"norm {norm!r}: must be one of {', '.join(NORMS)}")
         if patience < 1:
@@ -149,7 +153,7 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         result.extra["task_vector_norm"] = norm
         result.extra["task_vector_growth"] = self.rule.growth[-1]
         result.extra["plateau_count"] = self.rule.counter
-        return STOP_PLATEAU if fired else None
+        return STOP_PLATEAU if fired and self.enforce else None
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
@@ -167,10 +171,14 @@ class ValidationStopping(LoopStrategy, RoundCallback):
 
     ``validate`` maps the global model to an accuracy on data the *server* holds, which a
     federated deployment should not have; EdgeFleet uses it to measure the data-free rule.
+    With ``enforce=False`` it records ``validation_accuracy`` per round and never stops.
     """
 
-    def __init__(self, inner: Strategy, validate: Any, patience: int = 10) -> None:
+    def __init__(
+        self, inner: Strategy, validate: Any, patience: int = 10, enforce: bool = True
+    ) -> None:
         super().__init__(inner)
+        self.enforce = enforce
         self.validate = validate
         self.patience = patience
         self.best_accuracy = -math.inf
@@ -186,6 +194,6 @@ class ValidationStopping(LoopStrategy, RoundCallback):
         if accuracy > self.best_accuracy:
             self.best_accuracy, self.best_round = accuracy, result.round
             self.best_arrays = result.arrays
-        if result.round - self.best_round >= self.patience:
+        if self.enforce and result.round - self.best_round >= self.patience:
             return STOP_VALIDATION
         return None

@@ -82,17 +82,32 @@ def train_local(
     return TrainResult(loss=total / seen, num_examples=seen)
 
 
+@dataclass(frozen=True)
+class EvalResult:
+    loss: float  # mean cross-entropy
+    accuracy: float
+    balanced_accuracy: float  # mean per-class recall over the classes present
+
+
 @torch.no_grad()
-def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 1000) -> tuple[float, float]:
-    """(mean cross-entropy, accuracy) of ``model`` on ``data``; (nan, nan) when it is empty."""
+def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 1000) -> EvalResult:
+    """Loss, accuracy and balanced accuracy of ``model`` on ``data`` (NaN when empty).
+
+    Balanced accuracy is what to quote on imbalanced sets (BCCD, PneumoniaMNIST)."""
     if len(data) == 0:
-        return float("nan"), float("nan")
+        return EvalResult(float("nan"), float("nan"), float("nan"))
     model.eval()
     x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
-    loss_sum, correct = 0.0, 0
+    loss_sum, preds = 0.0, []
     for start in range(0, len(data), batch_size):
-        xb, yb = x[start : start + batch_size], y[start : start + batch_size]
-        logits = model(xb)
-        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
-    return loss_sum / len(data), correct / len(data)
+        logits = model(x[start : start + batch_size])
+        loss_sum += float(
+            nn.functional.cross_entropy(logits, y[start : start + batch_size], reduction="sum")
+        )
+        preds.append(logits.argmax(1))
+    pred = torch.cat(preds)
+    correct = pred == y
+    recalls = [float(correct[y == c].float().mean()) for c in torch.unique(y)]
+    return EvalResult(
+        loss_sum / len(data), float(correct.float().mean()), sum(recalls) / len(recalls)
+    )
