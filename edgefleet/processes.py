@@ -39,6 +39,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -158,6 +159,7 @@ class FlowerFleet:
             TAG_VAR: self.tag,
         }
         self.processes: list[FlowerProcess] = []
+        self._previous_sigterm: Any = None
         self.superlink_address: str | None = None
         self.root_certificates: Path | None = None
         self._count: dict[str, int] = {}
@@ -208,6 +210,10 @@ class FlowerFleet:
             args.append("--insecure")
         if simulation:
             args.append("--simulation")
+            # Ray's init connects to the cluster named in /tmp/ray/ray_current_cluster when
+            # there is one, and waits forever if that cluster was killed. Always start a
+            # fresh local one.
+            self.env["RAY_ADDRESS"] = "local"
         args += [
             "--isolation",
             "subprocess",
@@ -397,10 +403,22 @@ class FlowerFleet:
         return "\n".join(parts)
 
     def __enter__(self) -> FlowerFleet:
+        # A SIGTERM (``timeout``, ``kill``) would end Python without running ``__exit__``
+        # and leave the fleet running; turn it into SystemExit so the fleet is stopped.
+        if threading.current_thread() is threading.main_thread():
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            if self._previous_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._previous_sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _is_server(proc: FlowerProcess) -> bool:

@@ -144,7 +144,8 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         assert self.theta0 is not None, "on_start was not called"
         keys = self.keys or trainable_keys(self.theta0)
         if not all(np.isfinite(result.arrays[k].numpy()).all() for k in keys):
-            return STOP_DIVERGED
+            result.extra["task_vector_norm"] = math.nan
+            return STOP_DIVERGED if self.enforce else None
         if not result.participants:
             result.extra["task_vector_growth"] = None
             return None

@@ -1,0 +1,249 @@
+"""Data-free early stopping vs validation-based stopping (arXiv 2601.22669's claims).
+
+For each data set x strategy x seed, ONE run of the full round budget on Flower's
+Simulation Engine with ``stopping.mode = "observe"``: every round records the task-vector
+norm (data-free rule) and the accuracy on a server-side validation split (baseline), and
+nothing stops the run. Both rules are then replayed on that one trajectory with the same
+code the live rules use (:class:`PlateauCounter` and the validation patience), so their stop
+rounds and accuracies compare on identical models. Balanced accuracy (test split) is
+reported throughout, as the medical sets are imbalanced.
+
+Also two bad configurations (learning rate far too high and far too low): rounds until each
+rule would stop them.
+
+Prints one JSON line; writes per-run folders and one PNG per data set (accuracy and growth
+g_r per round with both stops marked) under ``--out``.
+
+    python benchmarks/earlystop_claims.py --budget 300 --seeds 0,1,2     # the full claim
+    python benchmarks/earlystop_claims.py --budget 60 --seeds 0 --datasets mnist-5k  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from edgefleet.simulation.runner import Scenario, run_scenario
+from edgefleet.strategies.stopping import PlateauCounter
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str, Any]]:
+    """One observed run; its metrics rows."""
+    out = Path(args.out).resolve()
+    run_config = {
+        "num-server-rounds": args.budget,
+        "dataset": args.dataset_default,
+        "data-dir": str(Path(args.data_dir).resolve()),
+        "partition": "dirichlet",
+        "alpha": args.alpha,
+        "model": args.model,
+        "local-steps": args.local_steps,
+        "lr": args.lr,
+        "stopping.mode": "observe",
+        "stopping.tau": args.tau,
+        "stopping.patience": args.patience,
+        "output-dir": str(out),
+        "run-name": name,
+        **overrides,
+    }
+    run_dir = out / name
+    if not (run_dir / "summary.json").exists():  # reuse a finished run (resumable sweep)
+        if run_dir.exists():
+            for f in run_dir.iterdir():
+                f.unlink()
+        federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
+        t0 = time.monotonic()
+        run_scenario(Scenario(name, federation, run_config), timeout=6 * 3600, quiet=True)
+        print(f"{name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines]
+
+
+def data_free_stop(rows: list[dict[str, Any]], tau: float, patience: int) -> int | None:
+    """Replay the data-free rule on recorded norms (empty rounds skipped, as live)."""
+    rule = PlateauCounter(tau=tau, patience=patience)
+    for row in rows:
+        norm = row.get("task_vector_norm")
+        if norm is not None and norm != norm:  # NaN: the live rule stops as "diverged"
+            return int(row["round"])
+        if norm is not None and row["participants"] and rule.update(norm):
+            return int(row["round"])
+    return None
+
+
+def validation_stop(rows: list[dict[str, Any]], patience: int) -> tuple[int | None, int]:
+    """(stop round or None, round of the best validation accuracy up to the stop)."""
+    best, best_round = -1.0, 0
+    for row in rows:
+        acc = row["validation_accuracy"]
+        if acc > best:
+            best, best_round = acc, row["round"]
+        if row["round"] - best_round >= patience:
+            return int(row["round"]), best_round
+    return None, best_round
+
+
+def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    bacc = {r["round"]: r["test_balanced_accuracy"] for r in rows}
+    budget = len(rows)
+    df = data_free_stop(rows, args.tau, args.patience)
+    vs, vbest = validation_stop(rows, args.val_patience)
+    best_round = max(bacc, key=lambda r: bacc[r])
+    df_round = df or budget
+    return {
+        "data_free_stop": df,
+        "data_free_bacc": round(bacc[df_round], 4),
+        "validation_stop": vs,
+        "validation_bacc": round(bacc[vbest], 4),  # the baseline returns its best model
+        "best_bacc": round(bacc[best_round], 4),
+        "best_round": best_round,
+        "rounds_saved": budget - df_round,
+        "gap_to_best_points": round(100 * (bacc[best_round] - bacc[df_round]), 2),
+    }
+
+
+def _plot(dataset: str, runs: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_acc, ax_g) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+    for i, (name, rows) in enumerate(runs.items()):
+        colour = f"C{i}"
+        rounds = [r["round"] for r in rows]
+        ax_acc.plot(rounds, [r["test_balanced_accuracy"] for r in rows], colour, label=name)
+        growth = [(r["round"], r["task_vector_growth"]) for r in rows]
+        growth = [(x, g) for x, g in growth if g is not None and g > 0]
+        ax_g.semilogy([x for x, _ in growth], [g for _, g in growth], colour, lw=0.8)
+        stop = data_free_stop(rows, args.tau, args.patience)
+        vstop, _ = validation_stop(rows, args.val_patience)
+        for ax in (ax_acc, ax_g):
+            if stop:
+                ax.axvline(stop, color=colour, ls="--", lw=1)
+            if vstop:
+                ax.axvline(vstop, color=colour, ls=":", lw=1)
+    ax_g.axhline(args.tau, color="k", lw=0.8, label=f"tau = {args.tau}")
+    ax_acc.set_ylabel("balanced accuracy (test)")
+    ax_g.set_ylabel("task-vector growth g_r")
+    ax_g.set_xlabel("round  (dashed: data-free stop, dotted: validation stop)")
+    ax_acc.legend(fontsize=7)
+    ax_g.legend(fontsize=7)
+    ax_acc.set_title(f"Data-free vs validation stopping on {dataset}")
+    path = Path(args.out) / f"earlystop_{dataset}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--datasets", default="pneumonia,bccd,mnist")
+    p.add_argument("--strategies", default="fedavg,fedprox")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--budget", type=int, default=300)
+    p.add_argument("--devices", type=int, default=10)
+    p.add_argument("--local-steps", type=int, default=10)
+    p.add_argument("--alpha", type=float, default=0.5)
+    p.add_argument("--model", default="smallcnn")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--tau", type=float, default=0.005)
+    p.add_argument("--patience", type=int, default=10)
+    p.add_argument("--val-patience", type=int, default=10)
+    p.add_argument("--bad-lrs", default="5.0,1e-5", help="too high, too low ('' to skip)")
+    p.add_argument("--bad-dataset", default="mnist")
+    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--out", default=str(ROOT / "runs" / "bench-earlystop"))
+    args = p.parse_args()
+    args.dataset_default = "mnist-5k"
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+
+    settings: list[dict[str, Any]] = []
+    plots = []
+    for dataset in args.datasets.split(","):
+        seed0_runs = {}
+        for strategy in args.strategies.split(","):
+            per_seed = []
+            for seed in (int(s) for s in args.seeds.split(",")):
+                name = f"{dataset}-{strategy}-s{seed}"
+                rows = _run(args, name, dataset=dataset, strategy=strategy, seed=seed)
+                per_seed.append(summarise(rows, args))
+                if seed == int(args.seeds.split(",")[0]):
+                    seed0_runs[strategy] = rows
+            # A rule that never fired "stops" at the budget.
+            mean = {
+                k: round(statistics.fmean(s[k] or args.budget for s in per_seed), 3)
+                for k in ("data_free_stop", "validation_stop")
+            }
+            for k in ("data_free_bacc", "validation_bacc", "best_bacc", "gap_to_best_points"):
+                mean[k] = round(statistics.fmean(s[k] for s in per_seed), 4)
+            settings.append(
+                {"dataset": dataset, "strategy": strategy, "mean": mean, "seeds": per_seed}
+            )
+        plots.append(_plot(dataset, seed0_runs, args))
+
+    bad = []
+    for lr in (float(x) for x in args.bad_lrs.split(",") if x):
+        rows = _run(args, f"bad-lr{lr:g}", dataset=args.bad_dataset, lr=lr, seed=0)
+        diverged = next((r["round"] for r in rows if r["test_loss"] != r["test_loss"]), None)
+        vstop, _ = validation_stop(rows, args.val_patience)
+        bad.append(
+            {
+                "lr": lr,
+                "data_free_stop": data_free_stop(rows, args.tau, args.patience),
+                "first_nan_round": diverged,
+                "validation_stop": vstop,
+                "final_bacc": rows[-1]["test_balanced_accuracy"],
+            }
+        )
+
+    targets = {
+        "stop_before_half_budget": all(
+            (s["data_free_stop"] or args.budget) < args.budget / 2
+            for st in settings
+            for s in st["seeds"]
+        ),
+        "within_1.5_points_of_best": all(
+            s["gap_to_best_points"] <= 1.5 for st in settings for s in st["seeds"]
+        ),
+        "bad_configs_stopped_within_30": all(
+            b["data_free_stop"] is not None and b["data_free_stop"] <= 30 for b in bad
+        ),
+    }
+    print(
+        json.dumps(
+            {
+                "benchmark": "earlystop_claims",
+                "sizes": {
+                    "budget": args.budget,
+                    "devices": args.devices,
+                    "local_steps": args.local_steps,
+                    "alpha": args.alpha,
+                    "model": args.model,
+                    "lr": args.lr,
+                    "tau": args.tau,
+                    "patience": args.patience,
+                    "val_patience": args.val_patience,
+                    "seeds": args.seeds,
+                },
+                "settings": settings,
+                "bad_configs": bad,
+                "targets_met": targets,
+                "plots": plots,
+                "wall_s": round(time.monotonic() - t0, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
