@@ -1,0 +1,410 @@
+"""Energy-harvesting battery of a device: slot-based harvest-store-use (EH-FedSAG).
+
+The model of "EH-FedSAG: Variance-Reduced Federated Learning with Energy-Aware
+Participation in Energy-Harvesting IoT" (arXiv 2606.18758): time runs in slots; in each slot
+some energy may arrive and is stored in a battery of finite capacity (what does not fit is
+lost); a round costs Omega units of local training plus one unit of transmission, and a
+device may start a round only if its battery covers all of it at the start slot.
+
+Energy sources (choose with :func:`make_source`):
+
+- ``bernoulli`` (default): an arrival of ``units`` with probability ``prob`` per slot, the
+  paper's model. The arrival of a slot is a hash of (seed, slot), not a draw from a stateful
+  RNG, so a device that the server did not contact for many slots catches up exactly when it
+  learns the current slot, and advancing slot by slot equals one jump.
+- ``trace``: one value per slot from a measured harvest trace (a solar log, say), looped.
+- ``always-on``: mains powered; the battery is always full and every round is affordable.
+- ``sysfs``: a real Linux board's battery under ``/sys/class/power_supply``. It reports a
+  *level*, not arrivals: the battery then takes the measured level (scaled to its capacity)
+  at each :meth:`Battery.advance`, and only the real hardware knows what arrived.
+
+Battery state (``level``, ``slot``, ``spent_total``) round-trips through
+:meth:`Battery.state_dict` as plain ints and floats, what a Flower ``ConfigRecord`` in
+``Context.state`` can hold. The source itself is rebuilt from the device profile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SOURCES: tuple[str, ...] = ("bernoulli", "trace", "always-on", "sysfs")
+
+# Arrays built for one advance are at most this many slots long, so a device that was away
+# for a very long time catches up in bounded memory.
+_CHUNK = 1 << 16
+
+_MASK64 = (1 << 64) - 1
+_GAMMA = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+class EnergyConfigError(ValueError):
+    """A bad energy-source or battery parameter; the message names it and its value."""
+
+
+class ClockError(ValueError):
+    """The slot clock went backwards."""
+
+
+class InsufficientEnergyError(RuntimeError):
+    """A device was asked to spend more energy than its battery holds."""
+
+    def __init__(self, level: float, cost: float) -> None:
+        super().__init__(f"battery holds {level:g} units, the round costs {cost:g}")
+        self.level = level
+        self.cost = cost
+
+
+class SourceUnavailableError(RuntimeError):
+    """A measuring source (sysfs) has no reading to give."""
+
+
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser on a uint64 array (wrapping arithmetic, vectorised)."""
+    z = x.astype(np.uint64, copy=True)
+    z ^= z >> np.uint64(30)
+    z *= _M1
+    z ^= z >> np.uint64(27)
+    z *= _M2
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def uniform_hash(seed: int, slots: np.ndarray) -> np.ndarray:
+    """A number in [0, 1) per slot, a fixed function of (seed, slot).
+
+    The seed is mixed first so that nearby seeds (devices 0, 1, 2, ...) start at unrelated
+    points of the splitmix64 sequence rather than at shifted copies of one stream.
+    """
+    base = splitmix64(np.array([seed & _MASK64], dtype=np.uint64))[0]
+    counters = base + (slots.astype(np.uint64) + np.uint64(1)) * _GAMMA
+    # The top 53 bits make an exactly representable double in [0, 1).
+    return (splitmix64(counters) >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+
+def _check_range(start_slot: int, end_slot: int) -> None:
+    if start_slot < 0 or end_slot < start_slot:
+        raise ClockError(f"slot range [{start_slot}, {end_slot}) is not a range of slots >= 0")
+
+
+class EnergySource:
+    """Base of the energy sources. ``arrivals`` is the contract for harvesting sources;
+    ``always_full`` and ``reports_level`` mark the two sources that do not harvest."""
+
+    kind: str = ""
+    always_full: bool = False
+    reports_level: bool = False
+
+    def arrivals(self, start_slot: int, end_slot: int) -> np.ndarray:
+        """Energy units arriving in each slot of [start_slot, end_slot), float64."""
+        raise NotImplementedError(f"the {self.kind!r} source reports no arrivals")
+
+
+class BernoulliSource(EnergySource):
+    """Per slot an arrival of ``units`` with probability ``prob`` (the paper's P_h)."""
+
+    kind = "bernoulli"
+
+    def __init__(self, seed: int, prob: float, units: float = 1.0) -> None:
+        if not 0.0 <= prob <= 1.0:
+            raise EnergyConfigError(f"bernoulli source: prob={prob!r} must be in [0, 1]")
+        if not (units >= 0.0 and math.isfinite(units)):
+            raise EnergyConfigError(f"bernoulli source: units={units!r} must be finite and >= 0")
+        self.seed = int(seed)
+        self.prob = float(prob)
+        self.units = float(units)
+
+    def arrivals(self, start_slot: int, end_slot: int) -> np.ndarray:
+        _check_range(start_slot, end_slot)
+        u = uniform_hash(self.seed, np.arange(start_slot, end_slot, dtype=np.int64))
+        return np.where(u < self.prob, self.units, 0.0)
+
+
+class TraceSource(EnergySource):
+    """One value per slot from a trace; past its end it loops (or gives 0, ``loop=False``)."""
+
+    kind = "trace"
+
+    def __init__(self, values: Sequence[float], loop: bool = True) -> None:
+        arr = np.asarray(values, dtype=np.float64).ravel()
+        if arr.size == 0:
+            raise EnergyConfigError("trace source: values is empty; give one value per slot")
+        bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0))
+        if bad.size:
+            i = int(bad[0])
+            raise EnergyConfigError(
+                f"trace source: value {arr[i]!r} at slot {i} must be finite and >= 0"
+            )
+        self.values = arr
+        self.loop = bool(loop)
+
+    @classmethod
+    def from_file(cls, path: str | Path, loop: bool = True) -> TraceSource:
+        """One number per line; blank lines and ``#`` comments (whole or trailing) ignored."""
+        p = Path(path)
+        if not p.is_file():
+            raise EnergyConfigError(f"trace source: path={str(p)!r} is not a file")
+        values: list[float] = []
+        for lineno, line in enumerate(p.read_text().splitlines(), start=1):
+            text = line.split("#", 1)[0].strip()
+            if not text:
+                continue
+            try:
+                values.append(float(text))
+            except ValueError:
+                raise EnergyConfigError(
+                    f"trace source: {p}:{lineno}: {text!r} is not a number"
+                ) from None
+        if not values:
+            raise EnergyConfigError(f"trace source: path={str(p)!r} holds no values")
+        return cls(values, loop=loop)
+
+    def arrivals(self, start_slot: int, end_slot: int) -> np.ndarray:
+        _check_range(start_slot, end_slot)
+        idx = np.arange(start_slot, end_slot, dtype=np.int64)
+        n = self.values.size
+        if self.loop:
+            return self.values[idx % n]
+        out = np.zeros(idx.size, dtype=np.float64)
+        inside = idx < n
+        out[inside] = self.values[idx[inside]]
+        return out
+
+
+class AlwaysOn(EnergySource):
+    """Mains powered: arrivals are unbounded, so the battery is always full."""
+
+    kind = "always-on"
+    always_full = True
+
+    def arrivals(self, start_slot: int, end_slot: int) -> np.ndarray:
+        _check_range(start_slot, end_slot)
+        return np.full(end_slot - start_slot, np.inf)
+
+
+@dataclass(frozen=True)
+class SysfsReading:
+    name: str  # the power_supply entry, e.g. "BAT0"
+    fraction: float  # charge level in [0, 1]
+    status: str  # "Charging", "Discharging", "Full", "Not charging", "Unknown"
+
+
+class SysfsSource(EnergySource):
+    """The battery of a Linux board under ``/sys/class/power_supply``.
+
+    It reports a *level*, not arrivals: :class:`Battery` with this source sets its level to
+    the measured fraction times its capacity at every advance. Reads ``capacity`` (percent)
+    or, where a driver has none, ``energy_now/energy_full`` or ``charge_now/charge_full``
+    of the first entry of type ``Battery`` (or of ``name``).
+    """
+
+    kind = "sysfs"
+    reports_level = True
+
+    def __init__(self, path: str | Path = "/sys/class/power_supply", name: str = "") -> None:
+        self.path = Path(path)
+        self.name = name
+
+    def _entries(self) -> list[Path]:
+        if not self.path.is_dir():
+            return []
+        if self.name:
+            return [self.path / self.name]
+        return sorted(p for p in self.path.iterdir() if _read(p / "type") == "Battery")
+
+    def read(self) -> SysfsReading | None:
+        """The current reading, or None where no battery can be read."""
+        for entry in self._entries():
+            fraction = _sysfs_fraction(entry)
+            if fraction is not None:
+                status = _read(entry / "status") or "Unknown"
+                return SysfsReading(entry.name, fraction, status)
+        return None
+
+    def available(self) -> bool:
+        return self.read() is not None
+
+    def level_fraction(self) -> float:
+        reading = self.read()
+        if reading is None:
+            raise SourceUnavailableError(f"no readable battery under {self.path}")
+        return reading.fraction
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _read_float(path: Path) -> float | None:
+    text = _read(path)
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
+
+
+def _sysfs_fraction(entry: Path) -> float | None:
+    pct = _read_float(entry / "capacity")
+    if pct is not None:
+        return min(1.0, max(0.0, pct / 100.0))
+    for now, full in (("energy_now", "energy_full"), ("charge_now", "charge_full")):
+        a, b = _read_float(entry / now), _read_float(entry / full)
+        if a is not None and b is not None and b > 0:
+            return min(1.0, max(0.0, a / b))
+    return None
+
+
+def make_source(kind: str, **params: Any) -> EnergySource:
+    """Build an energy source by name (one of :data:`SOURCES`).
+
+    ``bernoulli``: seed, prob, units; ``trace``: values or path, loop; ``always-on``: none;
+    ``sysfs``: path, name (and a battery must be readable there).
+    """
+    builders: dict[str, Any] = {
+        "bernoulli": BernoulliSource,
+        "trace": _make_trace,
+        "always-on": AlwaysOn,
+        "sysfs": _make_sysfs,
+    }
+    if kind not in builders:
+        raise EnergyConfigError(f"energy source {kind!r} is unknown; valid: {', '.join(SOURCES)}")
+    try:
+        source: EnergySource = builders[kind](**params)
+    except TypeError as err:
+        raise EnergyConfigError(f"energy source {kind!r}: bad parameters {params}: {err}") from None
+    return source
+
+
+def _make_trace(
+    values: Sequence[float] | None = None, path: str | Path | None = None, loop: bool = True
+) -> TraceSource:
+    if (values is None) == (path is None):
+        raise EnergyConfigError("trace source: give exactly one of values= or path=")
+    if path is not None:
+        return TraceSource.from_file(path, loop=loop)
+    assert values is not None
+    return TraceSource(values, loop=loop)
+
+
+def _make_sysfs(path: str | Path = "/sys/class/power_supply", name: str = "") -> SysfsSource:
+    source = SysfsSource(path, name)
+    if not source.available():
+        raise EnergyConfigError(
+            f"sysfs source: path={str(path)!r} (name={name!r}) has no readable battery; "
+            f"valid sources elsewhere: {', '.join(s for s in SOURCES if s != 'sysfs')}"
+        )
+    return source
+
+
+class Battery:
+    """Slot-based harvest-store-use battery.
+
+    ``slot`` is the next slot not yet harvested; :meth:`advance` harvests the slots up to the
+    server's current slot with clipping at ``capacity`` in every slot, as a real battery
+    does. Arrivals are non-negative, so per-slot clipping equals one clip of the running sum
+    at the first slot that fills the battery; the sum is taken in slot order, which keeps
+    slot-by-slot and one-jump advances bit-identical.
+
+    ``level`` defaults to full. The paper's text available to us did not say; full is what a
+    freshly installed (or charged-before-deployment) device has, and an empty start would
+    only add about (Omega + 1) / P_h idle slots before the first round that nothing measures.
+    Pass ``level=0.0`` to start empty.
+    """
+
+    def __init__(
+        self,
+        capacity: float,
+        source: EnergySource,
+        level: float | None = None,
+        slot: int = 0,
+    ) -> None:
+        if not (capacity > 0 and math.isfinite(capacity)):
+            raise EnergyConfigError(f"battery: capacity={capacity!r} must be finite and > 0")
+        start = capacity if level is None else float(level)
+        if not 0.0 <= start <= capacity:
+            raise EnergyConfigError(f"battery: level={level!r} must be in [0, {capacity}]")
+        if slot < 0:
+            raise EnergyConfigError(f"battery: slot={slot!r} must be >= 0")
+        self.capacity = float(capacity)
+        self.source = source
+        self.level = float(capacity) if source.always_full else start
+        self.slot = int(slot)
+        self.spent_total = 0.0
+
+    def advance(self, to_slot: int) -> float:
+        """Harvest the slots [slot, to_slot); returns the level."""
+        if to_slot < self.slot:
+            raise ClockError(
+                f"battery: advance to slot {to_slot} but slot {self.slot} already harvested "
+                "(the clock went backwards)"
+            )
+        if self.source.always_full:
+            self.level = self.capacity
+        elif self.source.reports_level:
+            assert isinstance(self.source, SysfsSource)
+            self.level = self.source.level_fraction() * self.capacity
+        else:
+            start = self.slot
+            while start < to_slot and self.level < self.capacity:
+                end = min(to_slot, start + _CHUNK)
+                a = self.source.arrivals(start, end)
+                # np.add.accumulate adds in slot order, like the slot-by-slot loop would.
+                running = np.add.accumulate(np.concatenate(([self.level], a)))
+                self.level = min(self.capacity, float(running[-1]))
+                start = end
+        self.slot = int(to_slot)
+        return self.level
+
+    @staticmethod
+    def round_cost(train_slots: int) -> float:
+        """Omega units of local training plus one unit of transmission."""
+        if train_slots < 0:
+            raise EnergyConfigError(f"train_slots={train_slots!r} must be >= 0")
+        return float(train_slots) + 1.0
+
+    def can_afford(self, cost: float) -> bool:
+        """Exactly enough is enough."""
+        return self.source.always_full or self.level >= cost
+
+    def spend(self, cost: float) -> None:
+        """Use ``cost`` units; raises (spending nothing) when the battery cannot cover it."""
+        if cost < 0:
+            raise EnergyConfigError(f"battery: cost={cost!r} must be >= 0")
+        if not self.can_afford(cost):
+            raise InsufficientEnergyError(self.level, cost)
+        self.spent_total += float(cost)
+        if not self.source.always_full:
+            self.level -= float(cost)
+
+    def state_dict(self) -> dict[str, float | int | str]:
+        return {
+            "level": self.level,
+            "slot": self.slot,
+            "spent_total": self.spent_total,
+            "capacity": self.capacity,
+            "source": self.source.kind,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore level, slot and energy spent. The capacity and source come from the
+        device profile; a stored level above a (since lowered) capacity is clipped to it."""
+        try:
+            level, slot = float(state["level"]), int(state["slot"])
+            spent = float(state.get("spent_total", 0.0))
+        except (KeyError, TypeError, ValueError) as err:
+            raise EnergyConfigError(f"battery state {state!r} is malformed: {err}") from None
+        if not (level >= 0.0 and math.isfinite(level)) or slot < 0:
+            raise EnergyConfigError(f"battery state level={level!r}, slot={slot!r} out of range")
+        self.level = self.capacity if self.source.always_full else min(level, self.capacity)
+        self.slot = slot
+        self.spent_total = spent
