@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from edgefleet.task.data import DATASETS, PARTITIONS
-from edgefleet.task.models import MODELS
+from edgefleet.task.names import MODELS
 
 STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox")
 # "observe" records both rules' signals every round and never stops (for benchmarks).

@@ -155,6 +155,8 @@ class FlowerFleet:
             **os.environ,
             **QUIET_FLOWER_ENV,
             "FLWR_HOME": str(self.flwr_home),
+            # SuperExec checks for new runs once a second by default: up to 1 s of start-up.
+            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
             "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
             TAG_VAR: self.tag,
         }

@@ -19,6 +19,7 @@ A scenario file has two tables::
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tempfile
 import time
@@ -123,6 +124,20 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
     return parse_run_config(raw), raw
 
 
+def _app_copy(dest: Path) -> Path:
+    """The app's own files (``pyproject.toml`` and the package) in a folder of their own.
+
+    ``flwr run DIR`` walks every file under DIR before applying ``.gitignore``; from the
+    project root that includes ``.venv`` (50,000 files, about 5 s). The copy takes 30 ms.
+    """
+    dest.mkdir()
+    shutil.copy2(PROJECT_DIR / "pyproject.toml", dest / "pyproject.toml")
+    shutil.copytree(
+        PROJECT_DIR / "edgefleet", dest / "edgefleet", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return dest
+
+
 def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = False) -> Path:
     """Run ``scenario`` to completion on the Simulation Engine; return its run folder."""
     cfg, raw = resolve_run_config(scenario)
@@ -141,7 +156,7 @@ def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = F
         cmd = [
             str(BIN_DIR / "flwr"),
             "run",
-            str(PROJECT_DIR),
+            str(_app_copy(Path(work) / "app")),
             fleet.connection,
             "--stream",
             "--run-config",

@@ -624,7 +624,9 @@ def partition_indices(
     )
     with _quiet_partitioning():
         part = partitioner.load_partition(int(partition_id))
-    return np.sort(np.asarray(part.with_format("numpy")["idx"], dtype=np.int64))
+    # Slicing reads the column in one go; indexing by name alone iterates it row by row
+    # (about 1 ms a row with datasets 4).
+    return np.sort(np.asarray(part.with_format("numpy")[:]["idx"], dtype=np.int64))
 
 
 def _check_labels(labels: np.ndarray) -> np.ndarray:

