@@ -15,10 +15,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from edgefleet.client.battery import SOURCES
+from edgefleet.strategies.saga import SAGA_INITS
 from edgefleet.task.data import DATASETS, PARTITIONS
 from edgefleet.task.names import MODELS
 
-STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox")
+STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox", "fedsag")
+SELECTIONS: tuple[str, ...] = ("all", "energy-age")
 # "observe" records both rules' signals every round and never stops (for benchmarks).
 STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
 STOPPING_NORMS: tuple[str, ...] = ("l2", "squared")
@@ -46,6 +49,17 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "node-wait-timeout": 120.0,
     "output-dir": "runs",
     "run-name": "",
+    "server-lr": 1.0,
+    "saga.init": "zeros",
+    "selection.mode": "all",
+    "selection.max-devices": 25,
+    "selection.batch-size": 0,
+    "energy.source": "bernoulli",
+    "energy.capacity": 10.0,
+    "energy.harvest-prob": 0.5,
+    "energy.harvest-probs": "",
+    "energy.harvest-units": 1.0,
+    "energy.train-slots": 3,
     "stopping.mode": "off",
     "stopping.tau": 0.005,
     "stopping.patience": 10,
@@ -89,6 +103,37 @@ class ServerConfig:
     node_wait_timeout: float
     output_dir: str
     run_name: str
+    server_lr: float
+    saga_init: str
+
+
+@dataclass(frozen=True)
+class EnergyConfig:
+    """``selection.*``, ``energy.*``: EH-FedSAG's batteries and energy-aware selection.
+
+    ``harvest_probs`` (simulation) gives partition i the probability
+    ``harvest_probs[i % len]``; a SuperNode's ``--node-config harvest-prob=...`` overrides it.
+    """
+
+    selection: str
+    max_devices: int
+    batch_size: int
+    source: str
+    capacity: float
+    harvest_prob: float
+    harvest_probs: tuple[float, ...]
+    harvest_units: float
+    train_slots: int
+
+    @property
+    def round_cost(self) -> float:
+        """Energy units one round costs: Omega slots of training plus one of transmission."""
+        return float(self.train_slots + 1)
+
+    @property
+    def slots_per_round(self) -> int:
+        """The global slot clock advances by one round's duration each round."""
+        return self.train_slots + 1
 
 
 @dataclass(frozen=True)
@@ -107,6 +152,7 @@ class RunConfig:
     data: DataConfig
     train: TrainConfig
     server: ServerConfig
+    energy: EnergyConfig
     stopping: StoppingConfig
     seed: int
 
@@ -117,10 +163,15 @@ class RunConfig:
             ("", self.data),
             ("", self.train),
             ("", self.server),
+            ("energy.", self.energy),
             ("stopping.", self.stopping),
         ):
             flat.update({prefix + k.replace("_", "-"): v for k, v in asdict(section).items()})
         flat["num-server-rounds"] = flat.pop("num-rounds")
+        flat["saga.init"] = flat.pop("saga-init")
+        flat["energy.harvest-probs"] = ",".join(str(p) for p in self.energy.harvest_probs)
+        for key in ("selection", "max-devices", "batch-size"):
+            flat[f"selection.{'mode' if key == 'selection' else key}"] = flat.pop(f"energy.{key}")
         return dict(sorted(flat.items()))
 
 
@@ -152,6 +203,14 @@ def _any(_: Any) -> str | None:
     return None
 
 
+def _probability_list(v: str) -> str | None:
+    try:
+        probs = [float(x) for x in v.split(",") if x.strip()]
+    except ValueError:
+        return "must be comma-separated numbers, e.g. '0.1,0.5,0.9'"
+    return None if all(0.0 <= p <= 1.0 for p in probs) else "each value must be in [0, 1]"
+
+
 _CHECKS: dict[str, Check] = {
     "num-server-rounds": _at_least(1),
     "strategy": _choice(STRATEGIES),
@@ -175,6 +234,17 @@ _CHECKS: dict[str, Check] = {
     "node-wait-timeout": _at_least(0.0),
     "output-dir": lambda v: None if v else "must not be empty",
     "run-name": lambda v: None if "/" not in v else "must not contain '/'",
+    "server-lr": _positive,
+    "saga.init": _choice(SAGA_INITS),
+    "selection.mode": _choice(SELECTIONS),
+    "selection.max-devices": _at_least(1),
+    "selection.batch-size": _at_least(0),
+    "energy.source": _choice(SOURCES),
+    "energy.capacity": _positive,
+    "energy.harvest-prob": lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
+    "energy.harvest-probs": _probability_list,
+    "energy.harvest-units": _at_least(0.0),
+    "energy.train-slots": _at_least(1),
     "stopping.mode": _choice(STOPPING_MODES),
     "stopping.tau": _at_least(0.0),
     "stopping.patience": _at_least(1),
@@ -239,6 +309,21 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
             node_wait_timeout=v["node-wait-timeout"],
             output_dir=v["output-dir"],
             run_name=v["run-name"],
+            server_lr=v["server-lr"],
+            saga_init=v["saga.init"],
+        ),
+        energy=EnergyConfig(
+            selection=v["selection.mode"],
+            max_devices=v["selection.max-devices"],
+            batch_size=v["selection.batch-size"],
+            source=v["energy.source"],
+            capacity=v["energy.capacity"],
+            harvest_prob=v["energy.harvest-prob"],
+            harvest_probs=tuple(
+                float(x) for x in v["energy.harvest-probs"].split(",") if x.strip()
+            ),
+            harvest_units=v["energy.harvest-units"],
+            train_slots=v["energy.train-slots"],
         ),
         stopping=StoppingConfig(
             mode=v["stopping.mode"],

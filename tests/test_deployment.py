@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from edgefleet.processes import FlowerFleet, config_arg
+from edgefleet.simulation.runner import app_copy
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]
 NUM_NODES = 3
 NUM_ROUNDS = 2
 RUN_NAME = "deploy-smoke"
@@ -50,10 +50,13 @@ def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
             "min-nodes": NUM_NODES,
             "output-dir": str(output_dir),
             "run-name": RUN_NAME,
+            # The data-free rule runs in deployment too (a patience the run cannot reach).
+            "stopping.mode": "data-free",
+            "stopping.patience": 100,
         }
         flwr_run = fleet.flwr(
             "run",
-            str(PROJECT_DIR),
+            str(app_copy(tmp_path / "app")),
             fleet.connection,
             "--stream",
             "--run-config",
@@ -88,6 +91,8 @@ def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
             acc = row["test_accuracy"]
             assert isinstance(acc, float) and math.isfinite(acc) and 0.0 <= acc <= 1.0, row
         assert summary["final_accuracy"] == rows[-1]["test_accuracy"]
+        assert rows[0]["task_vector_growth"] is None
+        assert isinstance(rows[1]["task_vector_growth"], float)
 
         # The stream ends with the run; a CLI still attached long after is a failure too.
         try:

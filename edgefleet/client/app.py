@@ -13,6 +13,7 @@ from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from edgefleet.client.device import get_device
+from edgefleet.client.energy import load_battery, save_battery
 from edgefleet.task.train import evaluate as evaluate_model
 from edgefleet.task.train import get_arrays, seed_for, set_arrays, train_local
 
@@ -21,6 +22,29 @@ app = ClientApp()
 # Error codes in client replies; the server logs the reason either way.
 ERR_BAD_CONFIG = 10
 ERR_TRAIN_FAILED = 11
+ERR_NO_ENERGY = 12
+
+
+@app.query()
+def status(msg: Message, context: Context) -> Message:
+    """EH-FedSAG's light status query: advance the battery to the server's slot, report."""
+    try:
+        device = get_device(context.run_config, context.node_config)
+        battery = load_battery(device, context)
+        battery.advance(int(msg.content.config_records["config"]["slot"]))  # type: ignore[arg-type]
+    except (ValueError, FileNotFoundError) as err:
+        return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
+    save_battery(battery, context)
+    cost = device.config.energy.round_cost
+    metrics = MetricRecord(
+        {
+            "device-id": device.profile.device_id,
+            "battery-level": battery.level,
+            "feasible": int(battery.can_afford(cost)),
+            "present": 1,
+        }
+    )
+    return Message(RecordDict({"status": metrics}), reply_to=msg)
 
 
 @app.train()
@@ -33,6 +57,17 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content.config_records["config"]
     server_round = int(config["server-round"])  # type: ignore[arg-type]
     mu = float(config.get("proximal-mu", 0.0))  # type: ignore[arg-type]
+    energy = 0.0
+    if "slot" in config:  # energy-aware selection: re-check the battery, spend only if able
+        battery = load_battery(device, context)
+        battery.advance(int(config["slot"]))  # type: ignore[arg-type]
+        if not battery.can_afford(cfg.energy.round_cost):
+            save_battery(battery, context)
+            reason = f"battery {battery.level:.2f} < round cost {cfg.energy.round_cost:.0f}"
+            return Message(Error(ERR_NO_ENERGY, reason), reply_to=msg)
+        battery.spend(cfg.energy.round_cost)
+        save_battery(battery, context)
+        energy = cfg.energy.round_cost
     set_arrays(device.model, msg.content.array_records["arrays"])
     start = time.perf_counter()
     try:
@@ -53,7 +88,7 @@ def train(msg: Message, context: Context) -> Message:
             "num-examples": result.num_examples,
             "train-loss": result.loss,
             "device-id": profile.device_id,
-            "energy-spent": 0.0,
+            "energy-spent": energy,
             "train-time-s": time.perf_counter() - start,
         }
     )

@@ -32,11 +32,45 @@ class NodeConfigError(ValueError):
 @dataclass(frozen=True)
 class DeviceProfile:
     """The node-level facts a device reports. In simulation Flower sets only
-    ``partition-id`` and ``num-partitions``; the rest derive from them."""
+    ``partition-id`` and ``num-partitions``; the rest derive from them and the run config.
+    On a SuperNode, ``--node-config`` may set ``device-id``, ``capacity``, ``harvest-prob``,
+    ``energy-source`` and ``trace-path``."""
 
     partition_id: int
     num_partitions: int
     device_id: int
+    capacity: float = 10.0
+    harvest_prob: float = 0.5
+    energy_source: str = "bernoulli"
+    trace_path: str = ""
+
+    @classmethod
+    def from_configs(cls, node_config: Mapping[str, Any], cfg: RunConfig) -> DeviceProfile:
+        base = cls.from_node_config(node_config)
+        e = cfg.energy
+        prob = (
+            e.harvest_probs[base.partition_id % len(e.harvest_probs)]
+            if e.harvest_probs
+            else e.harvest_prob
+        )
+        try:
+            profile = cls(
+                base.partition_id,
+                base.num_partitions,
+                base.device_id,
+                capacity=float(node_config.get("capacity", e.capacity)),
+                harvest_prob=float(node_config.get("harvest-prob", prob)),
+                energy_source=str(node_config.get("energy-source", e.source)),
+                trace_path=str(node_config.get("trace-path", "")),
+            )
+        except (TypeError, ValueError) as err:
+            raise NodeConfigError(f"node config energy keys: {err}") from None
+        if profile.capacity < e.round_cost and profile.energy_source != "always-on":
+            raise NodeConfigError(
+                f"capacity={profile.capacity} is below one round's cost {e.round_cost} "
+                "(energy.train-slots + 1): this device could never take part"
+            )
+        return profile
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any]) -> DeviceProfile:
@@ -81,7 +115,7 @@ def get_device(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) ->
 
 
 def _build_device(cfg: RunConfig, node_config: Mapping[str, Any]) -> Device:
-    profile = DeviceProfile.from_node_config(node_config)
+    profile = DeviceProfile.from_configs(node_config, cfg)
     torch.set_num_threads(cfg.train.client_threads)
     train_pool, _, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     idx = partition_indices(

@@ -22,6 +22,8 @@ from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.server.loop import EvaluateFn, RoundLoop
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
 from edgefleet.strategies.base import LoopStrategy
+from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.task.data import load_dataset, split_local
 from edgefleet.task.models import build_model
@@ -31,16 +33,28 @@ app = ServerApp()
 
 
 def make_strategy(cfg: RunConfig) -> Strategy:
-    """The inner aggregation strategy named by ``strategy``."""
+    """The aggregation strategy named by ``strategy``, inside energy-aware selection when
+    ``selection.mode = "energy-age"`` (EH-FedAvg / EH-FedSAG)."""
     common = {
         "fraction_train": cfg.server.fraction_train,
         "fraction_evaluate": 0.0,  # central evaluation on the held-out set instead
         "min_train_nodes": 1,
         "min_available_nodes": 1,  # the wait for nodes is bounded in wait_for_nodes()
     }
+    energy_age = cfg.energy.selection == "energy-age"
+    if energy_age:
+        common["fraction_train"] = 1.0  # the selection wrapper has already chosen
+    inner: Strategy
     if cfg.server.strategy == "fedprox":
-        return FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
-    return FedAvg(**common)  # type: ignore[arg-type]
+        inner = FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
+    elif cfg.server.strategy == "fedsag":
+        inner = FedSAG(cfg.server.server_lr, cfg.server.saga_init, **common)
+    else:
+        inner = FedAvg(**common)  # type: ignore[arg-type]
+    if not energy_age:
+        return inner
+    e = cfg.energy
+    return EnergyAgeSelection(inner, e.max_devices, e.slots_per_round, e.batch_size, seed=cfg.seed)
 
 
 def wrap_stopping(

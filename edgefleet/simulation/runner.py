@@ -124,7 +124,7 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
     return parse_run_config(raw), raw
 
 
-def _app_copy(dest: Path) -> Path:
+def app_copy(dest: Path) -> Path:
     """The app's own files (``pyproject.toml`` and the package) in a folder of their own.
 
     ``flwr run DIR`` walks every file under DIR before applying ``.gitignore``; from the
@@ -156,7 +156,7 @@ def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = F
         cmd = [
             str(BIN_DIR / "flwr"),
             "run",
-            str(_app_copy(Path(work) / "app")),
+            str(app_copy(Path(work) / "app")),
             fleet.connection,
             "--stream",
             "--run-config",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord
 from torch import nn
@@ -106,9 +107,8 @@ def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 100) -> Eva
             nn.functional.cross_entropy(logits, y[start : start + batch_size], reduction="sum")
         )
         preds.append(logits.argmax(1))
-    pred = torch.cat(preds)
-    correct = pred == y
-    recalls = [float(correct[y == c].float().mean()) for c in torch.unique(y)]
-    return EvalResult(
-        loss_sum / len(data), float(correct.float().mean()), sum(recalls) / len(recalls)
-    )
+    correct = (torch.cat(preds) == y).numpy()
+    labels = y.numpy()
+    # float64 throughout: float32 means print as 0.23000000417232513
+    recalls = [float(correct[labels == c].mean()) for c in np.unique(labels)]
+    return EvalResult(loss_sum / len(data), float(correct.mean()), sum(recalls) / len(recalls))

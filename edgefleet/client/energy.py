@@ -1,0 +1,39 @@
+"""A device's battery across messages: built from its profile, kept in ``Context.state``.
+
+Flower keeps a node's ``Context.state`` between messages (in simulation and on a
+SuperNode), so the battery's level and slot live there as a ConfigRecord; the energy source
+is rebuilt from the profile each time, which is exact because arrivals are a function of
+(device seed, slot) only.
+"""
+
+from __future__ import annotations
+
+from flwr.app import ConfigRecord, Context
+
+from edgefleet.client.battery import Battery, EnergySource, make_source
+from edgefleet.client.device import Device
+from edgefleet.task.train import seed_for
+
+STATE_KEY = "battery"
+
+
+def energy_source(device: Device) -> EnergySource:
+    p, e = device.profile, device.config.energy
+    if p.energy_source == "bernoulli":
+        seed = seed_for(device.config.seed, p.device_id, 0xE4E)
+        return make_source("bernoulli", seed=seed, prob=p.harvest_prob, units=e.harvest_units)
+    if p.energy_source == "trace":
+        return make_source("trace", path=p.trace_path)
+    return make_source(p.energy_source)
+
+
+def load_battery(device: Device, context: Context) -> Battery:
+    battery = Battery(device.profile.capacity, energy_source(device))
+    stored = context.state.config_records.get(STATE_KEY)
+    if stored is not None:
+        battery.load_state_dict(dict(stored))
+    return battery
+
+
+def save_battery(battery: Battery, context: Context) -> None:
+    context.state[STATE_KEY] = ConfigRecord(battery.state_dict())  # type: ignore[arg-type]

@@ -1,0 +1,86 @@
+"""FedSAG: FedAvg's round with SAGA-style server memory (the aggregation of EH-FedSAG).
+
+"EH-FedSAG", arXiv 2606.18758. With partial participation (devices that can only join when
+their harvested energy allows) the plain average of whoever took part swings from round to
+round. FedSAG keeps, per device, the last update it sent (its memory m_k) and moves the
+model along
+
+    v_t = mean over all K devices of m_k  +  mean over participants of (delta_k - m_k)
+
+then replaces the participants' memories by their new deltas; theta += server_lr * v_t.
+With everyone participating and every memory filled this is exactly FedAvg's (unweighted)
+mean update. Choose it over FedAvg when few devices take part per round and the data are
+non-IID; it costs one parameter vector of server memory per device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+
+from edgefleet.strategies.saga import SagaMemory, flatten, unflatten
+
+
+class FedSAG(FedAvg):
+    """FedAvg's messages; SAGA-corrected aggregation. Devices are keyed by the
+    ``device-id`` metric of their replies, so a node that reconnects keeps its memory."""
+
+    def __init__(self, server_lr: float = 1.0, init: str = "zeros", **fedavg_kwargs: Any) -> None:
+        super().__init__(**fedavg_kwargs)
+        self.server_lr = server_lr
+        self.init = init
+        self.memory: SagaMemory | None = None  # sized on the first aggregation
+        self._known: dict[str, None] = {}  # devices seen before the memory existed
+        self._global: ArrayRecord | None = None
+
+    def register_devices(self, device_ids: Iterable[str]) -> None:
+        """Count devices in K before their first upload (the memory mean is over all K;
+        a device that never uploaded has a zero memory)."""
+        for device_id in device_ids:
+            self._known.setdefault(device_id)
+            if self.memory is not None:
+                self.memory.register(device_id)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._global = arrays  # deltas are taken against the model the devices received
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid = [m for m in replies if not m.has_error()]
+        if not valid or self._global is None:
+            return None, None
+        like = {k: v.numpy() for k, v in self._global.items()}
+        theta = flatten(like)
+        if self.memory is None:
+            self.memory = SagaMemory(theta.size, init=self.init)
+            self.register_devices(list(self._known))
+        updates = {}
+        for msg in valid:
+            metrics = msg.content.metric_records["metrics"]
+            device = str(int(metrics["device-id"]))  # type: ignore[arg-type]
+            local = {k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}
+            updates[device] = flatten(local) - theta
+        v = self.memory.direction(updates)
+        new = unflatten(theta + self.server_lr * v, like)
+        arrays = ArrayRecord({k: Array(np.asarray(a)) for k, a in new.items()})
+        metrics = aggregate_metricrecords([m.content for m in valid], self.weighted_by_key)
+        return arrays, metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"memory": self.memory.state_dict() if self.memory else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("memory") is not None:
+            saved = state["memory"]
+            self.memory = SagaMemory(int(saved["dim"]), init=self.init)
+            self.memory.load_state_dict(saved)

@@ -1,0 +1,178 @@
+"""EH-FedSAG wired together: FedSAG aggregation, energy-age selection, the client's battery."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Error,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp.strategy import FedAvg
+
+from edgefleet.client.app import status, train
+from edgefleet.server.loop import RoundLoop
+from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.fedsag import FedSAG
+from tests.fakes import FakeGrid
+
+KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}
+
+
+def _rec(w: np.ndarray) -> ArrayRecord:
+    return ArrayRecord({"w": Array(np.asarray(w, dtype=np.float32))})
+
+
+def _no_eval(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
+    return {"test_accuracy": 0.0, "test_loss": 0.0}
+
+
+class FakeDevice:
+    """Answers status queries from a fixed feasibility plan and trains by adding a fixed
+    delta; counts what it was asked."""
+
+    def __init__(self, device: int, delta: float, feasible: list[bool] | bool = True) -> None:
+        self.device, self.delta, self.feasible = device, delta, feasible
+        self.queries = 0
+        self.trains = 0
+
+    def __call__(self, msg: Message) -> Message:
+        rnd = int(msg.content["config"]["server-round"])
+        if msg.metadata.message_type == MessageType.QUERY:
+            self.queries += 1
+            ok = self.feasible if isinstance(self.feasible, bool) else self.feasible[rnd - 1]
+            status = MetricRecord(
+                {"device-id": self.device, "battery-level": 5.0, "feasible": int(ok), "present": 1}
+            )
+            return Message(RecordDict({"status": status}), reply_to=msg)
+        self.trains += 1
+        w = msg.content["arrays"]["w"].numpy() + self.delta
+        metrics = MetricRecord({"num-examples": 1, "device-id": self.device, "energy-spent": 4.0})
+        return Message(RecordDict({"arrays": _rec(w), "metrics": metrics}), reply_to=msg)
+
+
+def test_fedsag_two_rounds_by_hand() -> None:
+    """Three devices (deltas +1, +2, +4), zero-initialised memories; round 1: devices
+    0 and 1 train, round 2: devices 1 and 2."""
+    devices = {1: FakeDevice(0, 1.0), 2: FakeDevice(1, 2.0), 3: FakeDevice(2, 4.0)}
+    plan = {1: [1, 2], 2: [2, 3]}
+
+    class Planned(FakeGrid):
+        rnd = 0
+
+        def get_node_ids(self) -> list[int]:
+            return plan[self.rnd]
+
+    grid = Planned(devices)  # type: ignore[arg-type]
+    strategy = FedSAG(**KW)
+    strategy.register_devices(["0", "1", "2"])
+    w = _rec(np.zeros(1))
+    for rnd in (1, 2):
+        grid.rnd = rnd
+        msgs = list(strategy.configure_train(rnd, w, ConfigRecord(), grid))  # type: ignore[arg-type]
+        w, _ = strategy.aggregate_train(rnd, grid.send_and_receive(msgs))  # type: ignore[assignment]
+    # round 1: mean(m) = 0, corrections (1 - 0, 2 - 0) -> v = 1.5; memories (1, 2, 0)
+    # round 2: mean(m) = 1, corrections (2 - 2, 4 - 0) -> v = 1 + 2 = 3; total 4.5
+    np.testing.assert_allclose(w["w"].numpy(), [4.5])  # type: ignore[index]
+    assert strategy.memory is not None
+    np.testing.assert_allclose(strategy.memory.mean(), [(1 + 2 + 4) / 3])
+
+
+def test_fedsag_full_participation_with_memories_equals_fedavg() -> None:
+    devices = {i: FakeDevice(i, d) for i, d in enumerate([1.0, -3.0, 0.5, 2.0], start=1)}
+    grid = FakeGrid(devices)  # type: ignore[arg-type]
+    sag = RoundLoop(FedSAG(**KW), grid, evaluate_fn=_no_eval)
+    avg = RoundLoop(FedAvg(**KW), grid, evaluate_fn=_no_eval)
+    # every device uploads every round, so from round 2 on each memory is filled
+    w_sag = sag.run(_rec(np.zeros(3)), 1).arrays
+    w_avg = avg.run(_rec(np.zeros(3)), 1).arrays
+    np.testing.assert_allclose(w_sag["w"].numpy(), w_avg["w"].numpy())
+    w_sag = sag.run(w_sag, 3, first_round=2).arrays
+    w_avg = avg.run(w_avg, 3, first_round=2).arrays
+    np.testing.assert_allclose(w_sag["w"].numpy(), w_avg["w"].numpy(), rtol=1e-6)
+
+
+def test_energy_age_selection_takes_oldest_feasible_and_resets_ages() -> None:
+    # device 3 is never feasible; M = 2 of 4
+    devices = {n: FakeDevice(n - 1, 1.0, feasible=(n != 4)) for n in range(1, 5)}
+    grid = FakeGrid(devices)  # type: ignore[arg-type]
+    strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4, seed=0)
+    loop = RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=strategy.round_callbacks())
+    seen = []
+    for rnd in range(1, 7):
+        out = loop.run(_rec(np.zeros(1)), rnd, first_round=rnd)
+        seen.append(sorted(strategy._selected))
+        assert out.rounds_run == rnd
+    assert all(len(s) == 2 and "3" not in s for s in seen)
+    # three feasible devices, two slots: whoever sat out has the largest age next round
+    for before, after in zip(seen, seen[1:], strict=False):
+        left_out = ({"0", "1", "2"} - set(before)).pop()
+        assert left_out in after
+    assert devices[4].trains == 0
+    assert sum(d.trains for d in devices.values()) == 12
+
+
+def test_batched_status_queries_ask_fewer_devices() -> None:
+    devices = {n: FakeDevice(n - 1, 1.0) for n in range(1, 21)}
+    grid = FakeGrid(devices)  # type: ignore[arg-type]
+    strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=3, slots_per_round=4, batch_size=4)
+    RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=strategy.round_callbacks()).run(
+        _rec(np.zeros(1)), 1
+    )
+    assert strategy._queried == 4
+    assert sum(d.queries for d in devices.values()) == 4
+
+
+def _context(state: RecordDict | None = None, **run_config: object) -> Context:
+    cfg = {"selection.mode": "energy-age", "energy.capacity": 4.0, "energy.train-slots": 3}
+    cfg.update(run_config)  # type: ignore[arg-type]
+    node = {"partition-id": 0, "num-partitions": 5, "harvest-prob": 0.0}
+    return Context(
+        run_id=1, node_id=1, node_config=node, state=state or RecordDict(), run_config=cfg
+    )
+
+
+def _ins(kind: str, config: dict, arrays: ArrayRecord | None = None) -> Message:
+    content = RecordDict({"config": ConfigRecord(config)})
+    if arrays is not None:
+        content["arrays"] = arrays
+    return Message(content, dst_node_id=1, message_type=kind)
+
+
+def test_client_battery_feasibility_boundary_and_decline_spends_nothing() -> None:
+    FakeGrid({})  # sets the task identity that building messages needs
+    ctx = _context()  # capacity 4 = exactly one round (3 + 1), no harvest
+    reply = status(_ins(MessageType.QUERY, {"slot": 0, "server-round": 1}), ctx)
+    assert reply.content["status"]["feasible"] == 1
+    assert reply.content["status"]["battery-level"] == 4.0
+    from edgefleet.client.device import get_device
+    from edgefleet.task.train import get_arrays
+
+    arrays = get_arrays(get_device(ctx.run_config, ctx.node_config).model)
+    config = {"slot": 4, "server-round": 1}
+    first = train(_ins(MessageType.TRAIN, config, arrays), ctx)
+    assert not first.has_error()
+    assert first.content["metrics"]["energy-spent"] == 4.0
+    # one unit short now (empty battery, no harvest): decline with an error, spend nothing
+    second = train(_ins(MessageType.TRAIN, {"slot": 8, "server-round": 2}, arrays), ctx)
+    assert second.has_error() and "battery" in second.error.reason
+    assert ctx.state.config_records["battery"]["level"] == 0.0
+    assert ctx.state.config_records["battery"]["spent_total"] == 4.0
+    reply = status(_ins(MessageType.QUERY, {"slot": 12, "server-round": 3}), ctx)
+    assert reply.content["status"]["feasible"] == 0
+
+
+def test_error_reply_is_declined() -> None:
+    def declines(msg: Message) -> Message:
+        return Message(Error(12, "battery empty"), reply_to=msg)
+
+    grid = FakeGrid({1: declines})
+    loop = RoundLoop(FedSAG(**KW), grid, evaluate_fn=_no_eval)
+    out = loop.run(_rec(np.ones(1)), 1)
+    np.testing.assert_array_equal(out.arrays["w"].numpy(), [1.0])
