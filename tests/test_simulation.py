@@ -116,3 +116,31 @@ def test_data_free_stopping_ends_run_early(tmp_path: Path) -> None:
     assert len(rows) == summary["stop_round"] == summary["rounds_run"]
     assert rows[0]["task_vector_growth"] is None
     assert all(r["task_vector_growth"] < 0.3 for r in rows[-2:])
+
+
+@pytest.mark.timeout(300)
+def test_eh_fedsag_scenario_selects_within_energy(tmp_path: Path) -> None:
+    scenario = load_scenario(
+        ROOT / "scenarios" / "eh-fedsag.toml",
+        {
+            "federation.num-supernodes": 6,
+            "num-server-rounds": 4,
+            "local-steps": 3,
+            "selection.max-devices": 2,
+            "selection.batch-size": 3,
+            "energy.capacity": 4.0,  # exactly one round: a device must recharge in between
+            "output-dir": str(tmp_path),
+            "run-name": "ehsag",
+        },
+    )
+    run_dir = run_scenario(scenario, timeout=240, quiet=True)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 4
+    for row in rows:
+        assert 1 <= len(row["participants"]) <= 2
+        assert row["energy_spent"] == 4.0 * len(row["participants"])
+        assert row["status_queries"] >= 2
+    # with a one-round battery nobody trains twice in a row before recharging enough
+    # (P_h <= 0.6 over 4 slots gives at most 4 units only rarely): most rounds change hands
+    changes = sum(rows[i]["participants"] != rows[i + 1]["participants"] for i in range(3))
+    assert changes >= 2
