@@ -163,8 +163,11 @@ class SagaMemory:
         """The mean re-reduced from the table (O(K x D)); for tests and checks."""
         if not self._devices:
             return np.zeros(self.dim, dtype=np.float64)
-        rows = self._table[: len(self._row)].astype(np.float64)
-        return rows.sum(axis=0) / len(self._devices)
+        total = np.zeros(self.dim, dtype=np.float64)
+        for start in range(0, len(self._row), 256):  # chunks: a float64 copy of 10,000
+            chunk = self._table[start : min(start + 256, len(self._row))]  # rows is 31 GB
+            total += chunk.astype(np.float64).sum(axis=0)
+        return total / len(self._devices)
 
     def direction(self, updates: Mapping[str, np.ndarray]) -> np.ndarray:
         """The round's direction v from the participants' deltas; replaces their memories.
