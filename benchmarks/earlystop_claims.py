@@ -23,12 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from edgefleet.simulation.runner import Scenario, run_scenario
+from _runs import run_once
+
 from edgefleet.strategies.stopping import PlateauCounter
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,21 +49,10 @@ def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str
         "stopping.mode": "observe",
         "stopping.tau": args.tau,
         "stopping.patience": args.patience,
-        "output-dir": str(out),
-        "run-name": name,
         **overrides,
     }
-    run_dir = out / name
-    if not (run_dir / "summary.json").exists():  # reuse a finished run (resumable sweep)
-        if run_dir.exists():
-            for f in run_dir.iterdir():
-                f.unlink()
-        federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
-        t0 = time.monotonic()
-        run_scenario(Scenario(name, federation, run_config), timeout=6 * 3600, quiet=True)
-        print(f"{name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(x) for x in lines]
+    federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
+    return run_once(out, name, federation, run_config, timeout=6 * 3600)
 
 
 def data_free_stop(rows: list[dict[str, Any]], tau: float, patience: int) -> int | None:

@@ -19,46 +19,35 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from _runs import run_once
+
 from edgefleet.simulation.report import draw_plots, load_run
-from edgefleet.simulation.runner import Scenario, run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str, Any]]:
-    out = Path(args.out).resolve()
-    run_dir = out / name
-    if not (run_dir / "summary.json").exists():  # a finished run is reused (resumable)
-        if run_dir.exists():
-            for f in run_dir.iterdir():
-                f.unlink()
-        run_config = {
-            "num-server-rounds": args.rounds,
-            "dataset": args.dataset,
-            "data-dir": str(Path(args.data_dir).resolve()),
-            "partition": "dirichlet",
-            "model": "smallcnn",
-            "local-steps": args.local_steps,
-            "lr": args.lr,
-            "selection.mode": "energy-age",
-            "selection.max-devices": args.max_devices,
-            "selection.batch-size": args.batch_size,
-            "energy.capacity": args.capacity,
-            "energy.train-slots": args.train_slots,
-            "output-dir": str(out),
-            "run-name": name,
-            **overrides,
-        }
-        federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
-        t0 = time.monotonic()
-        run_scenario(Scenario(name, federation, run_config), timeout=12 * 3600, quiet=True)
-        print(f"{name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    run_config = {
+        "num-server-rounds": args.rounds,
+        "dataset": args.dataset,
+        "data-dir": str(Path(args.data_dir).resolve()),
+        "partition": "dirichlet",
+        "model": "smallcnn",
+        "local-steps": args.local_steps,
+        "lr": args.lr,
+        "selection.mode": "energy-age",
+        "selection.max-devices": args.max_devices,
+        "selection.batch-size": args.batch_size,
+        "energy.capacity": args.capacity,
+        "energy.train-slots": args.train_slots,
+        **overrides,
+    }
+    federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
+    return run_once(Path(args.out).resolve(), name, federation, run_config, timeout=12 * 3600)
 
 
 def figures(rows: list[dict[str, Any]], target: float) -> dict[str, Any]:

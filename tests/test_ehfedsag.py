@@ -176,3 +176,15 @@ def test_error_reply_is_declined() -> None:
     loop = RoundLoop(FedSAG(**KW), grid, evaluate_fn=_no_eval)
     out = loop.run(_rec(np.ones(1)), 1)
     np.testing.assert_array_equal(out.arrays["w"].numpy(), [1.0])
+
+
+def test_wrapper_state_includes_fedsag_memory() -> None:
+    devices = {1: FakeDevice(0, 1.0), 2: FakeDevice(1, 2.0)}
+    grid = FakeGrid(devices)  # type: ignore[arg-type]
+    strategy = EnergyAgeSelection(FedSAG(**KW), max_devices=2, slots_per_round=4)
+    RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=strategy.round_callbacks()).run(
+        _rec(np.zeros(1)), 1
+    )
+    state = strategy.state_dict()
+    assert sorted(state["inner"]["memory"]["device_ids"]) == ["0", "1"]
+    assert state["ages"]["ages"] == {"0": 0, "1": 0}

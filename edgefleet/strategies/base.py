@@ -39,12 +39,14 @@ class LoopStrategy(Strategy):
         return []
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume, for the server checkpoint (nested per wrapper)."""
-        inner = self.inner.state_dict() if isinstance(self.inner, LoopStrategy) else {}
+        """Everything needed to resume, for the server checkpoint (nested per wrapper).
+        An inner strategy with state of its own (e.g. FedSAG's memory) has ``state_dict``
+        too; Flower's stateless ones have not."""
+        inner = self.inner.state_dict() if hasattr(self.inner, "state_dict") else {}
         return {"inner": inner}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if isinstance(self.inner, LoopStrategy):
+        if hasattr(self.inner, "load_state_dict"):
             self.inner.load_state_dict(state.get("inner", {}))
 
     def summary(self) -> None:

@@ -62,7 +62,6 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self.rng = np.random.default_rng(seed)
         self.ages = AgeTracker()
         self.device_of_node: dict[int, str] = {}
-        self.levels: dict[str, float] = {}
         self._queried = 0
         self._selected: list[str] = []
 
@@ -86,7 +85,6 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             status: MetricRecord = reply.content.metric_records["status"]
             device = str(int(status["device-id"]))  # type: ignore[arg-type]
             self.device_of_node[reply.metadata.src_node_id] = device
-            self.levels[device] = float(status["battery-level"])  # type: ignore[arg-type]
             answers[reply.metadata.src_node_id] = bool(status["feasible"])
         self.ages.register(self.device_of_node[n] for n in answers)
         if hasattr(self.inner, "register_devices"):
