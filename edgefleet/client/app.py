@@ -12,7 +12,7 @@ import time
 from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from edgefleet.client.device import get_device
+from edgefleet.client.device import get_device, get_profile
 from edgefleet.client.energy import load_battery, save_battery
 from edgefleet.task.train import evaluate as evaluate_model
 from edgefleet.task.train import get_arrays, seed_for, set_arrays, train_local
@@ -29,16 +29,16 @@ ERR_NO_ENERGY = 12
 def status(msg: Message, context: Context) -> Message:
     """EH-FedSAG's light status query: advance the battery to the server's slot, report."""
     try:
-        device = get_device(context.run_config, context.node_config)
-        battery = load_battery(device, context)
+        cfg, profile = get_profile(context.run_config, context.node_config)
+        battery = load_battery(profile, cfg, context)
         battery.advance(int(msg.content.config_records["config"]["slot"]))  # type: ignore[arg-type]
     except (ValueError, FileNotFoundError) as err:
         return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
     save_battery(battery, context)
-    cost = device.config.energy.round_cost
+    cost = cfg.energy.round_cost
     metrics = MetricRecord(
         {
-            "device-id": device.profile.device_id,
+            "device-id": profile.device_id,
             "battery-level": battery.level,
             "feasible": int(battery.can_afford(cost)),
             "present": 1,
@@ -59,7 +59,7 @@ def train(msg: Message, context: Context) -> Message:
     mu = float(config.get("proximal-mu", 0.0))  # type: ignore[arg-type]
     energy = 0.0
     if "slot" in config:  # energy-aware selection: re-check the battery, spend only if able
-        battery = load_battery(device, context)
+        battery = load_battery(profile, cfg, context)
         battery.advance(int(config["slot"]))  # type: ignore[arg-type]
         if not battery.can_afford(cfg.energy.round_cost):
             save_battery(battery, context)

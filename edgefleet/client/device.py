@@ -104,18 +104,34 @@ class Device:
 
 
 _DEVICES: dict[tuple[Any, ...], Device] = {}
+_PROFILES: dict[tuple[Any, ...], tuple[RunConfig, DeviceProfile]] = {}
+
+
+def _key(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> tuple[Any, ...]:
+    return (tuple(sorted(run_config.items())), tuple(sorted(node_config.items())))
+
+
+def get_profile(
+    run_config: Mapping[str, Any], node_config: Mapping[str, Any]
+) -> tuple[RunConfig, DeviceProfile]:
+    """The parsed run config and the device profile, without data or model: a status query
+    must stay light, or asking a large fleet for its batteries would load every partition."""
+    key = _key(run_config, node_config)
+    if key not in _PROFILES:
+        cfg = parse_run_config(run_config)
+        _PROFILES[key] = (cfg, DeviceProfile.from_configs(node_config, cfg))
+    return _PROFILES[key]
 
 
 def get_device(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> Device:
     """The cached :class:`Device` for this run config and node, built on first use."""
-    key = (tuple(sorted(run_config.items())), tuple(sorted(node_config.items())))
+    key = _key(run_config, node_config)
     if key not in _DEVICES:
-        _DEVICES[key] = _build_device(parse_run_config(run_config), node_config)
+        _DEVICES[key] = _build_device(*get_profile(run_config, node_config))
     return _DEVICES[key]
 
 
-def _build_device(cfg: RunConfig, node_config: Mapping[str, Any]) -> Device:
-    profile = DeviceProfile.from_configs(node_config, cfg)
+def _build_device(cfg: RunConfig, profile: DeviceProfile) -> Device:
     torch.set_num_threads(cfg.train.client_threads)
     train_pool, _, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     idx = partition_indices(

@@ -11,24 +11,25 @@ from __future__ import annotations
 from flwr.app import ConfigRecord, Context
 
 from edgefleet.client.battery import Battery, EnergySource, make_source
-from edgefleet.client.device import Device
+from edgefleet.client.device import DeviceProfile
+from edgefleet.config import RunConfig
 from edgefleet.task.train import seed_for
 
 STATE_KEY = "battery"
 
 
-def energy_source(device: Device) -> EnergySource:
-    p, e = device.profile, device.config.energy
+def energy_source(p: DeviceProfile, cfg: RunConfig) -> EnergySource:
+    e = cfg.energy
     if p.energy_source == "bernoulli":
-        seed = seed_for(device.config.seed, p.device_id, 0xE4E)
+        seed = seed_for(cfg.seed, p.device_id, 0xE4E)
         return make_source("bernoulli", seed=seed, prob=p.harvest_prob, units=e.harvest_units)
     if p.energy_source == "trace":
         return make_source("trace", path=p.trace_path)
     return make_source(p.energy_source)
 
 
-def load_battery(device: Device, context: Context) -> Battery:
-    battery = Battery(device.profile.capacity, energy_source(device))
+def load_battery(profile: DeviceProfile, cfg: RunConfig, context: Context) -> Battery:
+    battery = Battery(profile.capacity, energy_source(profile, cfg))
     stored = context.state.config_records.get(STATE_KEY)
     if stored is not None:
         battery.load_state_dict(dict(stored))

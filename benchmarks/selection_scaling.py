@@ -1,0 +1,116 @@
+"""Whole-round wall time of energy-aware age-based selection as the fleet grows.
+
+Runs the same federated job on Flower's Simulation Engine at K = 100 and K = 1,000 devices
+with at most M = 25 trained per round (same local work per round: M devices x local steps),
+once with batched status queries (devices asked in descending age, ``--query-batch`` at a
+time, until M feasible ones answered) and once asking every device each round
+(``selection.batch-size = 0``), the naive rule whose cost grows with the fleet. Reported per
+run: the median round wall time over rounds 2.. (round 1 builds the devices), status
+messages per round, and the K = 1,000 / K = 100 ratio of each mode. Target: the batched
+ratio within 1.3.
+
+    python benchmarks/selection_scaling.py                      # mnist, 8 rounds: ~15 min
+    python benchmarks/selection_scaling.py --fleets 20,200 --dataset mnist-5k --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from _runs import run_once
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def round_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    walls = [r["wall_s"] for r in rows]
+    per_round = [b - a for a, b in zip(walls, walls[1:], strict=False)]  # rounds 2..R
+    return {
+        "round_s_median": round(statistics.median(per_round), 3),
+        "round_1_s": round(walls[0], 3),
+        "status_queries_per_round": round(
+            statistics.fmean(r.get("status_queries", 0) for r in rows), 1
+        ),
+        "participants_per_round": round(statistics.fmean(len(r["participants"]) for r in rows), 1),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--fleets", default="100,1000", help="small,large K")
+    p.add_argument("--max-devices", type=int, default=25)
+    p.add_argument("--query-batch", type=int, default=40)
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--local-steps", type=int, default=5)
+    p.add_argument("--batch-size", type=int, default=10)
+    p.add_argument("--dataset", default="mnist")
+    p.add_argument("--model", default="smallcnn")
+    p.add_argument("--harvest-prob", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--modes", default="batched,all")
+    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--out", default=str(ROOT / "runs" / "bench-selection"))
+    p.add_argument("--fresh", action="store_true", help="rerun instead of reusing finished runs")
+    args = p.parse_args()
+    small, large = (int(k) for k in args.fleets.split(","))
+    modes = args.modes.split(",")
+    out = Path(args.out).resolve()
+    if args.fresh and out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    results: dict[str, dict[str, Any]] = {}
+    for mode in modes:
+        for k in (small, large):
+            run_config = {
+                "num-server-rounds": args.rounds,
+                "dataset": args.dataset,
+                "data-dir": str(Path(args.data_dir).resolve()),
+                "partition": "iid",
+                "model": args.model,
+                "local-steps": args.local_steps,
+                "batch-size": args.batch_size,
+                "seed": args.seed,
+                "selection.mode": "energy-age",
+                "selection.max-devices": args.max_devices,
+                "selection.batch-size": args.query_batch if mode == "batched" else 0,
+                "energy.harvest-prob": args.harvest_prob,
+                "min-nodes": k,
+            }
+            federation = {"num-supernodes": k, "client-resources-num-cpus": 1}
+            rows = run_once(out, f"{mode}-k{k}", federation, run_config, timeout=3 * 3600)
+            results[f"{mode}-k{k}"] = round_figures(rows)
+    ratios = {
+        mode: round(
+            results[f"{mode}-k{large}"]["round_s_median"]
+            / results[f"{mode}-k{small}"]["round_s_median"],
+            3,
+        )
+        for mode in modes
+    }
+    print(
+        json.dumps(
+            {
+                "benchmark": "selection_scaling",
+                "sizes": {
+                    k: getattr(args, k)
+                    for k in ("fleets", "max_devices", "query_batch", "rounds", "local_steps")
+                    + ("batch_size", "dataset", "model", "harvest_prob", "seed")
+                },
+                "runs": results,
+                "large_over_small": ratios,
+                "target_batched_ratio": 1.3,
+                "wall_s": round(time.monotonic() - t0, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
