@@ -27,8 +27,11 @@ def _run(argv: list[str]) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds (default 3600)")
     parser.add_argument("--quiet", action="store_true", help="hide Flower's log stream")
     parser.add_argument("--report", action="store_true", help="draw the plots when done")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue run-name from its last checkpoint"
+    )
     args = parser.parse_args(argv)
-    overrides = {}
+    overrides: dict[str, object] = {"resume": True} if args.resume else {}
     for item in args.set:
         key, sep, value = item.partition("=")
         if not sep or not key:

@@ -12,11 +12,12 @@ spent, naming the key, the value and what would have been valid.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from edgefleet.client.battery import SOURCES
 from edgefleet.strategies.saga import SAGA_INITS
+from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.data import DATASETS, PARTITIONS
 from edgefleet.task.names import MODELS
 
@@ -25,6 +26,14 @@ SELECTIONS: tuple[str, ...] = ("all", "energy-age")
 # "observe" records both rules' signals every round and never stops (for benchmarks).
 STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
 STOPPING_NORMS: tuple[str, ...] = ("l2", "squared")
+# Named here rather than imported from edgefleet.pruning, which imports torch.
+PRUNING_CRITERIA: tuple[str, ...] = ("curvature", "magnitude", "random")
+HESSIAN_ESTIMATORS: tuple[str, ...] = ("fisher", "hutchinson")
+# global: CA-HFP's reconstruction (pruned entries from the global model), then the
+# strategy's aggregation; elementwise: each entry averaged over the clients that kept it;
+# zeros: the paper's ablation without reconstruction.
+RECONSTRUCTIONS: tuple[str, ...] = ("global", "elementwise", "zeros")
+SESSION_SCHEDULES: tuple[str, ...] = ("none", "alternate")
 
 DEFAULTS: dict[str, bool | int | float | str] = {
     "num-server-rounds": 5,
@@ -49,6 +58,7 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "node-wait-timeout": 120.0,
     "output-dir": "runs",
     "run-name": "",
+    "resume": False,
     "server-lr": 1.0,
     "saga.init": "zeros",
     "selection.mode": "all",
@@ -65,6 +75,25 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "stopping.patience": 10,
     "stopping.norm": "l2",
     "stopping.validation-fraction": 0.5,
+    "pruning.keep-ratio": 1.0,
+    "pruning.keep-ratios": "",
+    "pruning.criterion": "curvature",
+    "pruning.hessian": "fisher",
+    "pruning.score-batches": 2,
+    "pruning.reconstruction": "global",
+    "pruning.compact-download": False,
+    "pruning.refresh-rounds": 5,
+    "sessions.schedule": "none",
+    "sessions.count": 1,
+    "sessions.rounds": 0,
+    "sessions.groups": 2,
+    "sessions.label-overlap": 0.0,
+    "sessions.change-threshold": 0.2,
+    "warmstart.mode": "previous",
+    "warmstart.pilot-sessions": 1,
+    "warmstart.aux-rounds": 1,
+    "warmstart.temperature": 10.0,
+    "warmstart.max-stored": 10,
 }
 
 
@@ -72,39 +101,49 @@ class ConfigError(ValueError):
     """A run-config value is invalid; the message names the key, value and valid choices."""
 
 
+def _key(name: str, parse: Callable[[Any], Any] | None = None) -> Any:
+    """A dataclass field read from run-config key ``name`` (through ``parse`` if given)."""
+    return field(metadata={"key": name, "parse": parse})
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(",") if x.strip())
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str
-    data_dir: str
-    partition: str
-    alpha: float
-    shards_per_device: int
-    local_test_fraction: float
+    dataset: str = _key("dataset")
+    data_dir: str = _key("data-dir")
+    partition: str = _key("partition")
+    alpha: float = _key("alpha")
+    shards_per_device: int = _key("shards-per-device")
+    local_test_fraction: float = _key("local-test-fraction")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    model: str
-    lr: float
-    momentum: float
-    batch_size: int
-    local_steps: int
-    proximal_mu: float
-    client_threads: int
+    model: str = _key("model")
+    lr: float = _key("lr")
+    momentum: float = _key("momentum")
+    batch_size: int = _key("batch-size")
+    local_steps: int = _key("local-steps")
+    proximal_mu: float = _key("proximal-mu")
+    client_threads: int = _key("client-threads")
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    num_rounds: int
-    strategy: str
-    fraction_train: float
-    min_nodes: int
-    round_timeout: float
-    node_wait_timeout: float
-    output_dir: str
-    run_name: str
-    server_lr: float
-    saga_init: str
+    num_rounds: int = _key("num-server-rounds")
+    strategy: str = _key("strategy")
+    fraction_train: float = _key("fraction-train")
+    min_nodes: int = _key("min-nodes")
+    round_timeout: float = _key("round-timeout")
+    node_wait_timeout: float = _key("node-wait-timeout")
+    output_dir: str = _key("output-dir")
+    run_name: str = _key("run-name")
+    resume: bool = _key("resume")
+    server_lr: float = _key("server-lr")
+    saga_init: str = _key("saga.init")
 
 
 @dataclass(frozen=True)
@@ -115,15 +154,15 @@ class EnergyConfig:
     ``harvest_probs[i % len]``; a SuperNode's ``--node-config harvest-prob=...`` overrides it.
     """
 
-    selection: str
-    max_devices: int
-    batch_size: int
-    source: str
-    capacity: float
-    harvest_prob: float
-    harvest_probs: tuple[float, ...]
-    harvest_units: float
-    train_slots: int
+    selection: str = _key("selection.mode")
+    max_devices: int = _key("selection.max-devices")
+    batch_size: int = _key("selection.batch-size")
+    source: str = _key("energy.source")
+    capacity: float = _key("energy.capacity")
+    harvest_prob: float = _key("energy.harvest-prob")
+    harvest_probs: tuple[float, ...] = _key("energy.harvest-probs", _floats)
+    harvest_units: float = _key("energy.harvest-units")
+    train_slots: int = _key("energy.train-slots")
 
     @property
     def round_cost(self) -> float:
@@ -140,11 +179,69 @@ class EnergyConfig:
 class StoppingConfig:
     """``stopping.*``: data-free early stopping (or the validation baseline)."""
 
-    mode: str
-    tau: float
-    patience: int
-    norm: str
-    validation_fraction: float
+    mode: str = _key("stopping.mode")
+    tau: float = _key("stopping.tau")
+    patience: int = _key("stopping.patience")
+    norm: str = _key("stopping.norm")
+    validation_fraction: float = _key("stopping.validation-fraction")
+
+
+@dataclass(frozen=True)
+class PruningConfig:
+    """``pruning.*``: CA-HFP's resource classes and curvature-aware structured pruning.
+
+    ``keep_ratios`` (simulation) gives partition i the keep ratio ``keep_ratios[i % len]``;
+    a SuperNode's ``--node-config keep-ratio=...`` overrides it.
+    """
+
+    keep_ratio: float = _key("pruning.keep-ratio")
+    keep_ratios: tuple[float, ...] = _key("pruning.keep-ratios", _floats)
+    criterion: str = _key("pruning.criterion")
+    hessian: str = _key("pruning.hessian")
+    score_batches: int = _key("pruning.score-batches")
+    reconstruction: str = _key("pruning.reconstruction")
+    compact_download: bool = _key("pruning.compact-download")
+    refresh_rounds: int = _key("pruning.refresh-rounds")
+
+    def ratio_for(self, partition_id: int) -> float:
+        if self.keep_ratios:
+            return self.keep_ratios[partition_id % len(self.keep_ratios)]
+        return self.keep_ratio
+
+    @property
+    def enabled(self) -> bool:
+        return self.keep_ratio < 1.0 or any(r < 1.0 for r in self.keep_ratios)
+
+
+@dataclass(frozen=True)
+class SessionsConfig:
+    """``sessions.*``: device arrival and departure.
+
+    ``schedule = "alternate"`` (simulation): devices form ``groups`` groups (partition i is
+    in group ``i % groups``) with label sets overlapping by ``label_overlap``; group
+    ``s % groups`` is present in session s, each session lasting ``rounds`` rounds, for
+    ``count`` sessions. ``"none"``: every device is present whenever it is online, as in a
+    deployment; a new session starts when the present set changes by more than
+    ``change_threshold`` or after ``rounds`` rounds (0 = no length limit).
+    """
+
+    schedule: str = _key("sessions.schedule")
+    count: int = _key("sessions.count")
+    rounds: int = _key("sessions.rounds")
+    groups: int = _key("sessions.groups")
+    label_overlap: float = _key("sessions.label-overlap")
+    change_threshold: float = _key("sessions.change-threshold")
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """``warmstart.*``: how each new session's initial model is built (arXiv 2410.05662)."""
+
+    mode: str = _key("warmstart.mode")
+    pilot_sessions: int = _key("warmstart.pilot-sessions")
+    aux_rounds: int = _key("warmstart.aux-rounds")
+    temperature: float = _key("warmstart.temperature")
+    max_stored: int = _key("warmstart.max-stored")
 
 
 @dataclass(frozen=True)
@@ -154,25 +251,30 @@ class RunConfig:
     server: ServerConfig
     energy: EnergyConfig
     stopping: StoppingConfig
+    pruning: PruningConfig
+    sessions: SessionsConfig
+    warmstart: WarmStartConfig
     seed: int
+
+    @property
+    def sessions_enabled(self) -> bool:
+        s = self.sessions
+        return s.schedule != "none" or s.rounds > 0 or self.warmstart.mode != "previous"
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config, in the run-config key names, for ``summary.json``."""
         flat: dict[str, Any] = {"seed": self.seed}
-        for prefix, section in (
-            ("", self.data),
-            ("", self.train),
-            ("", self.server),
-            ("energy.", self.energy),
-            ("stopping.", self.stopping),
-        ):
-            flat.update({prefix + k.replace("_", "-"): v for k, v in asdict(section).items()})
-        flat["num-server-rounds"] = flat.pop("num-rounds")
-        flat["saga.init"] = flat.pop("saga-init")
-        flat["energy.harvest-probs"] = ",".join(str(p) for p in self.energy.harvest_probs)
-        for key in ("selection", "max-devices", "batch-size"):
-            flat[f"selection.{'mode' if key == 'selection' else key}"] = flat.pop(f"energy.{key}")
+        for section in _sections(self):
+            for f in fields(section):
+                value = getattr(section, f.name)
+                if isinstance(value, tuple):
+                    value = ",".join(str(x) for x in value)
+                flat[f.metadata["key"]] = value
         return dict(sorted(flat.items()))
+
+
+def _sections(cfg: RunConfig) -> list[Any]:
+    return [getattr(cfg, f.name) for f in fields(cfg) if f.name != "seed"]
 
 
 # A check returns None when the value is fine, else the text "must be ..." for the error.
@@ -211,6 +313,14 @@ def _probability_list(v: str) -> str | None:
     return None if all(0.0 <= p <= 1.0 for p in probs) else "each value must be in [0, 1]"
 
 
+def _fraction_list(v: str) -> str | None:
+    try:
+        values = _floats(v)
+    except ValueError:
+        return "must be comma-separated numbers, e.g. '1.0,0.75,0.5,0.25'"
+    return None if all(0.0 < x <= 1.0 for x in values) else "each value must be in (0, 1]"
+
+
 _CHECKS: dict[str, Check] = {
     "num-server-rounds": _at_least(1),
     "strategy": _choice(STRATEGIES),
@@ -234,6 +344,7 @@ _CHECKS: dict[str, Check] = {
     "node-wait-timeout": _at_least(0.0),
     "output-dir": lambda v: None if v else "must not be empty",
     "run-name": lambda v: None if "/" not in v else "must not contain '/'",
+    "resume": _any,
     "server-lr": _positive,
     "saga.init": _choice(SAGA_INITS),
     "selection.mode": _choice(SELECTIONS),
@@ -250,6 +361,25 @@ _CHECKS: dict[str, Check] = {
     "stopping.patience": _at_least(1),
     "stopping.norm": _choice(STOPPING_NORMS),
     "stopping.validation-fraction": lambda v: None if 0.0 < v < 1.0 else "must be in (0, 1)",
+    "pruning.keep-ratio": _fraction,
+    "pruning.keep-ratios": _fraction_list,
+    "pruning.criterion": _choice(PRUNING_CRITERIA),
+    "pruning.hessian": _choice(HESSIAN_ESTIMATORS),
+    "pruning.score-batches": _at_least(1),
+    "pruning.reconstruction": _choice(RECONSTRUCTIONS),
+    "pruning.compact-download": _any,
+    "pruning.refresh-rounds": _at_least(1),
+    "sessions.schedule": _choice(SESSION_SCHEDULES),
+    "sessions.count": _at_least(1),
+    "sessions.rounds": _at_least(0),
+    "sessions.groups": _at_least(1),
+    "sessions.label-overlap": lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
+    "sessions.change-threshold": _half_open_fraction,
+    "warmstart.mode": _choice(WARMSTART_MODES),
+    "warmstart.pilot-sessions": _at_least(1),
+    "warmstart.aux-rounds": _at_least(1),
+    "warmstart.temperature": _positive,
+    "warmstart.max-stored": _at_least(1),
 }
 
 
@@ -282,55 +412,49 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         if problem:
             raise ConfigError(f"run config '{key}' = {value!r}: {problem}")
         v[key] = value
-    return RunConfig(
-        data=DataConfig(
-            dataset=v["dataset"],
-            data_dir=v["data-dir"],
-            partition=v["partition"],
-            alpha=v["alpha"],
-            shards_per_device=v["shards-per-device"],
-            local_test_fraction=v["local-test-fraction"],
-        ),
-        train=TrainConfig(
-            model=v["model"],
-            lr=v["lr"],
-            momentum=v["momentum"],
-            batch_size=v["batch-size"],
-            local_steps=v["local-steps"],
-            proximal_mu=v["proximal-mu"],
-            client_threads=v["client-threads"],
-        ),
-        server=ServerConfig(
-            num_rounds=v["num-server-rounds"],
-            strategy=v["strategy"],
-            fraction_train=v["fraction-train"],
-            min_nodes=v["min-nodes"],
-            round_timeout=v["round-timeout"],
-            node_wait_timeout=v["node-wait-timeout"],
-            output_dir=v["output-dir"],
-            run_name=v["run-name"],
-            server_lr=v["server-lr"],
-            saga_init=v["saga.init"],
-        ),
-        energy=EnergyConfig(
-            selection=v["selection.mode"],
-            max_devices=v["selection.max-devices"],
-            batch_size=v["selection.batch-size"],
-            source=v["energy.source"],
-            capacity=v["energy.capacity"],
-            harvest_prob=v["energy.harvest-prob"],
-            harvest_probs=tuple(
-                float(x) for x in v["energy.harvest-probs"].split(",") if x.strip()
-            ),
-            harvest_units=v["energy.harvest-units"],
-            train_slots=v["energy.train-slots"],
-        ),
-        stopping=StoppingConfig(
-            mode=v["stopping.mode"],
-            tau=v["stopping.tau"],
-            patience=v["stopping.patience"],
-            norm=v["stopping.norm"],
-            validation_fraction=v["stopping.validation-fraction"],
-        ),
-        seed=v["seed"],
-    )
+    built: dict[str, Any] = {}
+    for name, cls in _SECTION_TYPES.items():
+        kwargs = {}
+        for f in fields(cls):
+            parse = f.metadata["parse"]
+            value = v[f.metadata["key"]]
+            kwargs[f.name] = parse(value) if parse else value
+        built[name] = cls(**kwargs)
+    cfg = RunConfig(**built, seed=v["seed"])
+    _check_together(cfg)
+    return cfg
+
+
+_SECTION_TYPES: dict[str, type] = {
+    "data": DataConfig,
+    "train": TrainConfig,
+    "server": ServerConfig,
+    "energy": EnergyConfig,
+    "stopping": StoppingConfig,
+    "pruning": PruningConfig,
+    "sessions": SessionsConfig,
+    "warmstart": WarmStartConfig,
+}
+
+
+def _check_together(cfg: RunConfig) -> None:
+    """Rules that involve more than one key."""
+    s = cfg.sessions
+    if s.schedule == "alternate":
+        if s.rounds < 1:
+            raise ConfigError(
+                "run config 'sessions.rounds' = 0: must be >= 1 with sessions.schedule = "
+                "'alternate' (the length of each session)"
+            )
+        if cfg.server.num_rounds != s.count * s.rounds:
+            raise ConfigError(
+                f"run config 'num-server-rounds' = {cfg.server.num_rounds}: must equal "
+                f"sessions.count x sessions.rounds = {s.count} x {s.rounds} = "
+                f"{s.count * s.rounds} with sessions.schedule = 'alternate'"
+            )
+    w = cfg.warmstart
+    if w.mode == "pilot" and s.rounds and w.aux_rounds >= s.rounds:
+        raise ConfigError(
+            f"run config 'warmstart.aux-rounds' = {w.aux_rounds}: must be below "
+            f"sessions.rounds = {s.rounds}, or no round of a session is left to train"
+        )

@@ -19,6 +19,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from edgefleet.config import RunConfig, parse_run_config
+from edgefleet.server.checkpoint import Checkpointer, resume_from
 from edgefleet.server.loop import EvaluateFn, RoundLoop
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
 from edgefleet.strategies.base import LoopStrategy
@@ -133,18 +134,31 @@ def main(grid: Grid, context: Context) -> None:
     log(INFO, "EdgeFleet run %s: writing results to %s", run_dir.name, run_dir.resolve())
     central = central_evaluation(cfg)
     strategy = wrap_stopping(make_strategy(cfg), cfg, central.keys, central.validate)
-    wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout)
+    if cfg.server.resume and (run_dir / "summary.json").exists():
+        log(INFO, "Run %s has already finished; nothing to resume", run_dir)
+        return
     writer = MetricsWriter(run_dir)
+    arrays, first_round = central.initial, 1
+    if cfg.server.resume:
+        ckpt = resume_from(run_dir, strategy, list(central.initial))
+        if ckpt is None:
+            log(INFO, "resume = true but %s has no checkpoint: starting afresh", run_dir)
+        else:
+            arrays, first_round = ckpt.array_record(), ckpt.round + 1
+            writer.keep_until(ckpt.round)
+    wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout)
     callbacks = strategy.round_callbacks() if isinstance(strategy, LoopStrategy) else []
     loop = RoundLoop(
         strategy,
         grid,
         evaluate_fn=central.evaluate,
-        callbacks=[*callbacks, writer],  # the writer last: it records what the others add
+        # The writer records what the callbacks before it add; the checkpoint comes last so
+        # that a round it covers is always on record.
+        callbacks=[*callbacks, writer, Checkpointer(run_dir, strategy)],
         round_timeout=cfg.server.round_timeout,
     )
     t0 = time.monotonic()
-    outcome = loop.run(central.initial, cfg.server.num_rounds, ConfigRecord())
+    outcome = loop.run(arrays, cfg.server.num_rounds, ConfigRecord(), first_round=first_round)
     extra = {}
     if isinstance(strategy, ValidationStopping) and strategy.enforce:
         # The baseline returns its best model, so its figures are those of that round.

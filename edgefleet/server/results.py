@@ -22,11 +22,15 @@ def default_run_name(cfg: RunConfig) -> str:
 
 
 def prepare_run_dir(cfg: RunConfig) -> Path:
-    """Create ``output-dir/run-name``; refuse one that already holds results."""
+    """Create ``output-dir/run-name``; refuse one that already holds results unless the run
+    is to be resumed (``resume = true``)."""
+    if cfg.server.resume and not cfg.server.run_name:
+        raise ValueError("resume = true needs the run-name of the run to continue")
     run_dir = Path(cfg.server.output_dir) / (cfg.server.run_name or default_run_name(cfg))
-    if (run_dir / "metrics.jsonl").exists():
+    if (run_dir / "metrics.jsonl").exists() and not cfg.server.resume:
         raise FileExistsError(
-            f"run folder {run_dir} already holds results; choose another run-name or remove it"
+            f"run folder {run_dir} already holds results; choose another run-name, remove it, "
+            "or set resume = true to continue it"
         )
     run_dir.mkdir(parents=True, exist_ok=True)
     return run_dir
@@ -58,6 +62,17 @@ class MetricsWriter(RoundCallback):
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = []
+
+    def keep_until(self, last_round: int) -> None:
+        """On resume: keep the rows of rounds up to ``last_round`` (the checkpoint's); a row
+        written after it belongs to a round that will run again."""
+        if not self.path.exists():
+            return
+        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line]
+        self.rows = [r for r in rows if r["round"] <= last_round]
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+        os.replace(tmp, self.path)
 
     def after_round(self, result: RoundResult) -> str | None:
         row = round_row(result)

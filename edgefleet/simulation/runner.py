@@ -117,6 +117,10 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
     raw["output-dir"] = str(Path(cfg.server.output_dir).resolve())
     if cfg.data.data_dir:
         raw["data-dir"] = str(Path(cfg.data.data_dir).resolve())
+    if cfg.server.resume and not cfg.server.run_name:
+        raise ConfigError(
+            "resume = true needs the run-name of the run to continue (--set run-name=...)"
+        )
     raw["run-name"] = cfg.server.run_name or f"{default_run_name(cfg)}-{scenario.name}"
     n_devices = scenario.federation["num-supernodes"]
     if raw.get("min-nodes", DEFAULTS["min-nodes"]) > n_devices:
@@ -142,8 +146,11 @@ def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = F
     """Run ``scenario`` to completion on the Simulation Engine; return its run folder."""
     cfg, raw = resolve_run_config(scenario)
     run_dir = Path(cfg.server.output_dir) / cfg.server.run_name
-    if (run_dir / "metrics.jsonl").exists():
-        raise ConfigError(f"run folder {run_dir} already holds results; set another run-name")
+    if (run_dir / "metrics.jsonl").exists() and not cfg.server.resume:
+        raise ConfigError(
+            f"run folder {run_dir} already holds results; set another run-name, or resume it "
+            "(--resume)"
+        )
     run_dir.mkdir(parents=True, exist_ok=True)
     with (
         tempfile.TemporaryDirectory(prefix="edgefleet-flwr-") as work,

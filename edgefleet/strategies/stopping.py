@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord
+from flwr.app import Array, ArrayRecord
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.server.loop import RoundCallback, RoundResult
@@ -159,11 +159,21 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["rule"] = self.rule.state_dict()
+        state["theta0"] = _to_numpy(self.theta0)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.rule.load_state_dict(state["rule"])
+        self.theta0 = _to_record(state.get("theta0"))
+
+
+def _to_numpy(arrays: ArrayRecord | None) -> dict[str, np.ndarray] | None:
+    return None if arrays is None else {k: v.numpy() for k, v in arrays.items()}
+
+
+def _to_record(arrays: dict[str, np.ndarray] | None) -> ArrayRecord | None:
+    return None if arrays is None else ArrayRecord({k: Array(v) for k, v in arrays.items()})
 
 
 class ValidationStopping(LoopStrategy, RoundCallback):
@@ -198,3 +208,17 @@ class ValidationStopping(LoopStrategy, RoundCallback):
         if self.enforce and result.round - self.best_round >= self.patience:
             return STOP_VALIDATION
         return None
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.update(
+            best_accuracy=self.best_accuracy,
+            best_round=self.best_round,
+            best_arrays=_to_numpy(self.best_arrays),
+        )
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.best_accuracy, self.best_round = state["best_accuracy"], state["best_round"]
+        self.best_arrays = _to_record(state["best_arrays"])
