@@ -89,6 +89,7 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "sessions.groups": 2,
     "sessions.label-overlap": 0.0,
     "sessions.change-threshold": 0.2,
+    "sessions.target-accuracy": 0.8,
     "warmstart.mode": "previous",
     "warmstart.pilot-sessions": 1,
     "warmstart.aux-rounds": 1,
@@ -231,6 +232,7 @@ class SessionsConfig:
     groups: int = _key("sessions.groups")
     label_overlap: float = _key("sessions.label-overlap")
     change_threshold: float = _key("sessions.change-threshold")
+    target_accuracy: float = _key("sessions.target-accuracy")
 
 
 @dataclass(frozen=True)
@@ -375,6 +377,7 @@ _CHECKS: dict[str, Check] = {
     "sessions.groups": _at_least(1),
     "sessions.label-overlap": lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
     "sessions.change-threshold": _half_open_fraction,
+    "sessions.target-accuracy": _fraction,
     "warmstart.mode": _choice(WARMSTART_MODES),
     "warmstart.pilot-sessions": _at_least(1),
     "warmstart.aux-rounds": _at_least(1),

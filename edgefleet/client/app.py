@@ -12,7 +12,7 @@ import time
 from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from edgefleet.client.device import get_device, get_profile
+from edgefleet.client.device import get_device, get_profile, is_present
 from edgefleet.client.energy import load_battery, save_battery
 from edgefleet.task.train import evaluate as evaluate_model
 from edgefleet.task.train import get_arrays, seed_for, set_arrays, train_local
@@ -23,28 +23,37 @@ app = ClientApp()
 ERR_BAD_CONFIG = 10
 ERR_TRAIN_FAILED = 11
 ERR_NO_ENERGY = 12
+ERR_ABSENT = 13
 
 
 @app.query()
 def status(msg: Message, context: Context) -> Message:
-    """EH-FedSAG's light status query: advance the battery to the server's slot, report."""
+    """The light status query (energy-aware selection, sessions): advance the battery to the
+    server's slot; report battery, feasibility, presence and, when asked (``labels`` in the
+    config), the classes of the local data."""
+    config = msg.content.config_records["config"]
     try:
         cfg, profile = get_profile(context.run_config, context.node_config)
         battery = load_battery(profile, cfg, context)
-        battery.advance(int(msg.content.config_records["config"]["slot"]))  # type: ignore[arg-type]
+        battery.advance(int(config["slot"]))  # type: ignore[arg-type]
+        labels = (
+            get_device(context.run_config, context.node_config).labels
+            if config.get("labels", 0)
+            else []
+        )
     except (ValueError, FileNotFoundError) as err:
         return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
     save_battery(battery, context)
     cost = cfg.energy.round_cost
-    metrics = MetricRecord(
-        {
-            "device-id": profile.device_id,
-            "battery-level": battery.level,
-            "feasible": int(battery.can_afford(cost)),
-            "present": 1,
-        }
-    )
-    return Message(RecordDict({"status": metrics}), reply_to=msg)
+    status: dict[str, int | float | list[int] | list[float]] = {
+        "device-id": profile.device_id,
+        "battery-level": battery.level,
+        "feasible": int(battery.can_afford(cost)),
+        "present": int(is_present(cfg, profile, int(config["server-round"]))),  # type: ignore[arg-type]
+    }
+    if labels:
+        status["labels"] = labels
+    return Message(RecordDict({"status": MetricRecord(status)}), reply_to=msg)
 
 
 @app.train()
@@ -57,6 +66,8 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content.config_records["config"]
     server_round = int(config["server-round"])  # type: ignore[arg-type]
     mu = float(config.get("proximal-mu", 0.0))  # type: ignore[arg-type]
+    if not is_present(cfg, profile, server_round):
+        return Message(Error(ERR_ABSENT, "device is not present this session"), reply_to=msg)
     energy = 0.0
     if "slot" in config:  # energy-aware selection: re-check the battery, spend only if able
         battery = load_battery(profile, cfg, context)

@@ -17,6 +17,7 @@ from torch import nn
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.task.data import (
     ArrayDataset,
+    group_partition_indices,
     load_dataset,
     partition_indices,
     split_local,
@@ -102,6 +103,22 @@ class Device:
     test_data: ArrayDataset
     model: nn.Module
 
+    @property
+    def labels(self) -> list[int]:
+        """The classes of the local training data (the server's per-session accuracy)."""
+        return sorted(int(c) for c in set(self.train_data.y.tolist()))
+
+
+def is_present(cfg: RunConfig, profile: DeviceProfile, server_round: int) -> bool:
+    """Whether the device takes part in ``server_round``: in the alternating-sessions
+    scenario group ``s % groups`` is present in session s; otherwise a device that can
+    answer is present (a real device that leaves simply goes offline)."""
+    s = cfg.sessions
+    if s.schedule != "alternate":
+        return True
+    session = (server_round - 1) // s.rounds
+    return session % s.groups == profile.partition_id % s.groups
+
 
 _DEVICES: dict[tuple[Any, ...], Device] = {}
 _PROFILES: dict[tuple[Any, ...], tuple[RunConfig, DeviceProfile]] = {}
@@ -134,15 +151,26 @@ def get_device(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) ->
 def _build_device(cfg: RunConfig, profile: DeviceProfile) -> Device:
     torch.set_num_threads(cfg.train.client_threads)
     train_pool, _, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-    idx = partition_indices(
-        train_pool.y,
-        profile.num_partitions,
-        profile.partition_id,
-        cfg.data.partition,
-        alpha=cfg.data.alpha,
-        shards_per_partition=cfg.data.shards_per_device,
-        seed=cfg.seed,
-    )
+    if cfg.sessions.schedule == "alternate":
+        idx = group_partition_indices(
+            train_pool.y,
+            profile.num_partitions,
+            profile.partition_id,
+            cfg.sessions.groups,
+            cfg.sessions.label_overlap,
+            cfg.data.alpha,
+            seed=cfg.seed,
+        )
+    else:
+        idx = partition_indices(
+            train_pool.y,
+            profile.num_partitions,
+            profile.partition_id,
+            cfg.data.partition,
+            alpha=cfg.data.alpha,
+            shards_per_partition=cfg.data.shards_per_device,
+            seed=cfg.seed,
+        )
     local_train, local_test = split_local(
         train_pool.subset(idx),
         cfg.data.local_test_fraction,

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from logging import INFO, WARNING
+from pathlib import Path
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
@@ -22,10 +23,13 @@ from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.server.checkpoint import Checkpointer, resume_from
 from edgefleet.server.loop import EvaluateFn, RoundLoop
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
+from edgefleet.server.sessions import SessionTracker
 from edgefleet.strategies.base import LoopStrategy
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
+from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
+from edgefleet.strategies.warmstart import SessionStore
 from edgefleet.task.data import load_dataset, split_local
 from edgefleet.task.models import build_model
 from edgefleet.task.train import evaluate, get_arrays, set_arrays
@@ -71,6 +75,32 @@ def wrap_stopping(
     return strategy
 
 
+def wrap_sessions(
+    strategy: Strategy, cfg: RunConfig, run_dir: Path, initial: ArrayRecord, keys: list[str]
+) -> Strategy:
+    """Sessions with warm start around everything else, when sessions are on."""
+    if not cfg.sessions_enabled:
+        return strategy
+    w, s = cfg.warmstart, cfg.sessions
+    folder = run_dir / "sessions"
+    if cfg.server.resume and (folder / "index.json").exists():
+        store = SessionStore.load(folder, w.max_stored)
+    else:
+        store = SessionStore(folder, w.max_stored)
+    return WarmStartInitializer(
+        strategy,
+        store=store,
+        tracker=SessionTracker(s.change_threshold, s.rounds),
+        initial=initial,
+        param_keys=keys,
+        mode=w.mode,
+        pilot_sessions=w.pilot_sessions,
+        aux_rounds=w.aux_rounds,
+        temperature=w.temperature,
+        slots_per_round=cfg.energy.slots_per_round,
+    )
+
+
 def wait_for_nodes(grid: Grid, wanted: int, timeout: float) -> int:
     """Wait up to ``timeout`` s for ``wanted`` nodes; go on with whoever is there after that.
 
@@ -112,11 +142,15 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     def evaluate_fn(_: int, arrays: ArrayRecord) -> dict[str, float]:
         set_arrays(model, arrays)
         res = evaluate(model, test_set)
-        return {
+        out = {
             "test_loss": res.loss,
             "test_accuracy": res.accuracy,
             "test_balanced_accuracy": res.balanced_accuracy,
         }
+        # Per-class counts: the sessions wrapper's accuracy on the classes present.
+        for c, (ok, n) in res.per_class.items():
+            out[f"class{c}_correct"], out[f"class{c}_total"] = float(ok), float(n)
+        return out
 
     def validate(arrays: ArrayRecord) -> float:
         set_arrays(model, arrays)
@@ -134,6 +168,7 @@ def main(grid: Grid, context: Context) -> None:
     log(INFO, "EdgeFleet run %s: writing results to %s", run_dir.name, run_dir.resolve())
     central = central_evaluation(cfg)
     strategy = wrap_stopping(make_strategy(cfg), cfg, central.keys, central.validate)
+    strategy = wrap_sessions(strategy, cfg, run_dir, central.initial, central.keys)
     if cfg.server.resume and (run_dir / "summary.json").exists():
         log(INFO, "Run %s has already finished; nothing to resume", run_dir)
         return

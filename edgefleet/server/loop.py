@@ -159,7 +159,7 @@ class RoundLoop:
         if new_arrays is not None:
             arrays = new_arrays
         eval_metrics = self.evaluate_fn(rnd, arrays)
-        log(INFO, "Round %d: %s", rnd, eval_metrics)
+        log(INFO, "Round %d: %s", rnd, {k: v for k, v in eval_metrics.items() if "test" in k})
         return RoundResult(
             round=rnd,
             session=0,

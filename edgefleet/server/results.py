@@ -83,6 +83,34 @@ class MetricsWriter(RoundCallback):
         return None
 
 
+def session_summary(rows: list[dict[str, Any]], target: float) -> list[dict[str, Any]]:
+    """Per session: its rounds (auxiliary ones included), bytes and energy spent, the last
+    accuracy on the session's classes, and the rounds from the session's start until that
+    accuracy first reaches ``target`` (auxiliary rounds counted as spent; None = never)."""
+    out: list[dict[str, Any]] = []
+    for session in sorted({r["session"] for r in rows if r.get("session")}):
+        mine = [r for r in rows if r["session"] == session]
+        accs = [r.get("session_accuracy") for r in mine]
+        reached = next(
+            (i + 1 for i, (r, a) in enumerate(zip(mine, accs, strict=True))
+             if a is not None and a >= target and r.get("phase") != "aux"),
+            None,
+        )  # fmt: skip
+        out.append(
+            {
+                "session": session,
+                "start_round": mine[0]["round"],
+                "rounds": len(mine),
+                "aux_rounds": sum(r.get("phase") == "aux" for r in mine),
+                "rounds_to_target": reached,
+                "final_session_accuracy": accs[-1],
+                "bytes": sum(r["bytes_up"] + r["bytes_down"] for r in mine),
+                "energy_spent": sum(r["energy_spent"] for r in mine),
+            }
+        )
+    return out
+
+
 def write_summary(
     run_dir: Path,
     cfg: RunConfig,
@@ -107,6 +135,9 @@ def write_summary(
         "wall_s": round(wall_s, 3),
         "config": cfg.to_dict(),
     }
+    if any(r.get("session") for r in rows):
+        summary["target_accuracy"] = cfg.sessions.target_accuracy
+        summary["sessions"] = session_summary(rows, cfg.sessions.target_accuracy)
     summary.update(extra or {})
     tmp = run_dir / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2) + "\n")

@@ -24,6 +24,19 @@ from flwr.serverapp.strategy import Result, Strategy
 from edgefleet.server.loop import RoundCallback, RoundLoop, RoundResult
 
 
+class SubsetGrid:
+    """The grid as an inner strategy should see it: only ``node_ids`` are online."""
+
+    def __init__(self, grid: Grid, node_ids: list[int]) -> None:
+        self._grid, self._nodes = grid, node_ids
+
+    def get_node_ids(self) -> list[int]:
+        return list(self._nodes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+
 class LoopStrategy(Strategy):
     """Delegates every Strategy call to ``inner``; contributes round callbacks."""
 
@@ -37,6 +50,13 @@ class LoopStrategy(Strategy):
 
     def own_callbacks(self) -> list[RoundCallback]:
         return []
+
+    def on_session(self, arrays: ArrayRecord | None) -> None:
+        """A session boundary, announced by the sessions wrapper to every wrapper inside it:
+        ``arrays`` is the model the session's training starts from, or None while the
+        session's auxiliary rounds run (rounds that are not the session's training)."""
+        if isinstance(self.inner, LoopStrategy):
+            self.inner.on_session(arrays)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume, for the server checkpoint (nested per wrapper).

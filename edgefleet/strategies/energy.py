@@ -27,21 +27,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.server.loop import RoundCallback, RoundResult
-from edgefleet.strategies.base import LoopStrategy
+from edgefleet.strategies.base import LoopStrategy, SubsetGrid
 from edgefleet.strategies.selection import AgeTracker, query_order, select_in_batches
-
-
-class _SubsetGrid:
-    """The grid as the inner strategy should see it: only the selected nodes are online."""
-
-    def __init__(self, grid: Grid, node_ids: list[int]) -> None:
-        self._grid, self._nodes = grid, node_ids
-
-    def get_node_ids(self) -> list[int]:
-        return list(self._nodes)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._grid, name)
 
 
 class EnergyAgeSelection(LoopStrategy, RoundCallback):
@@ -120,7 +107,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         if not chosen:
             return []
         config = ConfigRecord({**dict(config), "slot": self.slot(server_round)})
-        subset = _SubsetGrid(grid, [int(n) for n in chosen])
+        subset = SubsetGrid(grid, [int(n) for n in chosen])
         return self.inner.configure_train(server_round, arrays, config, subset)  # type: ignore[arg-type]
 
     def after_round(self, result: RoundResult) -> str | None:

@@ -21,10 +21,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
+from flwr.common import log
+from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.server.loop import RoundCallback, RoundResult
@@ -128,6 +131,25 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         self.squared = norm == "squared"
         self.keys = keys
         self.theta0: ArrayRecord | None = None
+        # Under sessions a plateau ends the session's training, not the run: the devices
+        # rest (no train messages) until the next session restarts the rule.
+        self.in_sessions = False
+        self.holding = False  # auxiliary rounds of a session start: not the session's training
+        self.resting = False
+
+    def on_session(self, arrays: ArrayRecord | None) -> None:
+        super().on_session(arrays)
+        self.in_sessions = True
+        self.holding = arrays is None
+        if arrays is not None:
+            self.restart(arrays)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        if self.resting:
+            return []
+        return super().configure_train(server_round, arrays, config, grid)
 
     def own_callbacks(self) -> list[RoundCallback]:
         return [self]
@@ -139,9 +161,13 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
     def restart(self, theta0: ArrayRecord) -> None:
         self.theta0 = ArrayRecord({k: v for k, v in theta0.items()})
         self.rule.reset()
+        self.resting = False
 
     def after_round(self, result: RoundResult) -> str | None:
         assert self.theta0 is not None, "on_start was not called"
+        if self.holding or self.resting:
+            result.extra["stopping_resting"] = self.resting
+            return None
         keys = self.keys or trainable_keys(self.theta0)
         if not all(np.isfinite(result.arrays[k].numpy()).all() for k in keys):
             result.extra["task_vector_norm"] = math.nan
@@ -154,18 +180,24 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         result.extra["task_vector_norm"] = norm
         result.extra["task_vector_growth"] = self.rule.growth[-1]
         result.extra["plateau_count"] = self.rule.counter
+        if fired and self.enforce and self.in_sessions:
+            self.resting = True
+            log(INFO, "Round %d: task vector plateau; resting until the next session", result.round)
+            return None
         return STOP_PLATEAU if fired and self.enforce else None
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["rule"] = self.rule.state_dict()
         state["theta0"] = _to_numpy(self.theta0)
+        state["flags"] = [self.in_sessions, self.holding, self.resting]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.rule.load_state_dict(state["rule"])
         self.theta0 = _to_record(state.get("theta0"))
+        self.in_sessions, self.holding, self.resting = state.get("flags", [False] * 3)
 
 
 def _to_numpy(arrays: ArrayRecord | None) -> dict[str, np.ndarray] | None:

@@ -770,3 +770,65 @@ def split_local(
     n_test = max(0, min(round(test_fraction * n), n - 1))
     order = np.random.default_rng(seed).permutation(n)
     return ds.subset(order[n_test:]), ds.subset(order[:n_test])
+
+
+def group_classes(num_classes: int, groups: int, overlap: float) -> list[list[int]]:
+    """The label set of each device group for the alternating-sessions scenario.
+
+    Group g holds a block of ``num_classes // groups`` classes starting at ``g * block``, and
+    a fraction ``overlap`` of the remaining classes next to it (wrapping around): 0 gives
+    disjoint label sets (the paper's non-overlap case), 1 gives every group every class.
+    """
+    if groups < 1 or groups > num_classes:
+        raise ValueError(f"groups must be in [1, {num_classes}], got {groups}")
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap must be in [0, 1], got {overlap}")
+    block = num_classes // groups
+    extra = round(overlap * (num_classes - block))
+    return [
+        sorted({(g * block + j) % num_classes for j in range(block + extra)}) for g in range(groups)
+    ]
+
+
+def group_partition_indices(
+    labels: np.ndarray,
+    num_partitions: int,
+    partition_id: int,
+    groups: int,
+    overlap: float,
+    alpha: float,
+    seed: int = 0,
+) -> np.ndarray:
+    """Sorted indices of partition ``partition_id`` when devices form label groups.
+
+    Partition i belongs to group ``i % groups`` (:func:`group_classes` gives each group's
+    classes). The samples of a class are split evenly at random between the groups that hold
+    it, and a group's samples are spread over its devices by a Dirichlet(``alpha``) label
+    partition (flwr-datasets), as in the sessions experiments of arXiv 2410.05662.
+    """
+    y = _check_labels(labels)
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition_id must be in [0, {num_partitions}), got {partition_id}")
+    if num_partitions < groups:
+        raise ValueError(f"{num_partitions} partitions cannot form {groups} groups")
+    num_classes = int(y.max()) + 1
+    classes = group_classes(num_classes, groups, overlap)
+    rng = np.random.default_rng(seed)
+    pool: list[np.ndarray] = [np.empty(0, dtype=np.int64) for _ in range(groups)]
+    for c in range(num_classes):
+        holders = [g for g in range(groups) if c in classes[g]]
+        idx = rng.permutation(np.flatnonzero(y == c))
+        for g, part in zip(holders, np.array_split(idx, len(holders)), strict=True):
+            pool[g] = np.concatenate([pool[g], part])
+    group = partition_id % groups
+    members = list(range(group, num_partitions, groups))
+    mine = np.sort(pool[group])
+    local = partition_indices(
+        y[mine],
+        len(members),
+        members.index(partition_id),
+        "dirichlet",
+        alpha=alpha,
+        seed=seed * 1009 + group,  # groups of equal size must not get equal size profiles
+    )
+    return mine[local]

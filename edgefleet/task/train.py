@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -88,6 +88,7 @@ class EvalResult:
     loss: float  # mean cross-entropy
     accuracy: float
     balanced_accuracy: float  # mean per-class recall over the classes present
+    per_class: dict[int, tuple[int, int]] = field(default_factory=dict)  # class: (correct, n)
 
 
 @torch.no_grad()
@@ -110,5 +111,11 @@ def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 100) -> Eva
     correct = (torch.cat(preds) == y).numpy()
     labels = y.numpy()
     # float64 throughout: float32 means print as 0.23000000417232513
-    recalls = [float(correct[labels == c].mean()) for c in np.unique(labels)]
-    return EvalResult(loss_sum / len(data), float(correct.mean()), sum(recalls) / len(recalls))
+    per_class = {
+        int(c): (int(correct[labels == c].sum()), int((labels == c).sum()))
+        for c in np.unique(labels)
+    }
+    recalls = [ok / n for ok, n in per_class.values()]
+    return EvalResult(
+        loss_sum / len(data), float(correct.mean()), sum(recalls) / len(recalls), per_class
+    )

@@ -1,0 +1,290 @@
+"""Sessions and warm-start initialization around any strategy (arXiv 2410.05662).
+
+:class:`WarmStartInitializer` is the outermost wrapper. Every round it asks each online
+node whether its device is present (a light ``query`` message; in simulation presence
+follows the scenario's schedule on the client, in deployment a departed device is simply
+offline), feeds the present set to a :class:`~edgefleet.server.sessions.SessionTracker`,
+and hands the inner strategy a grid of the present nodes only. When a new session opens it
+stores the finished session's final model and builds the new session's initial model as
+``warmstart.mode`` says (see :mod:`edgefleet.strategies.warmstart`):
+
+- ``pilot``: sessions 1..P run on from the previous model; their final models average into
+  the pilot model. From session P+1 on, V auxiliary rounds of the inner strategy run from
+  the pilot model on the present devices (real rounds: they cost energy and bytes and are
+  counted in the session's time to accuracy); their result minus the pilot is the session's
+  pseudo-gradient, and the session starts from the softmin-weighted average of the stored
+  post-pilot sessions' final models (the first post-pilot session, with nothing stored, from
+  the previous model, as the baseline does).
+- ``previous`` / ``average`` / ``fresh``: the baselines, without auxiliary rounds.
+
+Wrappers inside are told of each boundary through ``on_session`` (the data-free stopping
+rule restarts from the session's initial model, and under sessions a plateau rests the
+devices until the next session instead of ending the run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from logging import INFO
+from typing import Any
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from edgefleet.server.loop import RoundCallback, RoundResult
+from edgefleet.server.sessions import SessionTracker
+from edgefleet.strategies.base import LoopStrategy, SubsetGrid
+from edgefleet.strategies.warmstart import (
+    SessionStore,
+    StoredSession,
+    average_states,
+    distance_keys,
+    pilot_model,
+    pseudo_gradient,
+    warm_start_model,
+)
+
+State = dict[str, np.ndarray]
+
+
+def _state(arrays: ArrayRecord) -> State:
+    return {k: v.numpy() for k, v in arrays.items()}
+
+
+def _record(state: State) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.asarray(v)) for k, v in state.items()})
+
+
+class WarmStartInitializer(LoopStrategy, RoundCallback):
+    """Sessions over a changing device set, each started from a warm model."""
+
+    def __init__(
+        self,
+        inner: Strategy,
+        *,
+        store: SessionStore,
+        tracker: SessionTracker,
+        initial: ArrayRecord,
+        param_keys: list[str],
+        mode: str = "pilot",
+        pilot_sessions: int = 1,
+        aux_rounds: int = 1,
+        temperature: float = 10.0,
+        slots_per_round: int = 1,
+        query_timeout: float = 60.0,
+    ) -> None:
+        super().__init__(inner)
+        self.store, self.tracker = store, tracker
+        self.initial = _state(initial)
+        self.keys = distance_keys(self.initial, param_keys)
+        self.mode, self.pilot_sessions = mode, pilot_sessions
+        self.aux_rounds, self.temperature = aux_rounds, temperature
+        self.slots_per_round, self.query_timeout = slots_per_round, query_timeout
+        self.devices: dict[int, str] = {}  # node id -> device id
+        self.labels: dict[str, list[int]] = {}  # device id -> classes of its data
+        self.present: list[str] = []
+        self.session_devices: list[str] = []
+        self.phase = "train"  # "aux" while auxiliary rounds run
+        self.aux_left = 0
+        self.aux_start: State | None = None  # the pilot model the aux rounds started from
+        self.pending_grad: State | None = None  # this session's pseudo-gradient
+        self.start_from: State | None = None  # a model to send instead of the loop's
+        self.previous: ArrayRecord | None = None  # the model when the session opened
+        self._round_info: dict[str, Any] = {}
+
+    def own_callbacks(self) -> list[RoundCallback]:
+        return [self]
+
+    # -- presence -----------------------------------------------------------------------
+
+    def _presence(self, grid: Grid, server_round: int) -> list[int]:
+        """Nodes whose device is present this round (asked in one batch)."""
+        config = ConfigRecord(
+            {
+                "slot": (server_round - 1) * self.slots_per_round,
+                "server-round": server_round,
+                "labels": 1,
+            }
+        )
+        messages = [
+            Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY)
+            for n in grid.get_node_ids()
+        ]
+        present: list[int] = []
+        for reply in grid.send_and_receive(messages, timeout=self.query_timeout):
+            if reply.has_error() or "status" not in reply.content.metric_records:
+                continue  # no usable answer: not present this round
+            status: MetricRecord = reply.content.metric_records["status"]
+            try:
+                device = str(int(status["device-id"]))  # type: ignore[arg-type]
+                here = bool(status.get("present", 1))
+                labels = [int(c) for c in status.get("labels", [])]  # type: ignore[union-attr]
+            except (TypeError, ValueError):
+                continue
+            self.devices[reply.metadata.src_node_id] = device
+            self.labels[device] = labels
+            if here:
+                present.append(reply.metadata.src_node_id)
+        return sorted(present)
+
+    # -- session boundaries -------------------------------------------------------------
+
+    def _finish_session(self, session: int, final: ArrayRecord) -> None:
+        """Store the session that just ended (the tracker has already moved on)."""
+        if session < 1 or self.mode in ("previous", "fresh"):
+            return  # these modes never look back
+        grad: State | None = self.pending_grad
+        if self.mode == "average":
+            grad = {}  # every session is a candidate of the average (and can be evicted)
+        elif session <= self.pilot_sessions:
+            grad = None
+        elif grad is None:
+            return  # a post-pilot session without a pseudo-gradient cannot be weighed
+        self.store.add(StoredSession(session, _state(final), grad, self.session_devices))
+
+    def _open_session(self, session: int, arrays: ArrayRecord) -> ArrayRecord | None:
+        """The new session's initial model, or None when auxiliary rounds must run first."""
+        stored = self.store.pilots() + self.store.candidates()
+        self.pending_grad = None
+        if self.mode == "fresh" and session > 1:
+            return _record(self.initial)
+        if self.mode == "average" and stored:
+            finals = [s.final for s in stored]
+            return _record(average_states(finals, [1.0] * len(finals)))
+        if self.mode == "pilot" and session > self.pilot_sessions and self.store.pilots():
+            self.aux_start = pilot_model([s.final for s in self.store.pilots()])
+            self.aux_left = self.aux_rounds
+            self.phase = "aux"
+            return None
+        return arrays
+
+    def _warm_model(self, aux_result: ArrayRecord, previous: ArrayRecord) -> ArrayRecord:
+        assert self.aux_start is not None
+        self.pending_grad = pseudo_gradient(_state(aux_result), self.aux_start)
+        candidates = self.store.candidates()
+        if not candidates:
+            self._round_info["warmstart_weights"] = []
+            return previous
+        model, weights = warm_start_model(
+            self.pending_grad, candidates, self.keys, self.temperature
+        )
+        self._round_info["warmstart_weights"] = {
+            str(s.session): round(float(w), 4) for s, w in zip(candidates, weights, strict=True)
+        }
+        log(INFO, "Warm start weights over stored sessions: %s", self._round_info)
+        return _record(model)
+
+    # -- Strategy -----------------------------------------------------------------------
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._round_info = {}
+        nodes = self._presence(grid, server_round)
+        self.present = [self.devices[n] for n in nodes]
+        previous_session = self.tracker.session
+        change = self.tracker.update(server_round, self.present)
+        if change is not None:
+            log(
+                INFO,
+                "Session %d opens at round %d (%s): %d arrived %s, %d left %s",
+                change.session,
+                server_round,
+                change.reason,
+                len(change.arrived),
+                sorted(change.arrived),
+                len(change.left),
+                sorted(change.left),
+            )
+            self._finish_session(previous_session, arrays)
+            self.session_devices = sorted(change.arrived | (set(self.present) - change.left))
+            self.previous = arrays
+            start = self._open_session(change.session, arrays)
+            self.start_from = _state(start) if start is not None and start is not arrays else None
+            super().on_session(start)
+            self._round_info.update(arrived=sorted(change.arrived), left=sorted(change.left))
+        if not nodes:
+            return []
+        send = arrays
+        if self.phase == "aux" and self.aux_left == self.aux_rounds and self.aux_start:
+            send = _record(self.aux_start)
+        elif self.start_from is not None:
+            send = _record(self.start_from)
+        return super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        if self.phase == "aux":
+            self._round_info["phase"] = "aux"
+            self.aux_left -= 1
+            if arrays is None:  # nobody trained: the auxiliary round is lost, try again
+                self.aux_left += 1
+                return (_record(self.aux_start) if self.aux_start else None), metrics
+            if self.aux_left > 0:
+                return arrays, metrics
+            self.phase = "train"
+            assert self.previous is not None
+            warm = self._warm_model(arrays, self.previous)
+            super().on_session(warm)
+            return warm, metrics
+        if arrays is None and self.start_from is not None:
+            arrays = _record(self.start_from)  # the session's start, even if nobody trained
+        self.start_from = None
+        return arrays, metrics
+
+    # -- RoundCallback ------------------------------------------------------------------
+
+    def after_round(self, result: RoundResult) -> str | None:
+        result.session = self.tracker.session
+        result.extra["present"] = len(self.present)
+        result.extra.setdefault("phase", "train")
+        result.extra.update(self._round_info)
+        classes = sorted({c for d in self.present for c in self.labels.get(d, [])})
+        correct = sum(result.eval_metrics.get(f"class{c}_correct", 0.0) for c in classes)
+        total = sum(result.eval_metrics.get(f"class{c}_total", 0.0) for c in classes)
+        result.extra["session_classes"] = classes
+        result.extra["session_accuracy"] = correct / total if total else None
+        return None
+
+    # -- checkpoint ---------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state.update(
+            tracker=self.tracker.state_dict(),
+            devices={str(k): v for k, v in self.devices.items()},
+            labels=self.labels,
+            session_devices=self.session_devices,
+            phase=self.phase,
+            aux_left=self.aux_left,
+            aux_start=self.aux_start,
+            pending_grad=self.pending_grad,
+            start_from=self.start_from,
+            previous=_state(self.previous) if self.previous is not None else None,
+        )
+        return state  # the stored sessions are on disk in the store's own folder
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.tracker.load_state_dict(state["tracker"])
+        self.devices = {int(k): v for k, v in state["devices"].items()}
+        self.labels = state["labels"]
+        self.session_devices = state["session_devices"]
+        self.phase, self.aux_left = state["phase"], state["aux_left"]
+        self.aux_start, self.pending_grad = state["aux_start"], state["pending_grad"]
+        self.start_from = state["start_from"]
+        if state["previous"] is not None:
+            self.previous = _record(state["previous"])

@@ -1,0 +1,169 @@
+"""The sessions wrapper with warm start, driven by fake devices, and end to end."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
+
+from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.server.loop import RoundLoop
+from edgefleet.server.sessions import SessionTracker
+from edgefleet.simulation.runner import load_scenario, run_scenario
+from edgefleet.strategies.sessions import WarmStartInitializer
+from edgefleet.strategies.stopping import TaskVectorStopping
+from edgefleet.strategies.warmstart import SessionStore
+from edgefleet.task.data import group_classes, group_partition_indices
+from tests.fakes import FakeGrid
+from tests.test_ehfedsag import KW, _rec
+
+ROOT = Path(__file__).resolve().parents[1]
+T = 3  # rounds per session
+
+
+class GroupDevice:
+    """Present in sessions of its group (alternating every T rounds); training moves the
+    model towards its group's optimum."""
+
+    def __init__(self, device: int, group: int, optimum: float) -> None:
+        self.device, self.group, self.optimum = device, group, optimum
+        self.trained_from: list[float] = []
+
+    def __call__(self, msg: Message) -> Message:
+        rnd = int(msg.content["config"]["server-round"])
+        if msg.metadata.message_type == MessageType.QUERY:
+            here = ((rnd - 1) // T) % 2 == self.group
+            status = {"device-id": self.device, "feasible": 1, "present": int(here)}
+            status["labels"] = [self.group]
+            return Message(RecordDict({"status": MetricRecord(status)}), reply_to=msg)
+        w = msg.content["arrays"]["w"].numpy()
+        self.trained_from.append(float(w[0]))
+        new = w + 0.5 * (self.optimum - w)
+        metrics = MetricRecord({"num-examples": 1, "device-id": self.device})
+        return Message(RecordDict({"arrays": _rec(new), "metrics": metrics}), reply_to=msg)
+
+
+def _eval(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
+    w = float(arrays["w"].numpy()[0])
+    return {"test_accuracy": 0.0, "class0_correct": -abs(w + 4), "class0_total": 1.0}
+
+
+def _run(mode: str, tmp: Path, sessions: int = 4, stopping: bool = False):
+    devices = {1: GroupDevice(0, 0, -4.0), 2: GroupDevice(1, 1, 4.0)}
+    inner = FedAvg(**KW)
+    if stopping:
+        inner = TaskVectorStopping(inner, tau=0.6, patience=1)  # type: ignore[assignment]
+    strategy = WarmStartInitializer(
+        inner,
+        store=SessionStore(tmp, max_stored=5),
+        tracker=SessionTracker(0.2, 0),
+        initial=_rec(np.zeros(2)),
+        param_keys=["w"],
+        mode=mode,
+        pilot_sessions=2,
+        aux_rounds=1,
+        temperature=50.0,
+    )
+    rows = []
+
+    class Keep:
+        def on_start(self, arrays, first_round):
+            pass
+
+        def after_round(self, result):
+            rows.append(result)
+
+    loop = RoundLoop(
+        strategy,
+        FakeGrid(devices),  # type: ignore[arg-type]
+        evaluate_fn=_eval,
+        callbacks=[*strategy.round_callbacks(), Keep()],  # type: ignore[list-item]
+    )
+    out = loop.run(_rec(np.zeros(2)), sessions * T, ConfigRecord())
+    return out, rows, devices, strategy
+
+
+def test_sessions_follow_presence_and_pilot_runs_aux_rounds(tmp_path: Path) -> None:
+    out, rows, devices, strategy = _run("pilot", tmp_path)
+    assert [r.session for r in rows] == [1] * 3 + [2] * 3 + [3] * 3 + [4] * 3
+    phases = [r.extra["phase"] for r in rows]
+    assert phases == ["train"] * 6 + ["aux", "train", "train"] * 2
+    # session 3 (group 0): its aux round starts from the pilot = mean of sessions 1 and 2
+    pilot = np.mean([s.final["w"][0] for s in strategy.store.pilots()])
+    assert devices[1].trained_from[3] == pytest.approx(pilot)
+    # session 4 (group 1): one stored candidate (session 3), weight 1 -> starts from its final
+    assert rows[9].extra["warmstart_weights"] == {"3": 1.0}
+    final3 = strategy.store.candidates()[0].final["w"][0]
+    assert devices[2].trained_from[-2] == pytest.approx(final3)
+    assert rows[0].extra["session_classes"] == [0]
+    assert (tmp_path / "index.json").exists()
+
+
+def test_previous_mode_has_no_aux_rounds(tmp_path: Path) -> None:
+    _, rows, devices, _ = _run("previous", tmp_path)
+    assert all(r.extra["phase"] == "train" for r in rows)
+    # session 2's first round starts from session 1's last model
+    assert devices[2].trained_from[0] == pytest.approx(float(rows[2].arrays["w"].numpy()[0]))
+
+
+def test_fresh_mode_restarts_from_the_initial_model(tmp_path: Path) -> None:
+    _, _, devices, _ = _run("fresh", tmp_path)
+    assert devices[2].trained_from[0] == 0.0 and devices[1].trained_from[3] == 0.0
+
+
+def test_plateau_rests_until_next_session(tmp_path: Path) -> None:
+    _, rows, devices, _ = _run("previous", tmp_path, stopping=True)
+    assert len(rows) == 4 * T  # never stops the run
+    assert any(r.extra.get("stopping_resting") for r in rows)
+    # every session trains again at its start
+    assert all(rows[i].participants for i in (0, 3, 6, 9))
+
+
+def test_group_classes_and_partitions() -> None:
+    assert group_classes(10, 2, 0.0) == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
+    assert group_classes(10, 2, 1.0)[0] == list(range(10))
+    a, b = group_classes(10, 2, 0.4)
+    assert len(set(a) & set(b)) == 4
+    y = np.repeat(np.arange(10), 50)
+    parts = [group_partition_indices(y, 6, i, 2, 0.0, 1.0, seed=1) for i in range(6)]
+    assert sorted(np.concatenate(parts).tolist()) == list(range(500))
+    assert set(y[np.concatenate(parts[0::2])]) == {0, 1, 2, 3, 4}
+
+
+def test_config_checks_session_lengths() -> None:
+    with pytest.raises(ConfigError, match="sessions.count x sessions.rounds"):
+        parse_run_config({"sessions.schedule": "alternate", "sessions.rounds": 3})
+    with pytest.raises(ConfigError, match="warmstart.aux-rounds"):
+        parse_run_config({"warmstart.mode": "pilot", "sessions.rounds": 1})
+
+
+@pytest.mark.timeout(400)
+def test_four_alternating_sessions_end_to_end(tmp_path: Path, monkeypatch) -> None:
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    overrides = {
+        "federation.num-supernodes": 4,
+        "num-server-rounds": 8,
+        "sessions.count": 4,
+        "sessions.rounds": 2,
+        "warmstart.pilot-sessions": 1,
+        "local-steps": 3,
+        "output-dir": str(tmp_path),
+        "run-name": "ws",
+    }
+    scenario = load_scenario(ROOT / "scenarios" / "sessions.toml", overrides)
+    run_dir = run_scenario(scenario, timeout=300, quiet=True)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["session"] for r in rows] == [1, 1, 2, 2, 3, 3, 4, 4]
+    assert [r["phase"] for r in rows[2::2]] == ["aux"] * 3
+    assert all(r["present"] == 2 for r in rows)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    per_session = summary["sessions"]
+    assert [s["aux_rounds"] for s in per_session] == [0, 1, 1, 1]
+    assert all(s["bytes"] > 0 for s in per_session)
+    assert rows[0]["session_classes"] == [0, 1, 2, 3, 4]
