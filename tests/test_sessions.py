@@ -167,3 +167,19 @@ def test_four_alternating_sessions_end_to_end(tmp_path: Path, monkeypatch) -> No
     assert [s["aux_rounds"] for s in per_session] == [0, 1, 1, 1]
     assert all(s["bytes"] > 0 for s in per_session)
     assert rows[0]["session_classes"] == [0, 1, 2, 3, 4]
+
+
+def test_rested_session_still_runs_the_next_aux_round(tmp_path: Path) -> None:
+    _, rows, _, _ = _run("pilot", tmp_path, stopping=True)
+    aux = [r for r in rows if r.extra["phase"] == "aux"]
+    assert len(aux) == 2 and all(r.participants for r in aux)
+
+
+def test_fedsag_forgets_memories_at_a_session_start() -> None:
+    from edgefleet.strategies.fedsag import FedSAG
+
+    strategy = FedSAG(**KW)
+    strategy.register_devices(["0", "1"])
+    strategy.memory = object()  # type: ignore[assignment]
+    strategy.on_session(None)
+    assert strategy.memory is None and not strategy._known

@@ -55,7 +55,7 @@ class LoopStrategy(Strategy):
         """A session boundary, announced by the sessions wrapper to every wrapper inside it:
         ``arrays`` is the model the session's training starts from, or None while the
         session's auxiliary rounds run (rounds that are not the session's training)."""
-        if isinstance(self.inner, LoopStrategy):
+        if hasattr(self.inner, "on_session"):  # a wrapper, or a stateful strategy (FedSAG)
             self.inner.on_session(arrays)
 
     def state_dict(self) -> dict[str, Any]:

@@ -47,6 +47,14 @@ class FedSAG(FedAvg):
             if self.memory is not None:
                 self.memory.register(device_id)
 
+    def on_session(self, arrays: ArrayRecord | None) -> None:
+        """A new session (sessions wrapper): forget the memories. They are updates of
+        another device set against models of the last session, and SAGA's correction
+        assumes one fixed set of K devices; keeping them would pull every round of the new
+        session towards the old optimum. Devices re-register as they answer."""
+        self.memory = None
+        self._known = {}
+
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:

@@ -141,6 +141,7 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         super().on_session(arrays)
         self.in_sessions = True
         self.holding = arrays is None
+        self.resting = False  # a new session trains again (its auxiliary rounds too)
         if arrays is not None:
             self.restart(arrays)
 
