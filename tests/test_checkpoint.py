@@ -122,7 +122,7 @@ def test_resumed_simulation_ends_with_the_same_model(tmp_path: Path, monkeypatch
             "run-name": name,
             "resume": resume,
         }
-        scenario = load_scenario(ROOT / "scenarios" / "default.toml", overrides)
+        scenario = load_scenario(ROOT / "scenarios" / "fedavg.toml", overrides)
         return run_scenario(scenario, timeout=200, quiet=True)
 
     whole = run("whole", 3)

@@ -24,7 +24,7 @@ def test_two_rounds_on_simulation_engine(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     scenario = load_scenario(
-        ROOT / "scenarios" / "default.toml",
+        ROOT / "scenarios" / "fedavg.toml",
         {
             "federation.num-supernodes": 3,
             "num-server-rounds": 2,
@@ -49,7 +49,7 @@ def test_two_rounds_on_simulation_engine(tmp_path: Path, monkeypatch) -> None:
 
 def test_bad_config_fails_before_any_process(tmp_path: Path, capsys) -> None:
     code = cli_main(
-        ["run", str(ROOT / "scenarios" / "default.toml"), "--set", "alpha=0", "--quiet"]
+        ["run", str(ROOT / "scenarios" / "fedavg.toml"), "--set", "alpha=0", "--quiet"]
     )
     assert code == 2
     err = capsys.readouterr().err
@@ -95,7 +95,7 @@ def test_cli_usage() -> None:
 def test_data_free_stopping_ends_run_early(tmp_path: Path) -> None:
     # A loose threshold so that a short run plateaus: the rule, not the budget, ends it.
     scenario = load_scenario(
-        ROOT / "scenarios" / "default.toml",
+        ROOT / "scenarios" / "fedavg.toml",
         {
             "federation.num-supernodes": 2,
             "num-server-rounds": 12,
