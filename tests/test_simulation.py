@@ -48,9 +48,7 @@ def test_two_rounds_on_simulation_engine(tmp_path: Path, monkeypatch) -> None:
 
 
 def test_bad_config_fails_before_any_process(tmp_path: Path, capsys) -> None:
-    code = cli_main(
-        ["run", str(ROOT / "scenarios" / "fedavg.toml"), "--set", "alpha=0", "--quiet"]
-    )
+    code = cli_main(["run", str(ROOT / "scenarios" / "fedavg.toml"), "--set", "alpha=0", "--quiet"])
     assert code == 2
     err = capsys.readouterr().err
     assert "'alpha' = 0.0" in err and "must be > 0" in err
