@@ -188,3 +188,24 @@ def test_wrapper_state_includes_fedsag_memory() -> None:
     state = strategy.state_dict()
     assert sorted(state["inner"]["memory"]["device_ids"]) == ["0", "1"]
     assert state["ages"]["ages"] == {"0": 0, "1": 0}
+
+
+def test_malformed_status_leaves_the_device_out_without_ending_the_run() -> None:
+    class NoDeviceId(FakeDevice):
+        def __call__(self, msg: Message) -> Message:
+            if msg.metadata.message_type == MessageType.QUERY:
+                status = MetricRecord({"feasible": 1})
+                return Message(RecordDict({"status": status}), reply_to=msg)
+            return super().__call__(msg)
+
+    devices = {1: FakeDevice(0, 1.0), 2: NoDeviceId(1, 2.0)}
+    strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4)
+    loop = RoundLoop(
+        strategy,
+        FakeGrid(devices),  # type: ignore[arg-type]
+        evaluate_fn=_no_eval,
+        callbacks=strategy.round_callbacks(),
+    )
+    out = loop.run(_rec(np.zeros(1)), 2, ConfigRecord())
+    assert devices[1].trains == 2 and devices[2].trains == 0
+    np.testing.assert_allclose(out.arrays["w"].numpy(), [2.0])

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -103,10 +105,10 @@ class Device:
     test_data: ArrayDataset
     model: nn.Module
 
-    @property
+    @cached_property  # asked for by every status query of a sessions run
     def labels(self) -> list[int]:
         """The classes of the local training data (the server's per-session accuracy)."""
-        return sorted(int(c) for c in set(self.train_data.y.tolist()))
+        return [int(c) for c in np.unique(self.train_data.y)]
 
 
 def is_present(cfg: RunConfig, profile: DeviceProfile, server_round: int) -> bool:

@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import ArrayRecord
 from flwr.common import log
 
+from edgefleet.arrays import to_numpy, to_record
 from edgefleet.server.loop import RoundCallback, RoundResult
 
 FILENAME = "checkpoint.pkl"
@@ -45,7 +46,7 @@ class Checkpoint:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def array_record(self) -> ArrayRecord:
-        return ArrayRecord({k: Array(np.asarray(v)) for k, v in self.arrays.items()})
+        return to_record(self.arrays)
 
 
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
@@ -84,8 +85,8 @@ class Checkpointer(RoundCallback):
 
     def after_round(self, result: RoundResult) -> str | None:
         state = self.strategy.state_dict() if hasattr(self.strategy, "state_dict") else {}
-        arrays = {k: v.numpy() for k, v in result.arrays.items()}
-        save_checkpoint(self.path, Checkpoint(result.round, arrays, state, random.getstate()))
+        ckpt = Checkpoint(result.round, to_numpy(result.arrays), state, random.getstate())
+        save_checkpoint(self.path, ckpt)
         return None
 
 

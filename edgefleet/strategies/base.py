@@ -15,13 +15,66 @@ and EdgeFleet's own ServerApp is only the first user of that public API.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from logging import WARNING
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from edgefleet.server.loop import RoundCallback, RoundLoop, RoundResult
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """A device's answer to the light status query."""
+
+    device: str  # the stable device id
+    feasible: bool  # its battery covers a round
+    present: bool  # it takes part in the current session
+    labels: tuple[int, ...]  # classes of its data (only when asked for)
+
+
+def query_status(
+    grid: Grid,
+    nodes: Iterable[int],
+    server_round: int,
+    slots_per_round: int,
+    timeout: float,
+    labels: bool = False,
+) -> dict[int, DeviceStatus]:
+    """Send the status query (carrying the global slot clock) to ``nodes``; the answers by
+    node. A node that does not answer, answers with an error or with a malformed status is
+    left out: unavailable this round, never an end of the run."""
+    config = ConfigRecord(
+        {
+            "slot": (server_round - 1) * slots_per_round,
+            "server-round": server_round,
+            "labels": int(labels),
+        }
+    )
+    messages = [
+        Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY)
+        for n in nodes
+    ]
+    answers: dict[int, DeviceStatus] = {}
+    for reply in grid.send_and_receive(messages, timeout=timeout):
+        node = reply.metadata.src_node_id
+        if reply.has_error() or "status" not in reply.content.metric_records:
+            continue
+        status = reply.content.metric_records["status"]
+        try:
+            answers[node] = DeviceStatus(
+                device=str(int(status["device-id"])),  # type: ignore[arg-type]
+                feasible=bool(status.get("feasible", 0)),
+                present=bool(status.get("present", 1)),
+                labels=tuple(int(c) for c in status.get("labels", [])),  # type: ignore[union-attr]
+            )
+        except (KeyError, TypeError, ValueError) as err:
+            log(WARNING, "Ignoring a malformed status from node %d: %r", node, err)
+    return answers
 
 
 class SubsetGrid:

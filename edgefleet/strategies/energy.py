@@ -21,13 +21,13 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.server.loop import RoundCallback, RoundResult
-from edgefleet.strategies.base import LoopStrategy, SubsetGrid
+from edgefleet.strategies.base import LoopStrategy, SubsetGrid, query_status
 from edgefleet.strategies.selection import AgeTracker, query_order, select_in_batches
 
 
@@ -60,23 +60,14 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
 
     def _status(self, grid: Grid, nodes: list[int], server_round: int) -> dict[int, bool]:
         """Ask ``nodes`` for their battery at this round's slot; feasibility per node."""
-        config = ConfigRecord({"slot": self.slot(server_round), "server-round": server_round})
-        messages = [
-            Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY)
-            for n in nodes
-        ]
-        answers: dict[int, bool] = {}
-        for reply in grid.send_and_receive(messages, timeout=self.query_timeout):
-            if reply.has_error() or "status" not in reply.content.metric_records:
-                continue  # an error or a malformed answer: unavailable this round
-            status: MetricRecord = reply.content.metric_records["status"]
-            device = str(int(status["device-id"]))  # type: ignore[arg-type]
-            self.device_of_node[reply.metadata.src_node_id] = device
-            answers[reply.metadata.src_node_id] = bool(status["feasible"])
-        self.ages.register(self.device_of_node[n] for n in answers)
+        answers = query_status(grid, nodes, server_round, self.slots_per_round, self.query_timeout)
+        for node, status in answers.items():
+            self.device_of_node[node] = status.device
+        devices = [a.device for a in answers.values()]
+        self.ages.register(devices)
         if hasattr(self.inner, "register_devices"):
-            self.inner.register_devices(self.device_of_node[n] for n in answers)
-        return answers
+            self.inner.register_devices(devices)
+        return {node: status.feasible for node, status in answers.items()}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -18,12 +18,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
+from edgefleet.arrays import to_numpy, to_record
 from edgefleet.strategies.saga import SagaMemory, flatten, unflatten
 
 
@@ -67,7 +67,7 @@ class FedSAG(FedAvg):
         valid = [m for m in replies if not m.has_error()]
         if not valid or self._global is None:
             return None, None
-        like = {k: v.numpy() for k, v in self._global.items()}
+        like = to_numpy(self._global)
         theta = flatten(like)
         if self.memory is None:
             self.memory = SagaMemory(theta.size, init=self.init)
@@ -76,11 +76,11 @@ class FedSAG(FedAvg):
         for msg in valid:
             metrics = msg.content.metric_records["metrics"]
             device = str(int(metrics["device-id"]))  # type: ignore[arg-type]
-            local = {k: v.numpy() for k, v in msg.content.array_records["arrays"].items()}
+            local = to_numpy(msg.content.array_records["arrays"])
             updates[device] = flatten(local) - theta
         v = self.memory.direction(updates)
         new = unflatten(theta + self.server_lr * v, like)
-        arrays = ArrayRecord({k: Array(np.asarray(a)) for k, a in new.items()})
+        arrays = to_record(new)
         metrics = aggregate_metricrecords([m.content for m in valid], self.weighted_by_key)
         return arrays, metrics
 

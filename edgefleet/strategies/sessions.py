@@ -28,23 +28,15 @@ from collections.abc import Iterable
 from logging import INFO
 from typing import Any
 
-import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.server.loop import RoundCallback, RoundResult
 from edgefleet.server.sessions import SessionTracker
-from edgefleet.strategies.base import LoopStrategy, SubsetGrid
+from edgefleet.strategies.base import LoopStrategy, SubsetGrid, query_status
 from edgefleet.strategies.warmstart import (
     SessionStore,
     StoredSession,
@@ -54,16 +46,6 @@ from edgefleet.strategies.warmstart import (
     pseudo_gradient,
     warm_start_model,
 )
-
-State = dict[str, np.ndarray]
-
-
-def _state(arrays: ArrayRecord) -> State:
-    return {k: v.numpy() for k, v in arrays.items()}
-
-
-def _record(state: State) -> ArrayRecord:
-    return ArrayRecord({k: Array(np.asarray(v)) for k, v in state.items()})
 
 
 class WarmStartInitializer(LoopStrategy, RoundCallback):
@@ -86,7 +68,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     ) -> None:
         super().__init__(inner)
         self.store, self.tracker = store, tracker
-        self.initial = _state(initial)
+        self.initial = to_numpy(initial)
         self.keys = distance_keys(self.initial, param_keys)
         self.mode, self.pilot_sessions = mode, pilot_sessions
         self.aux_rounds, self.temperature = aux_rounds, temperature
@@ -99,7 +81,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.aux_left = 0
         self.aux_start: State | None = None  # the pilot model the aux rounds started from
         self.pending_grad: State | None = None  # this session's pseudo-gradient
-        self.start_from: State | None = None  # a model to send instead of the loop's
+        self.start_from: ArrayRecord | None = None  # the model this round starts from
         self.previous: ArrayRecord | None = None  # the model when the session opened
         self._round_info: dict[str, Any] = {}
 
@@ -109,34 +91,19 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     # -- presence -----------------------------------------------------------------------
 
     def _presence(self, grid: Grid, server_round: int) -> list[int]:
-        """Nodes whose device is present this round (asked in one batch)."""
-        config = ConfigRecord(
-            {
-                "slot": (server_round - 1) * self.slots_per_round,
-                "server-round": server_round,
-                "labels": 1,
-            }
+        """Nodes whose device is present this round (all asked in one batch)."""
+        answers = query_status(
+            grid,
+            grid.get_node_ids(),
+            server_round,
+            self.slots_per_round,
+            self.query_timeout,
+            labels=True,
         )
-        messages = [
-            Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY)
-            for n in grid.get_node_ids()
-        ]
-        present: list[int] = []
-        for reply in grid.send_and_receive(messages, timeout=self.query_timeout):
-            if reply.has_error() or "status" not in reply.content.metric_records:
-                continue  # no usable answer: not present this round
-            status: MetricRecord = reply.content.metric_records["status"]
-            try:
-                device = str(int(status["device-id"]))  # type: ignore[arg-type]
-                here = bool(status.get("present", 1))
-                labels = [int(c) for c in status.get("labels", [])]  # type: ignore[union-attr]
-            except (TypeError, ValueError):
-                continue
-            self.devices[reply.metadata.src_node_id] = device
-            self.labels[device] = labels
-            if here:
-                present.append(reply.metadata.src_node_id)
-        return sorted(present)
+        for node, status in answers.items():
+            self.devices[node] = status.device
+            self.labels[status.device] = list(status.labels)
+        return sorted(node for node, status in answers.items() if status.present)
 
     # -- session boundaries -------------------------------------------------------------
 
@@ -151,27 +118,28 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             grad = None
         elif grad is None:
             return  # a post-pilot session without a pseudo-gradient cannot be weighed
-        self.store.add(StoredSession(session, _state(final), grad, self.session_devices))
+        self.store.add(StoredSession(session, to_numpy(final), grad, self.session_devices))
 
     def _open_session(self, session: int, arrays: ArrayRecord) -> ArrayRecord | None:
         """The new session's initial model, or None when auxiliary rounds must run first."""
         stored = self.store.pilots() + self.store.candidates()
         self.pending_grad = None
         if self.mode == "fresh" and session > 1:
-            return _record(self.initial)
+            return to_record(self.initial)
         if self.mode == "average" and stored:
             finals = [s.final for s in stored]
-            return _record(average_states(finals, [1.0] * len(finals)))
+            return to_record(average_states(finals, [1.0] * len(finals)))
         if self.mode == "pilot" and session > self.pilot_sessions and self.store.pilots():
             self.aux_start = pilot_model([s.final for s in self.store.pilots()])
             self.aux_left = self.aux_rounds
             self.phase = "aux"
+            self.start_from = to_record(self.aux_start)
             return None
         return arrays
 
     def _warm_model(self, aux_result: ArrayRecord, previous: ArrayRecord) -> ArrayRecord:
         assert self.aux_start is not None
-        self.pending_grad = pseudo_gradient(_state(aux_result), self.aux_start)
+        self.pending_grad = pseudo_gradient(to_numpy(aux_result), self.aux_start)
         candidates = self.store.candidates()
         if not candidates:
             self._round_info["warmstart_weights"] = []
@@ -183,7 +151,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             str(s.session): round(float(w), 4) for s, w in zip(candidates, weights, strict=True)
         }
         log(INFO, "Warm start weights over stored sessions: %s", self._round_info)
-        return _record(model)
+        return to_record(model)
 
     # -- Strategy -----------------------------------------------------------------------
 
@@ -208,42 +176,38 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
                 sorted(change.left),
             )
             self._finish_session(previous_session, arrays)
-            self.session_devices = sorted(change.arrived | (set(self.present) - change.left))
+            self.session_devices = sorted(self.present)
             self.previous = arrays
             start = self._open_session(change.session, arrays)
-            self.start_from = _state(start) if start is not None and start is not arrays else None
+            if start is not None and start is not arrays:
+                self.start_from = start
             super().on_session(start)
             self._round_info.update(arrived=sorted(change.arrived), left=sorted(change.left))
         if not nodes:
             return []
-        send = arrays
-        if self.phase == "aux" and self.aux_left == self.aux_rounds and self.aux_start:
-            send = _record(self.aux_start)
-        elif self.start_from is not None:
-            send = _record(self.start_from)
+        send = arrays if self.start_from is None else self.start_from
         return super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         arrays, metrics = super().aggregate_train(server_round, replies)
-        if self.phase == "aux":
-            self._round_info["phase"] = "aux"
-            self.aux_left -= 1
-            if arrays is None:  # nobody trained: the auxiliary round is lost, try again
-                self.aux_left += 1
-                return (_record(self.aux_start) if self.aux_start else None), metrics
-            if self.aux_left > 0:
-                return arrays, metrics
-            self.phase = "train"
-            assert self.previous is not None
-            warm = self._warm_model(arrays, self.previous)
-            super().on_session(warm)
-            return warm, metrics
-        if arrays is None and self.start_from is not None:
-            arrays = _record(self.start_from)  # the session's start, even if nobody trained
+        trained = arrays is not None
+        if not trained:  # nobody trained: the model the round started from stands
+            arrays = self.start_from
         self.start_from = None
-        return arrays, metrics
+        if self.phase != "aux":
+            return arrays, metrics
+        self._round_info["phase"] = "aux"
+        if trained:  # an auxiliary round nobody took part in is run again
+            self.aux_left -= 1
+        if self.aux_left > 0 or arrays is None:
+            return arrays, metrics
+        self.phase = "train"
+        assert self.previous is not None
+        warm = self._warm_model(arrays, self.previous)
+        super().on_session(warm)
+        return warm, metrics
 
     # -- RoundCallback ------------------------------------------------------------------
 
@@ -272,8 +236,8 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             aux_left=self.aux_left,
             aux_start=self.aux_start,
             pending_grad=self.pending_grad,
-            start_from=self.start_from,
-            previous=_state(self.previous) if self.previous is not None else None,
+            start_from=None if self.start_from is None else to_numpy(self.start_from),
+            previous=None if self.previous is None else to_numpy(self.previous),
         )
         return state  # the stored sessions are on disk in the store's own folder
 
@@ -285,6 +249,5 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.session_devices = state["session_devices"]
         self.phase, self.aux_left = state["phase"], state["aux_left"]
         self.aux_start, self.pending_grad = state["aux_start"], state["pending_grad"]
-        self.start_from = state["start_from"]
-        if state["previous"] is not None:
-            self.previous = _record(state["previous"])
+        for key in ("start_from", "previous"):
+            setattr(self, key, None if state[key] is None else to_record(state[key]))

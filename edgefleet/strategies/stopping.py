@@ -25,11 +25,12 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from edgefleet.arrays import to_numpy, to_record
 from edgefleet.server.loop import RoundCallback, RoundResult
 from edgefleet.strategies.base import LoopStrategy
 
@@ -190,23 +191,16 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["rule"] = self.rule.state_dict()
-        state["theta0"] = _to_numpy(self.theta0)
+        state["theta0"] = None if self.theta0 is None else to_numpy(self.theta0)
         state["flags"] = [self.in_sessions, self.holding, self.resting]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.rule.load_state_dict(state["rule"])
-        self.theta0 = _to_record(state.get("theta0"))
+        theta0 = state.get("theta0")
+        self.theta0 = None if theta0 is None else to_record(theta0)
         self.in_sessions, self.holding, self.resting = state.get("flags", [False] * 3)
-
-
-def _to_numpy(arrays: ArrayRecord | None) -> dict[str, np.ndarray] | None:
-    return None if arrays is None else {k: v.numpy() for k, v in arrays.items()}
-
-
-def _to_record(arrays: dict[str, np.ndarray] | None) -> ArrayRecord | None:
-    return None if arrays is None else ArrayRecord({k: Array(v) for k, v in arrays.items()})
 
 
 class ValidationStopping(LoopStrategy, RoundCallback):
@@ -247,11 +241,12 @@ class ValidationStopping(LoopStrategy, RoundCallback):
         state.update(
             best_accuracy=self.best_accuracy,
             best_round=self.best_round,
-            best_arrays=_to_numpy(self.best_arrays),
+            best_arrays=None if self.best_arrays is None else to_numpy(self.best_arrays),
         )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.best_accuracy, self.best_round = state["best_accuracy"], state["best_round"]
-        self.best_arrays = _to_record(state["best_arrays"])
+        best = state["best_arrays"]
+        self.best_arrays = None if best is None else to_record(best)
