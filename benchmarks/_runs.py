@@ -3,25 +3,42 @@
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from edgefleet.simulation.runner import Scenario, run_scenario
+from edgefleet.simulation.runner import Scenario, resolve_run_config, run_scenario
 
 
 def run_once(
     out: Path, name: str, federation: dict[str, Any], run_config: dict[str, Any], timeout: float
 ) -> list[dict[str, Any]]:
-    """Run ``name`` on the Simulation Engine unless ``out/name`` holds a finished run (so an
-    interrupted sweep resumes where it stopped); its metrics rows."""
+    """Run ``name`` on the Simulation Engine unless ``out/name`` holds a finished run of the
+    same config (so an interrupted sweep resumes where it stopped); its metrics rows. A
+    finished run of another config is an error, not silently reused."""
     run_dir = out / name
-    if not (run_dir / "summary.json").exists():
+    config = {**run_config, "output-dir": str(out), "run-name": name}
+    summary = run_dir / "summary.json"
+    if summary.exists():
+        wanted = resolve_run_config(Scenario(name, federation, config))[0].to_dict()
+        stored = json.loads(summary.read_text())["config"]
+        # Where data and results live is not a setting; keys newer than the stored run are
+        # at their defaults.
+        changed = sorted(
+            k
+            for k in set(wanted) & set(stored) - {"data-dir", "output-dir", "run-name"}
+            if stored[k] != wanted[k]
+        )
+        if changed:
+            raise SystemExit(
+                f"{run_dir} holds a run with other settings ({', '.join(changed)}); "
+                "remove it or choose another --out"
+            )
+    else:
         if run_dir.exists():  # an unfinished run: start it again
-            for f in run_dir.iterdir():
-                f.unlink()
-        config = {**run_config, "output-dir": str(out), "run-name": name}
+            shutil.rmtree(run_dir)
         t0 = time.monotonic()
         run_scenario(Scenario(name, federation, config), timeout=timeout, quiet=True)
         print(f"{name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)

@@ -40,7 +40,7 @@ def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str
     run_config = {
         "num-server-rounds": args.budget,
         "dataset": args.dataset_default,
-        "data-dir": str(Path(args.data_dir).resolve()),
+        "data-dir": str(Path(args.data_dir).resolve()) if args.data_dir else "",
         "partition": "dirichlet",
         "alpha": args.alpha,
         "model": args.model,
@@ -149,7 +149,7 @@ def main() -> None:
     p.add_argument("--val-patience", type=int, default=10)
     p.add_argument("--bad-lrs", default="5.0,1e-5", help="too high, too low ('' to skip)")
     p.add_argument("--bad-dataset", default="mnist")
-    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--data-dir", default="", help="default: EdgeFleet's data search")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-earlystop"))
     args = p.parse_args()
     args.dataset_default = "mnist-5k"

@@ -34,7 +34,7 @@ def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str
     run_config = {
         "num-server-rounds": args.rounds,
         "dataset": args.dataset,
-        "data-dir": str(Path(args.data_dir).resolve()),
+        "data-dir": str(Path(args.data_dir).resolve()) if args.data_dir else "",
         "partition": "dirichlet",
         "model": "smallcnn",
         "local-steps": args.local_steps,
@@ -78,7 +78,7 @@ def main() -> None:
     p.add_argument("--train-slots", type=int, default=3)
     p.add_argument("--dataset", default="mnist")
     p.add_argument("--target", type=float, default=0.9)
-    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--data-dir", default="", help="default: EdgeFleet's data search")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-fedsag"))
     args = p.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)

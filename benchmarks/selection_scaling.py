@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--harvest-prob", type=float, default=0.5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--modes", default="batched,all")
-    p.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data"))
+    p.add_argument("--data-dir", default="", help="default: EdgeFleet's data search")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-selection"))
     p.add_argument("--fresh", action="store_true", help="rerun instead of reusing finished runs")
     args = p.parse_args()
@@ -71,7 +71,7 @@ def main() -> None:
             run_config = {
                 "num-server-rounds": args.rounds,
                 "dataset": args.dataset,
-                "data-dir": str(Path(args.data_dir).resolve()),
+                "data-dir": str(Path(args.data_dir).resolve()) if args.data_dir else "",
                 "partition": "iid",
                 "model": args.model,
                 "local-steps": args.local_steps,

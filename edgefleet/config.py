@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from edgefleet.client.battery import SOURCES
+from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS
 from edgefleet.strategies.saga import SAGA_INITS
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.data import DATASETS, PARTITIONS
@@ -26,9 +27,6 @@ SELECTIONS: tuple[str, ...] = ("all", "energy-age")
 # "observe" records both rules' signals every round and never stops (for benchmarks).
 STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
 STOPPING_NORMS: tuple[str, ...] = ("l2", "squared")
-# Named here rather than imported from edgefleet.pruning, which imports torch.
-PRUNING_CRITERIA: tuple[str, ...] = ("curvature", "magnitude", "random")
-HESSIAN_ESTIMATORS: tuple[str, ...] = ("fisher", "hutchinson")
 # global: CA-HFP's reconstruction (pruned entries from the global model), then the
 # strategy's aggregation; elementwise: each entry averaged over the clients that kept it;
 # zeros: the paper's ablation without reconstruction.
@@ -191,8 +189,8 @@ class StoppingConfig:
 class PruningConfig:
     """``pruning.*``: CA-HFP's resource classes and curvature-aware structured pruning.
 
-    ``keep_ratios`` (simulation) gives partition i the keep ratio ``keep_ratios[i % len]``;
-    a SuperNode's ``--node-config keep-ratio=...`` overrides it.
+    ``keep_ratios`` (simulation) gives partition i the keep ratio ``keep_ratios[i % len]``.
+    Parsed and checked only: the apps do not prune yet (issue 5).
     """
 
     keep_ratio: float = _key("pruning.keep-ratio")
@@ -218,6 +216,8 @@ class PruningConfig:
 class SessionsConfig:
     """``sessions.*``: device arrival and departure.
 
+    Sessions are on when ``schedule = "alternate"``, ``rounds > 0`` or ``warmstart.mode`` is
+    not ``"previous"``; otherwise every round belongs to one run-long stretch.
     ``schedule = "alternate"`` (simulation): devices form ``groups`` groups (partition i is
     in group ``i % groups``) with label sets overlapping by ``label_overlap``; group
     ``s % groups`` is present in session s, each session lasting ``rounds`` rounds, for
@@ -365,7 +365,7 @@ _CHECKS: dict[str, Check] = {
     "stopping.validation-fraction": lambda v: None if 0.0 < v < 1.0 else "must be in (0, 1)",
     "pruning.keep-ratio": _fraction,
     "pruning.keep-ratios": _fraction_list,
-    "pruning.criterion": _choice(PRUNING_CRITERIA),
+    "pruning.criterion": _choice(CRITERIA),
     "pruning.hessian": _choice(HESSIAN_ESTIMATORS),
     "pruning.score-batches": _at_least(1),
     "pruning.reconstruction": _choice(RECONSTRUCTIONS),
@@ -455,6 +455,17 @@ def _check_together(cfg: RunConfig) -> None:
                 f"sessions.count x sessions.rounds = {s.count} x {s.rounds} = "
                 f"{s.count * s.rounds} with sessions.schedule = 'alternate'"
             )
+    if cfg.sessions_enabled and cfg.stopping.mode in ("validation", "observe"):
+        raise ConfigError(
+            f"run config 'stopping.mode' = {cfg.stopping.mode!r}: the validation baseline "
+            "cannot run within sessions; use 'data-free' or 'off'"
+        )
+    e = cfg.energy
+    if e.selection == "energy-age" and e.source != "always-on" and e.capacity < e.round_cost:
+        raise ConfigError(
+            f"run config 'energy.capacity' = {e.capacity}: below one round's cost "
+            f"{e.round_cost:g} (energy.train-slots + 1), so no device could ever train"
+        )
     w = cfg.warmstart
     if w.mode == "pilot" and s.rounds and w.aux_rounds >= s.rounds:
         raise ConfigError(

@@ -171,3 +171,17 @@ def test_check_train_reply_accepts_good_reply() -> None:
     grid = FakeGrid({1: _adds(0.0, 3, 0)})
     ins = Message(RecordDict({"arrays": _rec(W0), "config": ConfigRecord()}), 1, "train")
     assert check_train_reply(grid.handlers[1](ins), _rec(W0)) is None  # type: ignore[arg-type]
+
+
+def test_reply_without_usable_device_id_is_rejected() -> None:
+    grid = FakeGrid({1: _adds(0.0, 3, 0)})
+    ins = Message(RecordDict({"arrays": _rec(W0), "config": ConfigRecord()}), 1, "train")
+    for bad in (None, float("nan"), 1.5):
+        reply = grid.handlers[1](ins)  # type: ignore[arg-type]
+        metrics = reply.content.metric_records["metrics"]
+        if bad is None:
+            del metrics["device-id"]
+        else:
+            metrics["device-id"] = bad
+        reason = check_train_reply(reply, _rec(W0))
+        assert reason is not None and "'device-id'" in reason

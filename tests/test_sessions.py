@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import tempfile
 from pathlib import Path
 
@@ -53,22 +54,24 @@ def _eval(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
     return {"test_accuracy": 0.0, "class0_correct": -abs(w + 4), "class0_total": 1.0}
 
 
-def _run(mode: str, tmp: Path, sessions: int = 4, stopping: bool = False):
-    devices = {1: GroupDevice(0, 0, -4.0), 2: GroupDevice(1, 1, 4.0)}
+def _strategy(mode: str, store: SessionStore, stopping: bool = False, aux_rounds: int = 1):
     inner = FedAvg(**KW)
     if stopping:
         inner = TaskVectorStopping(inner, tau=0.6, patience=1)  # type: ignore[assignment]
-    strategy = WarmStartInitializer(
+    return WarmStartInitializer(
         inner,
-        store=SessionStore(tmp, max_stored=5),
+        store=store,
         tracker=SessionTracker(0.2, 0),
         initial=_rec(np.zeros(2)),
         param_keys=["w"],
         mode=mode,
         pilot_sessions=2,
-        aux_rounds=1,
+        aux_rounds=aux_rounds,
         temperature=50.0,
     )
+
+
+def _loop(strategy, devices, arrays: ArrayRecord, first: int, last: int):
     rows = []
 
     class Keep:
@@ -84,7 +87,17 @@ def _run(mode: str, tmp: Path, sessions: int = 4, stopping: bool = False):
         evaluate_fn=_eval,
         callbacks=[*strategy.round_callbacks(), Keep()],  # type: ignore[list-item]
     )
-    out = loop.run(_rec(np.zeros(2)), sessions * T, ConfigRecord())
+    return loop.run(arrays, last, ConfigRecord(), first_round=first), rows
+
+
+def _devices() -> dict[int, GroupDevice]:
+    return {1: GroupDevice(0, 0, -4.0), 2: GroupDevice(1, 1, 4.0)}
+
+
+def _run(mode: str, tmp: Path, sessions: int = 4, stopping: bool = False, aux_rounds: int = 1):
+    devices = _devices()
+    strategy = _strategy(mode, SessionStore(tmp, max_stored=5), stopping, aux_rounds)
+    out, rows = _loop(strategy, devices, _rec(np.zeros(2)), 1, sessions * T)
     return out, rows, devices, strategy
 
 
@@ -133,6 +146,10 @@ def test_group_classes_and_partitions() -> None:
     parts = [group_partition_indices(y, 6, i, 2, 0.0, 1.0, seed=1) for i in range(6)]
     assert sorted(np.concatenate(parts).tolist()) == list(range(500))
     assert set(y[np.concatenate(parts[0::2])]) == {0, 1, 2, 3, 4}
+    # groups that do not divide the classes: every class still has an owner
+    assert sorted(sum(group_classes(10, 3, 0.0), [])) == list(range(10))
+    parts = [group_partition_indices(y, 6, i, 3, 0.0, 1.0, seed=1) for i in range(6)]
+    assert sorted(np.concatenate(parts).tolist()) == list(range(500))
 
 
 def test_config_checks_session_lengths() -> None:
@@ -183,3 +200,35 @@ def test_fedsag_forgets_memories_at_a_session_start() -> None:
     strategy.memory = object()  # type: ignore[assignment]
     strategy.on_session(None)
     assert strategy.memory is None and not strategy._known
+
+
+def test_average_mode_starts_from_the_mean_of_stored_sessions(tmp_path: Path) -> None:
+    _, rows, devices, strategy = _run("average", tmp_path)
+    assert all(r.extra["phase"] == "train" for r in rows)
+    finals = [float(rows[i].arrays["w"].numpy()[0]) for i in (2, 5)]
+    assert devices[1].trained_from[3] == pytest.approx(np.mean(finals))
+    assert len(strategy.store.candidates()) == 3
+
+
+def test_session_change_during_aux_rounds_keeps_the_last_real_model(tmp_path: Path) -> None:
+    """Four aux rounds never finish in 3-round sessions: each session after the pilots
+    starts its aux rounds from the pilot again, and nothing half-trained is stored."""
+    _, rows, devices, strategy = _run("pilot", tmp_path, aux_rounds=4)
+    assert [r.extra["phase"] for r in rows[6:]] == ["aux"] * 6
+    pilot = np.mean([s.final["w"][0] for s in strategy.store.pilots()])
+    assert devices[2].trained_from[3] == pytest.approx(pilot)  # session 4's first aux round
+    assert strategy.store.candidates() == []
+
+
+@pytest.mark.parametrize("cut", [7, 8])  # after an aux round / mid-session
+def test_restart_with_stored_sessions_matches_uninterrupted(tmp_path: Path, cut: int) -> None:
+    """A new server built from the checkpointed state and the on-disk session store goes on
+    exactly as the uninterrupted one (pilot mode, stopping inside)."""
+    whole, _, _, _ = _run("pilot", tmp_path / "a", sessions=5, stopping=True)
+    first = _strategy("pilot", SessionStore(tmp_path / "b", max_stored=5), stopping=True)
+    part, _ = _loop(first, _devices(), _rec(np.zeros(2)), 1, cut)
+    state = pickle.loads(pickle.dumps(first.state_dict()))
+    second = _strategy("pilot", SessionStore.load(tmp_path / "b", max_stored=5), stopping=True)
+    second.load_state_dict(state)
+    resumed, _ = _loop(second, _devices(), part.arrays, cut + 1, 5 * T)
+    np.testing.assert_array_equal(resumed.arrays["w"].numpy(), whole.arrays["w"].numpy())

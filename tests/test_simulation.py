@@ -142,3 +142,25 @@ def test_eh_fedsag_scenario_selects_within_energy(tmp_path: Path) -> None:
     # (P_h <= 0.6 over 4 slots gives at most 4 units only rarely): most rounds change hands
     changes = sum(rows[i]["participants"] != rows[i + 1]["participants"] for i in range(3))
     assert changes >= 2
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(
+    not (ROOT.parent / "shared" / "data" / "bccd_cells_28.npz").exists(),
+    reason="needs ../shared/data/bccd_cells_28.npz",
+)
+def test_runner_finds_shared_data_without_data_dir(tmp_path: Path, monkeypatch) -> None:
+    """The apps run from a temporary folder; ../shared/data is taken from where the command
+    was typed."""
+    monkeypatch.chdir(ROOT)
+    monkeypatch.delenv("EDGEFLEET_DATA_DIR", raising=False)
+    overrides = {
+        "federation.num-supernodes": 2,
+        "num-server-rounds": 1,
+        "dataset": "bccd",
+        "local-steps": 2,
+        "output-dir": str(tmp_path),
+        "run-name": "bccd",
+    }
+    run_dir = run_scenario(load_scenario(ROOT / "scenarios" / "fedavg.toml", overrides), quiet=True)
+    assert json.loads((run_dir / "summary.json").read_text())["final_accuracy"] > 0.3

@@ -12,8 +12,10 @@ import time
 from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from edgefleet.client.device import get_device, get_profile, is_present
+from edgefleet.client.battery import Battery, SourceUnavailableError
+from edgefleet.client.device import DeviceProfile, get_device, get_profile, is_present
 from edgefleet.client.energy import load_battery, save_battery
+from edgefleet.config import RunConfig
 from edgefleet.task.train import evaluate as evaluate_model
 from edgefleet.task.train import get_arrays, seed_for, set_arrays, train_local
 
@@ -26,6 +28,18 @@ ERR_NO_ENERGY = 12
 ERR_ABSENT = 13
 
 
+# What a device's configuration or battery can raise: each becomes an Error reply (the
+# server counts the device as declined or unavailable) instead of a crashed ClientApp.
+DEVICE_ERRORS = (ValueError, FileNotFoundError, SourceUnavailableError)
+
+
+def _battery_at(msg: Message, context: Context, cfg: RunConfig, profile: DeviceProfile) -> Battery:
+    """The device's battery advanced to the slot the server's message carries."""
+    battery = load_battery(profile, cfg, context)
+    battery.advance(int(msg.content.config_records["config"]["slot"]))  # type: ignore[arg-type]
+    return battery
+
+
 @app.query()
 def status(msg: Message, context: Context) -> Message:
     """The light status query (energy-aware selection, sessions): advance the battery to the
@@ -34,14 +48,13 @@ def status(msg: Message, context: Context) -> Message:
     config = msg.content.config_records["config"]
     try:
         cfg, profile = get_profile(context.run_config, context.node_config)
-        battery = load_battery(profile, cfg, context)
-        battery.advance(int(config["slot"]))  # type: ignore[arg-type]
+        battery = _battery_at(msg, context, cfg, profile)
         labels = (
             get_device(context.run_config, context.node_config).labels
             if config.get("labels", 0)
             else []
         )
-    except (ValueError, FileNotFoundError) as err:
+    except DEVICE_ERRORS as err:
         return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
     save_battery(battery, context)
     cost = cfg.energy.round_cost
@@ -60,7 +73,7 @@ def status(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     try:
         device = get_device(context.run_config, context.node_config)
-    except (ValueError, FileNotFoundError) as err:
+    except DEVICE_ERRORS as err:
         return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
     cfg, profile = device.config, device.profile
     config = msg.content.config_records["config"]
@@ -68,10 +81,14 @@ def train(msg: Message, context: Context) -> Message:
     mu = float(config.get("proximal-mu", 0.0))  # type: ignore[arg-type]
     if not is_present(cfg, profile, server_round):
         return Message(Error(ERR_ABSENT, "device is not present this session"), reply_to=msg)
+    if len(device.train_data) == 0:  # decline before any energy is spent
+        return Message(Error(ERR_TRAIN_FAILED, "no local training data"), reply_to=msg)
     energy = 0.0
     if "slot" in config:  # energy-aware selection: re-check the battery, spend only if able
-        battery = load_battery(profile, cfg, context)
-        battery.advance(int(config["slot"]))  # type: ignore[arg-type]
+        try:
+            battery = _battery_at(msg, context, cfg, profile)
+        except DEVICE_ERRORS as err:
+            return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
         if not battery.can_afford(cfg.energy.round_cost):
             save_battery(battery, context)
             reason = f"battery {battery.level:.2f} < round cost {cfg.energy.round_cost:.0f}"
@@ -111,7 +128,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     try:
         device = get_device(context.run_config, context.node_config)
-    except (ValueError, FileNotFoundError) as err:
+    except DEVICE_ERRORS as err:
         return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
     set_arrays(device.model, msg.content.array_records["arrays"])
     res = evaluate_model(device.model, device.test_data)

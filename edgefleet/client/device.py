@@ -133,8 +133,10 @@ def _key(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> tuple
 def get_profile(
     run_config: Mapping[str, Any], node_config: Mapping[str, Any]
 ) -> tuple[RunConfig, DeviceProfile]:
-    """The parsed run config and the device profile, without data or model: a status query
-    must stay light, or asking a large fleet for its batteries would load every partition."""
+    """The parsed run config and the device profile, without data or model: a battery status
+    query must stay light, or asking a large fleet for its batteries would load every
+    partition. (A query that asks for the data's labels, as the sessions wrapper's does,
+    builds the device.)"""
     key = _key(run_config, node_config)
     if key not in _PROFILES:
         cfg = parse_run_config(run_config)

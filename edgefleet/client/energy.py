@@ -8,6 +8,8 @@ is rebuilt from the profile each time, which is exact because arrivals are a fun
 
 from __future__ import annotations
 
+import functools
+
 from flwr.app import ConfigRecord, Context
 
 from edgefleet.client.battery import Battery, EnergySource, make_source
@@ -18,6 +20,7 @@ from edgefleet.task.train import seed_for
 STATE_KEY = "battery"
 
 
+@functools.cache  # sources hold no state; a trace file is read once per process, not per message
 def energy_source(p: DeviceProfile, cfg: RunConfig) -> EnergySource:
     e = cfg.energy
     if p.energy_source == "bernoulli":

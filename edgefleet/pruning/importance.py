@@ -46,8 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-CRITERIA: tuple[str, ...] = ("curvature", "magnitude", "random")
-HESSIAN_ESTIMATORS: tuple[str, ...] = ("fisher", "hutchinson")
+from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS
 
 # Per-sample gradients and Hutchinson probes are computed this many parameter-sized tensors'
 # worth at a time (2^23 floats = 32 MB per buffer): small models get everything in one

@@ -14,8 +14,10 @@ channels into flat index maps (:meth:`PruningPlan.index_maps`) and then, with pl
   is a plain weighted mean; with full masks it equals FedAvg.
 
 Dtypes are preserved. Integer buffers (BatchNorm's ``num_batches_tracked``) are averaged like
-everything else and rounded half to even: that is FedAvg's value for them (Flower's FedAvg
-averages them as floats), so full masks keep the FedAvg equivalence exactly.
+everything else and rounded half to even. Flower's FedAvg differs here: it returns the mean
+as float64 (17.5, which ``load_state_dict`` truncates to 17), so with full masks the
+equivalence to FedAvg is exact for the floating-point tensors only. The server wrapper that
+feeds FedAvg must settle one rule for these buffers (issue 5, not wired yet).
 """
 
 from __future__ import annotations

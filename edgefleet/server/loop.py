@@ -68,8 +68,9 @@ def device_of(msg: Message, known: dict[int, str]) -> str:
     node = msg.metadata.src_node_id
     if not msg.has_error() and msg.has_content():
         metrics = msg.content.metric_records.get("metrics")
-        if metrics is not None and "device-id" in metrics:
-            known[node] = str(int(metrics["device-id"]))  # type: ignore[arg-type]
+        device = metrics.get("device-id") if metrics is not None else None
+        if isinstance(device, int | float) and np.isfinite(device):
+            known[node] = str(int(device))
     return known.get(node, f"node-{node}")
 
 
@@ -89,6 +90,10 @@ def check_train_reply(msg: Message, reference: ArrayRecord) -> str | None:
     n = metrics.get("num-examples")
     if not isinstance(n, int | float) or not n > 0:
         return f"metric 'num-examples' must be a positive number, got {n!r}"
+    device = metrics.get("device-id")
+    if not isinstance(device, int | float) or not np.isfinite(device) or device != int(device):
+        # FedSAG keys its memory by it; EdgeFleet's ClientApp always sends it.
+        return f"metric 'device-id' must be an integer, got {device!r}"
     arrays = content.array_records["arrays"]
     if set(arrays) != set(reference):
         missing, extra = set(reference) - set(arrays), set(arrays) - set(reference)

@@ -31,7 +31,8 @@ from typing import Any
 
 from edgefleet.config import DEFAULTS, ConfigError, RunConfig, parse_run_config
 from edgefleet.processes import BIN_DIR, FleetError, FlowerFleet, config_arg
-from edgefleet.server.results import default_run_name
+from edgefleet.server.results import default_run_name, prepare_run_dir
+from edgefleet.task.data import default_data_dir
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 FEDERATION_KEYS = (
@@ -145,17 +146,17 @@ def app_copy(dest: Path) -> Path:
 def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = False) -> Path:
     """Run ``scenario`` to completion on the Simulation Engine; return its run folder."""
     cfg, raw = resolve_run_config(scenario)
-    run_dir = Path(cfg.server.output_dir) / cfg.server.run_name
-    if (run_dir / "metrics.jsonl").exists() and not cfg.server.resume:
-        raise ConfigError(
-            f"run folder {run_dir} already holds results; set another run-name, or resume it "
-            "(--resume)"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir = prepare_run_dir(cfg)
+    except (ValueError, FileExistsError) as err:
+        raise ConfigError(str(err)) from None
     with (
         tempfile.TemporaryDirectory(prefix="edgefleet-flwr-") as work,
         FlowerFleet(Path(work), connection="edgefleet-sim") as fleet,
     ):
+        # The apps run from a temporary folder: take the data search's "../shared/data"
+        # from where the command was typed (an explicit data-dir or $EDGEFLEET_DATA_DIR wins).
+        fleet.env.setdefault("EDGEFLEET_DATA_DIR", str(default_data_dir()))
         try:
             fleet.start_superlink(simulation=True)
         except FleetError as err:

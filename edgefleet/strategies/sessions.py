@@ -4,7 +4,9 @@
 node whether its device is present (a light ``query`` message; in simulation presence
 follows the scenario's schedule on the client, in deployment a departed device is simply
 offline), feeds the present set to a :class:`~edgefleet.server.sessions.SessionTracker`,
-and hands the inner strategy a grid of the present nodes only. When a new session opens it
+and hands the inner strategy a grid of the present nodes only. (That query costs a message
+per online node per round, on top of energy-aware selection's own batched query; merging the
+two is left to do.) When a new session opens it
 stores the finished session's final model and builds the new session's initial model as
 ``warmstart.mode`` says (see :mod:`edgefleet.strategies.warmstart`):
 
@@ -113,7 +115,9 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             return  # these modes never look back
         grad: State | None = self.pending_grad
         if self.mode == "average":
-            grad = {}  # every session is a candidate of the average (and can be evicted)
+            # Every session is a candidate of the average (so max-stored evicts them); the
+            # displacement from the initial model stands in for the unused pseudo-gradient.
+            grad = pseudo_gradient(to_numpy(final), self.initial)
         elif session <= self.pilot_sessions:
             grad = None
         elif grad is None:
@@ -175,10 +179,16 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
                 len(change.left),
                 sorted(change.left),
             )
-            self._finish_session(previous_session, arrays)
+            if self.phase == "aux":
+                # The last session ended during its auxiliary rounds: it never trained, and
+                # the loop's model is a half-done aux result, not a session's final model.
+                self.phase, self.start_from = "train", None
+            else:
+                self._finish_session(previous_session, arrays)
+                self.previous = arrays
             self.session_devices = sorted(self.present)
-            self.previous = arrays
-            start = self._open_session(change.session, arrays)
+            assert self.previous is not None
+            start = self._open_session(change.session, self.previous)
             if start is not None and start is not arrays:
                 self.start_from = start
             super().on_session(start)

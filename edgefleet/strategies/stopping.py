@@ -44,10 +44,20 @@ def task_vector_norm(
     theta: ArrayRecord, theta0: ArrayRecord, keys: Iterable[str], squared: bool = False
 ) -> float:
     """||theta - theta0|| over the arrays named in ``keys`` (the trainable parameters)."""
+    keys = list(keys)
+    return _norm(_float64(theta, keys), _float64(theta0, keys), squared)
+
+
+def _float64(arrays: ArrayRecord, keys: Iterable[str]) -> dict[str, np.ndarray]:
+    # Array.numpy() decodes the bytes on every call: decode once, in float64 for the sum.
+    return {k: arrays[k].numpy().astype(np.float64) for k in keys}
+
+
+def _norm(theta: dict[str, np.ndarray], theta0: dict[str, np.ndarray], squared: bool) -> float:
     total = 0.0
-    for key in keys:
-        diff = theta[key].numpy().astype(np.float64) - theta0[key].numpy().astype(np.float64)
-        total += float(np.dot(diff.ravel(), diff.ravel()))
+    for key, value in theta.items():
+        diff = (value - theta0[key]).ravel()
+        total += float(np.dot(diff, diff))
     return total if squared else math.sqrt(total)
 
 
@@ -131,7 +141,7 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         self.rule = PlateauCounter(tau=tau, patience=patience)
         self.squared = norm == "squared"
         self.keys = keys
-        self.theta0: ArrayRecord | None = None
+        self.theta0: dict[str, np.ndarray] | None = None  # float64, the keys watched only
         # Under sessions a plateau ends the session's training, not the run: the devices
         # rest (no train messages) until the next session restarts the rule.
         self.in_sessions = False
@@ -161,7 +171,7 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
             self.restart(arrays)
 
     def restart(self, theta0: ArrayRecord) -> None:
-        self.theta0 = ArrayRecord({k: v for k, v in theta0.items()})
+        self.theta0 = _float64(theta0, self.keys or trainable_keys(theta0))
         self.rule.reset()
         self.resting = False
 
@@ -170,14 +180,14 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         if self.holding or self.resting:
             result.extra["stopping_resting"] = self.resting
             return None
-        keys = self.keys or trainable_keys(self.theta0)
-        if not all(np.isfinite(result.arrays[k].numpy()).all() for k in keys):
+        theta = _float64(result.arrays, self.theta0)
+        if not all(np.isfinite(v).all() for v in theta.values()):
             result.extra["task_vector_norm"] = math.nan
             return STOP_DIVERGED if self.enforce else None
         if not result.participants:
             result.extra["task_vector_growth"] = None
             return None
-        norm = task_vector_norm(result.arrays, self.theta0, keys, self.squared)
+        norm = _norm(theta, self.theta0, self.squared)
         fired = self.rule.update(norm)
         result.extra["task_vector_norm"] = norm
         result.extra["task_vector_growth"] = self.rule.growth[-1]
@@ -191,15 +201,14 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state["rule"] = self.rule.state_dict()
-        state["theta0"] = None if self.theta0 is None else to_numpy(self.theta0)
+        state["theta0"] = self.theta0
         state["flags"] = [self.in_sessions, self.holding, self.resting]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.rule.load_state_dict(state["rule"])
-        theta0 = state.get("theta0")
-        self.theta0 = None if theta0 is None else to_record(theta0)
+        self.theta0 = state.get("theta0")
         self.in_sessions, self.holding, self.resting = state.get("flags", [False] * 3)
 
 

@@ -20,9 +20,10 @@ wrapper strategy that runs sessions and auxiliary rounds lives elsewhere.
 - ``"pilot"``: the paper's method above. Choose it when device sets (and so data
   distributions) recur or resemble earlier ones, and V auxiliary rounds per session change are
   affordable. Until a post-pilot session has been stored there is nothing to weigh, so the
-  first post-pilot session starts from the pilot model (the reference starts it from the
-  initial random model, ``fast_adpat_training.py``).
-- ``"previous"``: the last session's final model (:meth:`SessionStore.latest`). No extra
+  first post-pilot session still runs its auxiliary rounds (its pseudo-gradient is stored
+  with it) but starts from the previous model, as the baseline does (the reference starts
+  it from the initial random model, ``fast_adpat_training.py``).
+- ``"previous"``: the last session's final model. No extra
   rounds; choose it when consecutive device sets differ little (slow drift). It is the worst
   choice when the new set resembles an older session more than the last one.
 - ``"average"``: the equal-weight average of the stored post-pilot final models

@@ -204,13 +204,18 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "edgefleet"
 
 
+def default_data_dir() -> Path:
+    """``../shared/data`` from the working directory: where the project's data sets live."""
+    return (Path.cwd().parent / "shared" / "data").absolute()
+
+
 def _search_dirs(data_dir: str) -> tuple[Path, ...]:
     if data_dir:
         dirs = [Path(data_dir).expanduser()]
     else:
         env = os.environ.get("EDGEFLEET_DATA_DIR", "")
         dirs = [Path(env).expanduser()] if env else []
-        dirs.append(Path.cwd().parent / "shared" / "data")
+        dirs.append(default_data_dir())
     # The cache is always searched: files unpacked or downloaded there earlier are valid.
     dirs.append(cache_dir())
     return tuple(dict.fromkeys(p.absolute() for p in dirs))
@@ -775,19 +780,21 @@ def split_local(
 def group_classes(num_classes: int, groups: int, overlap: float) -> list[list[int]]:
     """The label set of each device group for the alternating-sessions scenario.
 
-    Group g holds a block of ``num_classes // groups`` classes starting at ``g * block``, and
-    a fraction ``overlap`` of the remaining classes next to it (wrapping around): 0 gives
+    Group g holds the g-th of ``groups`` near-equal blocks of consecutive classes, and a
+    fraction ``overlap`` of the remaining classes next to it (wrapping around): 0 gives
     disjoint label sets (the paper's non-overlap case), 1 gives every group every class.
     """
     if groups < 1 or groups > num_classes:
         raise ValueError(f"groups must be in [1, {num_classes}], got {groups}")
     if not 0.0 <= overlap <= 1.0:
         raise ValueError(f"overlap must be in [0, 1], got {overlap}")
-    block = num_classes // groups
-    extra = round(overlap * (num_classes - block))
-    return [
-        sorted({(g * block + j) % num_classes for j in range(block + extra)}) for g in range(groups)
-    ]
+    # array_split gives every class an owner even when groups does not divide the classes.
+    blocks = np.array_split(np.arange(num_classes), groups)
+    out = []
+    for block in blocks:
+        size = len(block) + round(overlap * (num_classes - len(block)))
+        out.append(sorted({int(block[0] + j) % num_classes for j in range(size)}))
+    return out
 
 
 def group_partition_indices(
