@@ -209,3 +209,20 @@ def test_malformed_status_leaves_the_device_out_without_ending_the_run() -> None
     out = loop.run(_rec(np.zeros(1)), 2, ConfigRecord())
     assert devices[1].trains == 2 and devices[2].trains == 0
     np.testing.assert_allclose(out.arrays["w"].numpy(), [2.0])
+
+
+def test_unreadable_energy_trace_is_an_error_reply_not_a_crash(tmp_path) -> None:
+    FakeGrid({})
+    node = {"partition-id": 0, "num-partitions": 5, "energy-source": "trace"}
+    node["trace-path"] = str(tmp_path / "missing.csv")
+    ctx = Context(
+        run_id=1,
+        node_id=1,
+        node_config=node,
+        state=RecordDict(),
+        run_config={"selection.mode": "energy-age"},
+    )
+    reply = status(_ins(MessageType.QUERY, {"slot": 0, "server-round": 1}), ctx)
+    assert reply.has_error() and reply.error.code == 10
+    reply = train(_ins(MessageType.TRAIN, {"slot": 0, "server-round": 1}, _rec(np.zeros(1))), ctx)
+    assert reply.has_error() and reply.error.code == 10
