@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from edgefleet.client.battery import SOURCES
-from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS
+from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS, RECONSTRUCTIONS
 from edgefleet.strategies.saga import SAGA_INITS
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.data import DATASETS, PARTITIONS
@@ -27,10 +27,6 @@ SELECTIONS: tuple[str, ...] = ("all", "energy-age")
 # "observe" records both rules' signals every round and never stops (for benchmarks).
 STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
 STOPPING_NORMS: tuple[str, ...] = ("l2", "squared")
-# global: CA-HFP's reconstruction (pruned entries from the global model), then the
-# strategy's aggregation; elementwise: each entry averaged over the clients that kept it;
-# zeros: the paper's ablation without reconstruction.
-RECONSTRUCTIONS: tuple[str, ...] = ("global", "elementwise", "zeros")
 SESSION_SCHEDULES: tuple[str, ...] = ("none", "alternate")
 
 DEFAULTS: dict[str, bool | int | float | str] = {
@@ -53,6 +49,7 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "client-threads": 1,
     "seed": 0,
     "round-timeout": 600.0,
+    "eval-samples": 0,
     "node-wait-timeout": 120.0,
     "output-dir": "runs",
     "run-name": "",
@@ -137,6 +134,7 @@ class ServerConfig:
     fraction_train: float = _key("fraction-train")
     min_nodes: int = _key("min-nodes")
     round_timeout: float = _key("round-timeout")
+    eval_samples: int = _key("eval-samples")
     node_wait_timeout: float = _key("node-wait-timeout")
     output_dir: str = _key("output-dir")
     run_name: str = _key("run-name")
@@ -189,8 +187,8 @@ class StoppingConfig:
 class PruningConfig:
     """``pruning.*``: CA-HFP's resource classes and curvature-aware structured pruning.
 
-    ``keep_ratios`` (simulation) gives partition i the keep ratio ``keep_ratios[i % len]``.
-    Parsed and checked only: the apps do not prune yet (issue 5).
+    ``keep_ratios`` (simulation) gives partition i the keep ratio ``keep_ratios[i % len]``;
+    a SuperNode's ``--node-config keep-ratio=...`` overrides both.
     """
 
     keep_ratio: float = _key("pruning.keep-ratio")
@@ -343,6 +341,7 @@ _CHECKS: dict[str, Check] = {
     "client-threads": _at_least(1),
     "seed": _at_least(0),
     "round-timeout": _positive,
+    "eval-samples": _at_least(0),
     "node-wait-timeout": _at_least(0.0),
     "output-dir": lambda v: None if v else "must not be empty",
     "run-name": lambda v: None if "/" not in v else "must not contain '/'",
@@ -465,6 +464,13 @@ def _check_together(cfg: RunConfig) -> None:
         raise ConfigError(
             f"run config 'energy.capacity' = {e.capacity}: below one round's cost "
             f"{e.round_cost:g} (energy.train-slots + 1), so no device could ever train"
+        )
+    p = cfg.pruning
+    if p.reconstruction == "elementwise" and cfg.server.strategy not in ("fedavg", "fedprox"):
+        raise ConfigError(
+            f"run config 'pruning.reconstruction' = 'elementwise' with strategy = "
+            f"{cfg.server.strategy!r}: the per-entry average replaces a plain weighted mean; "
+            "use strategy 'fedavg' or 'fedprox', or reconstruction 'global' or 'zeros'"
         )
     w = cfg.warmstart
     if w.mode == "pilot" and s.rounds and w.aux_rounds >= s.rounds:

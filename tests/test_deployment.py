@@ -41,7 +41,10 @@ def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
     try:
         fleet.start_superlink(timeout=STARTUP_TIMEOUT)
         for i in range(NUM_NODES):
-            fleet.start_supernode({"partition-id": i, "num-partitions": NUM_NODES})
+            node = {"partition-id": i, "num-partitions": NUM_NODES}
+            if i == NUM_NODES - 1:  # a weak device: CA-HFP's resource class from its own config
+                node["keep-ratio"] = 0.5
+            fleet.start_supernode(node)
         fleet.wait_for_nodes(NUM_NODES, timeout=STARTUP_TIMEOUT)
         t_nodes = time.monotonic() - t0
         run_config = {
@@ -88,6 +91,7 @@ def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
         for row in rows:
             assert len(set(row["participants"])) == len(row["participants"]) == NUM_NODES, row
             assert row["declined"] == [] and row["rejected"] == [], row
+            assert row["compact_replies"] == 1 and row["mean_kept_fraction"] < 0.9, row
             acc = row["test_accuracy"]
             assert isinstance(acc, float) and math.isfinite(acc) and 0.0 <= acc <= 1.0, row
         assert summary["final_accuracy"] == rows[-1]["test_accuracy"]

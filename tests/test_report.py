@@ -11,9 +11,12 @@ import pytest
 from edgefleet.simulation.report import (
     ReportError,
     RunData,
+    aux_rounds,
     draw_plots,
     load_run,
     main,
+    session_spans,
+    session_starts,
     summary_table,
 )
 
@@ -198,3 +201,57 @@ def test_main_missing_folder_returns_2(tmp_path: Path, capsys: pytest.CaptureFix
 def test_main_without_arguments_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert main([]) == 2
     assert "RUN_DIR" in capsys.readouterr().err
+
+
+def _session_rows() -> list[dict[str, Any]]:
+    """Three sessions of 3 rounds from round 1; sessions 2 and 3 open with one aux round."""
+    rows = []
+    for rnd in range(1, 10):
+        session = (rnd - 1) // 3 + 1
+        phase = "aux" if session > 1 and (rnd - 1) % 3 == 0 else "train"
+        rows.append(_row(rnd, 0.3, session=session, phase=phase, session_accuracy=0.5 + 0.05 * rnd))
+    return rows
+
+
+def test_session_starts_finds_the_boundaries() -> None:
+    rows = _session_rows()
+    assert session_starts(rows) == [4, 7]
+    assert aux_rounds(rows) == [4, 7]
+    assert [(s, [r["round"] for r in span]) for s, span in session_spans(rows)] == [
+        (1, [1, 2, 3]),
+        (2, [4, 5, 6]),
+        (3, [7, 8, 9]),
+    ]
+    # A resumed run may start mid-session; rows without a round number count by position.
+    assert session_starts(rows[4:]) == [7]
+    unnumbered = [{k: v for k, v in r.items() if k != "round"} for r in rows]
+    assert session_starts(unnumbered) == [4, 7]
+    # A session that comes back (A B A) is a boundary each time it changes.
+    assert session_starts([_row(1, 0.1, 1), _row(2, 0.1, 2), _row(3, 0.1, 1)]) == [2, 3]
+
+
+def test_session_starts_without_sessions() -> None:
+    assert session_starts([]) == []
+    assert session_starts([_row(1, 0.1)]) == []
+    assert session_starts([_row(r, 0.1) for r in range(1, 5)]) == []  # session 0 throughout
+    no_key = [{"round": r, "test_accuracy": 0.1} for r in range(1, 4)]
+    assert session_starts(no_key) == []
+    assert aux_rounds(no_key) == []
+    assert len(session_spans(no_key)) == 1
+
+
+def test_accuracy_plot_with_sessions(tmp_path: Path) -> None:
+    rows = _session_rows()
+    run = _write_run(tmp_path / "pilot", rows, _summary(rows))
+    plain_rows = [_row(r, 0.1 * r) for r in range(1, 6)]
+    plain = _write_run(tmp_path / "plain", plain_rows, _summary(plain_rows))
+    paths = draw_plots([load_run(run), load_run(plain)], tmp_path / "out")
+    accuracy = next(p for p in paths if p.name == "accuracy.png")
+    assert accuracy.read_bytes().startswith(PNG_SIGNATURE)
+    # session_accuracy gets a panel of its own; a run without it keeps the single panel.
+    alone = draw_plots([load_run(plain)], tmp_path / "alone")[0]
+    assert _png_height(accuracy) > 1.5 * _png_height(alone)
+
+
+def _png_height(path: Path) -> int:
+    return int.from_bytes(path.read_bytes()[20:24], "big")  # IHDR: width, then height

@@ -232,3 +232,23 @@ def test_restart_with_stored_sessions_matches_uninterrupted(tmp_path: Path, cut:
     second.load_state_dict(state)
     resumed, _ = _loop(second, _devices(), part.arrays, cut + 1, 5 * T)
     np.testing.assert_array_equal(resumed.arrays["w"].numpy(), whole.arrays["w"].numpy())
+
+
+def test_session_time_to_target_counts_aux_rounds_and_the_warm_start_row() -> None:
+    from edgefleet.server.results import session_summary
+
+    def row(rnd: int, session: int, acc: float, phase: str = "train", **kw: object) -> dict:
+        return {"round": rnd, "session": session, "session_accuracy": acc, "phase": phase,
+                "bytes_up": 1, "bytes_down": 2, "energy_spent": 0.0, **kw}  # fmt: skip
+
+    rows = [
+        row(1, 1, 0.5), row(2, 1, 0.9),
+        # V = 2: the first aux row evaluates an aux result (never counts), the last one
+        # the warm model the session starts from
+        row(3, 2, 0.95, "aux"), row(4, 2, 0.85, "aux", warm_start=True), row(5, 2, 0.9),
+        row(6, 3, 0.95, "aux"), row(7, 3, 0.5, "aux", warm_start=True), row(8, 3, 0.7),
+    ]  # fmt: skip
+    out = session_summary(rows, target=0.8)
+    assert [s["rounds_to_target"] for s in out] == [2, 2, None]
+    assert [s["aux_rounds"] for s in out] == [0, 2, 2]
+    assert out[1]["bytes"] == 9

@@ -1,8 +1,10 @@
 """EdgeFleet's ClientApp: one ``train`` and one ``evaluate`` handler.
 
-Replies carry exactly one ArrayRecord (``arrays``) and one MetricRecord (``metrics``) with
-the same keys from every device, since Flower's strategies reject anything else. A device
-that cannot do the work replies with an ``Error``, which the server counts as declined.
+Train replies carry one ArrayRecord (``arrays``) and one MetricRecord (``metrics``) with the
+same keys from every device, since Flower's strategies reject anything else; a device that
+trains a CA-HFP submodel adds the ArrayRecord ``kept`` (its channels), which the server's
+reconstruction wrapper consumes before the strategy sees the reply. A device that cannot do
+the work replies with an ``Error``, which the server counts as declined.
 """
 
 from __future__ import annotations
@@ -15,7 +17,10 @@ from flwr.clientapp import ClientApp
 from edgefleet.client.battery import Battery, SourceUnavailableError
 from edgefleet.client.device import DeviceProfile, get_device, get_profile, is_present
 from edgefleet.client.energy import load_battery, save_battery
+from edgefleet.client.faults import NODE_CONFIG_KEY, corrupt
+from edgefleet.client.pruning import parameter_fraction, round_model
 from edgefleet.config import RunConfig
+from edgefleet.pruning.wire import KEPT, kept_record
 from edgefleet.task.train import evaluate as evaluate_model
 from edgefleet.task.train import get_arrays, seed_for, set_arrays, train_local
 
@@ -96,20 +101,23 @@ def train(msg: Message, context: Context) -> Message:
         battery.spend(cfg.energy.round_cost)
         save_battery(battery, context)
         energy = cfg.energy.round_cost
-    set_arrays(device.model, msg.content.array_records["arrays"])
+    seed = seed_for(cfg.seed, profile.partition_id, server_round)
     start = time.perf_counter()
     try:
+        model, kept = round_model(
+            device, msg.content.array_records["arrays"], msg.content.array_records.get(KEPT), seed
+        )
         result = train_local(
-            device.model,
+            model,
             device.train_data,
             steps=cfg.train.local_steps,
             batch_size=cfg.train.batch_size,
             lr=cfg.train.lr,
             momentum=cfg.train.momentum,
-            seed=seed_for(cfg.seed, profile.partition_id, server_round),
+            seed=seed,
             proximal_mu=mu,
         )
-    except ValueError as err:
+    except ValueError as err:  # no data, or a compact download that does not fit
         return Message(Error(ERR_TRAIN_FAILED, str(err)), reply_to=msg)
     metrics = MetricRecord(
         {
@@ -118,9 +126,18 @@ def train(msg: Message, context: Context) -> Message:
             "device-id": profile.device_id,
             "energy-spent": energy,
             "train-time-s": time.perf_counter() - start,
+            "kept-fraction": parameter_fraction(model, device.model),
         }
     )
-    content = RecordDict({"arrays": get_arrays(device.model), "metrics": metrics})
+    content = RecordDict({"arrays": get_arrays(model), "metrics": metrics})
+    if kept is not None:  # a CA-HFP submodel: the server needs its channels to rebuild it
+        content[KEPT] = kept_record(kept)
+    fault = context.node_config.get(NODE_CONFIG_KEY)
+    if fault:  # test-only: a device that lies, for the server's screening tests
+        try:
+            content = corrupt(content, str(fault), server_round)
+        except ValueError as err:
+            return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
     return Message(content=content, reply_to=msg)
 
 

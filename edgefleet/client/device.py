@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,6 +27,9 @@ from edgefleet.task.data import (
 from edgefleet.task.models import build_model
 from edgefleet.task.train import seed_for
 
+if TYPE_CHECKING:
+    from edgefleet.pruning.submodel import PruningPlan
+
 
 class NodeConfigError(ValueError):
     """A SuperNode's ``--node-config`` is missing a key or has a bad value."""
@@ -37,7 +40,7 @@ class DeviceProfile:
     """The node-level facts a device reports. In simulation Flower sets only
     ``partition-id`` and ``num-partitions``; the rest derive from them and the run config.
     On a SuperNode, ``--node-config`` may set ``device-id``, ``capacity``, ``harvest-prob``,
-    ``energy-source`` and ``trace-path``."""
+    ``energy-source``, ``trace-path`` and ``keep-ratio`` (CA-HFP's resource class)."""
 
     partition_id: int
     num_partitions: int
@@ -46,6 +49,7 @@ class DeviceProfile:
     harvest_prob: float = 0.5
     energy_source: str = "bernoulli"
     trace_path: str = ""
+    keep_ratio: float = 1.0
 
     @classmethod
     def from_configs(cls, node_config: Mapping[str, Any], cfg: RunConfig) -> DeviceProfile:
@@ -65,9 +69,14 @@ class DeviceProfile:
                 harvest_prob=float(node_config.get("harvest-prob", prob)),
                 energy_source=str(node_config.get("energy-source", e.source)),
                 trace_path=str(node_config.get("trace-path", "")),
+                keep_ratio=float(
+                    node_config.get("keep-ratio", cfg.pruning.ratio_for(base.partition_id))
+                ),
             )
         except (TypeError, ValueError) as err:
-            raise NodeConfigError(f"node config energy keys: {err}") from None
+            raise NodeConfigError(f"node config energy or keep-ratio keys: {err}") from None
+        if not 0.0 < profile.keep_ratio <= 1.0:
+            raise NodeConfigError(f"keep-ratio={profile.keep_ratio} must be in (0, 1]")
         if profile.capacity < e.round_cost and profile.energy_source != "always-on":
             raise NodeConfigError(
                 f"capacity={profile.capacity} is below one round's cost {e.round_cost} "
@@ -109,6 +118,14 @@ class Device:
     def labels(self) -> list[int]:
         """The classes of the local training data (the server's per-session accuracy)."""
         return [int(c) for c in np.unique(self.train_data.y)]
+
+    @cached_property  # tracing the dependency graph costs a forward pass; once per process
+    def plan(self) -> PruningPlan:
+        """CA-HFP's channel groups of this device's model (imported only when pruning)."""
+        from edgefleet.pruning.submodel import PruningPlan
+
+        example = torch.zeros((1, *self.train_data.x.shape[1:]), dtype=torch.float32)
+        return PruningPlan(self.model, example)
 
 
 def is_present(cfg: RunConfig, profile: DeviceProfile, server_round: int) -> bool:

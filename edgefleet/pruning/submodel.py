@@ -304,13 +304,7 @@ class PruningPlan:
             return dict(self._maps[cache_key])
         maps: dict[str, np.ndarray] = {}
         for key, shape in self._shapes.items():
-            axes = [np.arange(n, dtype=np.int64) for n in shape]
-            masks: dict[int, np.ndarray] = {}
-            for s in self._slices.get(key, ()):
-                mask = masks.setdefault(s.dim, np.ones(shape[s.dim], dtype=bool))
-                mask[s.positions] = np.isin(s.channels, kept[s.group])
-            for dim, mask in masks.items():
-                axes[dim] = np.flatnonzero(mask).astype(np.int64)
+            axes = self._kept_axes(key, kept)
             flat = np.ravel_multi_index(np.ix_(*axes), shape) if shape else np.zeros(1)
             m = np.asarray(flat, dtype=np.int64).reshape(-1)
             m.flags.writeable = False
@@ -319,3 +313,21 @@ class PruningPlan:
         if len(self._maps) > _MAP_CACHE_SIZE:
             self._maps.popitem(last=False)
         return dict(maps)
+
+    def compact_shapes(self, kept: Mapping[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
+        """The shape of every state-dict tensor of the submodel that keeps ``kept``: what a
+        client's compact reply must hold (the server checks it before reconstruction)."""
+        self._checked(kept)
+        return {key: tuple(len(a) for a in self._kept_axes(key, kept)) for key in self._shapes}
+
+    def _kept_axes(self, key: str, kept: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """Per dimension of tensor ``key``, the positions the submodel keeps."""
+        shape = self._shapes[key]
+        axes = [np.arange(n, dtype=np.int64) for n in shape]
+        masks: dict[int, np.ndarray] = {}
+        for s in self._slices.get(key, ()):
+            mask = masks.setdefault(s.dim, np.ones(shape[s.dim], dtype=bool))
+            mask[s.positions] = np.isin(s.channels, kept[s.group])
+        for dim, mask in masks.items():
+            axes[dim] = np.flatnonzero(mask).astype(np.int64)
+        return axes

@@ -10,9 +10,12 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common import log
@@ -27,19 +30,24 @@ from edgefleet.server.sessions import SessionTracker
 from edgefleet.strategies.base import LoopStrategy
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
+from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.warmstart import SessionStore
-from edgefleet.task.data import load_dataset, split_local
+from edgefleet.task.data import dataset_info, load_dataset, split_local
 from edgefleet.task.models import build_model
 from edgefleet.task.train import evaluate, get_arrays, set_arrays
+
+if TYPE_CHECKING:
+    from edgefleet.pruning.submodel import PruningPlan
 
 app = ServerApp()
 
 
 def make_strategy(cfg: RunConfig) -> Strategy:
-    """The aggregation strategy named by ``strategy``, inside energy-aware selection when
-    ``selection.mode = "energy-age"`` (EH-FedAvg / EH-FedSAG)."""
+    """The aggregation strategy named by ``strategy``, behind CA-HFP's reconstruction of
+    submodel replies, inside energy-aware selection when ``selection.mode = "energy-age"``
+    (EH-FedAvg / EH-FedSAG)."""
     common = {
         "fraction_train": cfg.server.fraction_train,
         "fraction_evaluate": 0.0,  # central evaluation on the held-out set instead
@@ -56,10 +64,25 @@ def make_strategy(cfg: RunConfig) -> Strategy:
         inner = FedSAG(cfg.server.server_lr, cfg.server.saga_init, **common)
     else:
         inner = FedAvg(**common)  # type: ignore[arg-type]
+    # Always on: it passes full-size replies through, and a deployment may give a SuperNode
+    # a keep ratio (--node-config keep-ratio=...) that the server's config does not know.
+    p = cfg.pruning
+    inner = SubmodelReconstruction(
+        inner, partial(pruning_plan, cfg), p.reconstruction, p.compact_download, p.refresh_rounds
+    )
     if not energy_age:
         return inner
     e = cfg.energy
     return EnergyAgeSelection(inner, e.max_devices, e.slots_per_round, e.batch_size, seed=cfg.seed)
+
+
+def pruning_plan(cfg: RunConfig) -> PruningPlan:
+    """The channel groups of the run's model, for rebuilding CA-HFP submodels."""
+    from edgefleet.pruning.submodel import PruningPlan  # torch-pruning only when needed
+
+    info = dataset_info(cfg.data.dataset)
+    model = build_model(cfg.train.model, info.input_shape, info.num_classes)
+    return PruningPlan(model, torch.zeros((1, *info.input_shape)))
 
 
 def wrap_stopping(
@@ -135,6 +158,11 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     validation = test_set
     if cfg.stopping.mode in ("validation", "observe"):
         test_set, validation = split_local(test_set, cfg.stopping.validation_fraction, cfg.seed)
+    if 0 < cfg.server.eval_samples < len(test_set):
+        rng = np.random.default_rng(cfg.seed)
+        test_set = test_set.subset(
+            np.sort(rng.choice(len(test_set), cfg.server.eval_samples, replace=False))
+        )
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.train.model, info.input_shape, info.num_classes)
     initial = get_arrays(model)

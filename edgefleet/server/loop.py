@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from logging import INFO, WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -86,7 +86,14 @@ def check_train_reply(msg: Message, reference: ArrayRecord) -> str | None:
             f"expected one ArrayRecord 'arrays' and one MetricRecord 'metrics', got "
             f"{sorted(content.array_records)} and {sorted(content.metric_records)}"
         )
-    metrics = content.metric_records["metrics"]
+    return check_metrics(content.metric_records["metrics"]) or check_arrays(
+        content.array_records["arrays"],
+        {key: (tuple(ref.shape), ref.dtype) for key, ref in reference.items()},
+    )
+
+
+def check_metrics(metrics: MetricRecord) -> str | None:
+    """Why a train reply's metrics are unusable (the weight and the device id), or None."""
     n = metrics.get("num-examples")
     if not isinstance(n, int | float) or not n > 0:
         return f"metric 'num-examples' must be a positive number, got {n!r}"
@@ -94,15 +101,21 @@ def check_train_reply(msg: Message, reference: ArrayRecord) -> str | None:
     if not isinstance(device, int | float) or not np.isfinite(device) or device != int(device):
         # FedSAG keys its memory by it; EdgeFleet's ClientApp always sends it.
         return f"metric 'device-id' must be an integer, got {device!r}"
-    arrays = content.array_records["arrays"]
-    if set(arrays) != set(reference):
-        missing, extra = set(reference) - set(arrays), set(arrays) - set(reference)
+    return None
+
+
+def check_arrays(
+    arrays: ArrayRecord, expected: dict[str, tuple[tuple[int, ...], str]]
+) -> str | None:
+    """Why ``arrays`` do not match ``expected`` (key -> (shape, dtype)) or hold non-finite
+    values, or None."""
+    if set(arrays) != set(expected):
+        missing, extra = set(expected) - set(arrays), set(arrays) - set(expected)
         return f"array keys differ: missing {sorted(missing)}, unexpected {sorted(extra)}"
-    for key, ref in reference.items():
+    for key, (shape, dtype) in expected.items():
         got = arrays[key]
-        if tuple(got.shape) != tuple(ref.shape) or got.dtype != ref.dtype:
-            want = f"{ref.dtype}{list(ref.shape)}"
-            return f"array {key!r}: got {got.dtype}{list(got.shape)}, want {want}"
+        if tuple(got.shape) != shape or got.dtype != dtype:
+            return f"array {key!r}: got {got.dtype}{list(got.shape)}, want {dtype}{list(shape)}"
         value = got.numpy()
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return f"array {key!r} has non-finite values"
@@ -162,7 +175,7 @@ class RoundLoop:
         accepted, declined, rejected = self._screen(replies, arrays)
         new_arrays, agg_metrics = self.strategy.aggregate_train(rnd, accepted)
         if new_arrays is not None:
-            arrays = new_arrays
+            arrays = keep_dtypes(new_arrays, arrays)
         eval_metrics = self.evaluate_fn(rnd, arrays)
         log(INFO, "Round %d: %s", rnd, {k: v for k, v in eval_metrics.items() if "test" in k})
         return RoundResult(
@@ -186,19 +199,51 @@ class RoundLoop:
         accepted: list[Message] = []
         declined: list[str] = []
         rejected: list[dict[str, str]] = []
+        # A strategy that accepts other replies than full-size arrays (CA-HFP's compact
+        # submodels) brings its own check.
+        check = getattr(self.strategy, "check_reply", check_train_reply)
         for msg in replies:
             device = device_of(msg, self._devices)
             if msg.has_error():
                 log(INFO, "Device %s declined: %s", device, msg.error.reason)
                 declined.append(device)
                 continue
-            reason = check_train_reply(msg, reference)
+            reason = check(msg, reference)
             if reason:
                 log(WARNING, "Dropping reply from device %s: %s", device, reason)
                 rejected.append({"device": device, "reason": reason})
                 continue
             accepted.append(msg)
+        # Replies arrive in whatever order the devices finish; float sums depend on the
+        # order, so aggregate in device order to make a seeded run repeatable.
+        accepted.sort(key=lambda m: _order(device_of(m, self._devices)))
         return accepted, declined, rejected
+
+
+def keep_dtypes(new: ArrayRecord, old: ArrayRecord) -> ArrayRecord:
+    """``new`` with every array in the dtype it has in ``old``.
+
+    Flower's FedAvg averages BatchNorm's int64 ``num_batches_tracked`` into a float64; the
+    next round's replies (int64 again) would then fail the dtype check. Integers are
+    rounded half to even, as every EdgeFleet aggregator does.
+    """
+    out: dict[str, Array] = {}
+    changed = False
+    for key, arr in new.items():
+        want = old[key].dtype if key in old else arr.dtype
+        if arr.dtype == want:
+            out[key] = arr
+            continue
+        value, target = arr.numpy(), old[key].numpy().dtype
+        if np.issubdtype(target, np.integer) and not np.issubdtype(value.dtype, np.integer):
+            value = np.rint(value)
+        out[key] = Array(np.asarray(value, dtype=target))
+        changed = True
+    return ArrayRecord(out) if changed else new
+
+
+def _order(device: str) -> tuple[int, int | str]:
+    return (0, int(device)) if device.isdigit() else (1, device)
 
 
 def _payload_bytes(msg: Message) -> int:

@@ -86,14 +86,17 @@ class MetricsWriter(RoundCallback):
 def session_summary(rows: list[dict[str, Any]], target: float) -> list[dict[str, Any]]:
     """Per session: its rounds (auxiliary ones included), bytes and energy spent, the last
     accuracy on the session's classes, and the rounds from the session's start until that
-    accuracy first reaches ``target`` (auxiliary rounds counted as spent; None = never)."""
+    accuracy first reaches ``target`` (auxiliary rounds counted as spent; None = never).
+    An auxiliary row counts only when it evaluated the warm-start model (its last one):
+    the earlier ones evaluate aux results, which the session does not start from."""
     out: list[dict[str, Any]] = []
     for session in sorted({r["session"] for r in rows if r.get("session")}):
         mine = [r for r in rows if r["session"] == session]
         accs = [r.get("session_accuracy") for r in mine]
         reached = next(
             (i + 1 for i, (r, a) in enumerate(zip(mine, accs, strict=True))
-             if a is not None and a >= target and r.get("phase") != "aux"),
+             if a is not None and a >= target
+             and (r.get("phase") != "aux" or r.get("warm_start"))),
             None,
         )  # fmt: skip
         out.append(

@@ -153,25 +153,86 @@ def _save(fig: Any, path: Path) -> Path:
     return path
 
 
+def session_spans(rows: list[dict[str, Any]]) -> list[tuple[Any, list[dict[str, Any]]]]:
+    """Consecutive stretches of rows with the same ``session`` value, in order, as
+    (session, rows). A run without sessions (no ``session`` key, or one value throughout)
+    gives a single stretch; no rows give none."""
+    spans: list[tuple[Any, list[dict[str, Any]]]] = []
+    for row in rows:
+        session = row.get("session")
+        if spans and spans[-1][0] == session:
+            spans[-1][1].append(row)
+        else:
+            spans.append((session, [row]))
+    return spans
+
+
+def _rounds(rows: list[dict[str, Any]]) -> list[int]:
+    # Rows without a round number count from 1 by position, as in _series.
+    return [int(row.get("round", i)) for i, row in enumerate(rows, start=1)]
+
+
+def session_starts(rows: list[dict[str, Any]]) -> list[int]:
+    """Rounds at which a new session begins: each row whose ``session`` differs from the row
+    before it (the first row starts nothing: no session ends there). Empty for a run without
+    sessions."""
+    return [
+        rnd
+        for prev, row, rnd in zip(rows, rows[1:], _rounds(rows)[1:], strict=False)
+        if row.get("session") != prev.get("session")
+    ]
+
+
+def aux_rounds(rows: list[dict[str, Any]]) -> list[int]:
+    """Rounds spent on warm start's auxiliary rounds (``phase == "aux"``)."""
+    return [rnd for row, rnd in zip(rows, _rounds(rows), strict=True) if row.get("phase") == "aux"]
+
+
+def _mark_sessions(ax: Axes, runs: list[RunData], colors: list[str]) -> None:
+    """Dashed grey lines where sessions change (once per round, however many runs change
+    there) and each run's auxiliary rounds shaded in its colour."""
+    starts = sorted({s for run in runs for s in session_starts(run.rows)})
+    for k, start in enumerate(starts):
+        # Halfway between rounds: the change happens between two rounds, not at one.
+        label = "session start" if k == 0 else "_nolegend_"
+        ax.axvline(start - 0.5, color="0.4", ls=(0, (5, 3)), lw=0.9, label=label)
+    for run, color in zip(runs, colors, strict=True):
+        for k, rnd in enumerate(aux_rounds(run.rows)):
+            label = f"{run.name}: aux rounds" if k == 0 else "_nolegend_"
+            ax.axvspan(rnd - 0.5, rnd + 0.5, color=color, alpha=0.15, lw=0, label=label)
+
+
 def _plot_accuracy(runs: list[RunData], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(8, 5))
-    session_labelled = False
+    """Test accuracy per round; with sessions, also the accuracy on the session's classes
+    (a second panel, when any run records ``session_accuracy``), session starts and
+    auxiliary rounds."""
+    with_session_acc = any(r.get("session_accuracy") is not None for run in runs for r in run.rows)
+    if with_session_acc:
+        fig, (ax, ax_s) = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
+        axes = [ax, ax_s]
+    else:
+        fig, ax = plt.subplots(figsize=(8, 5))
+        axes = [ax]
+    colors = []
     for run in runs:
         (line,) = ax.plot(*_series(run.rows, "test_accuracy"), marker=".", label=run.name)
         color = line.get_color()
+        colors.append(color)
         stop_round, reason = run.summary.get("stop_round"), run.summary.get("stop_reason")
         # Running out of budget is the normal end; only early stops deserve a marker.
         if stop_round is not None and reason != "budget":
             ax.axvline(stop_round, color=color, ls="--", lw=1, label=f"{run.name}: {reason}")
-        for prev, row in zip(run.rows, run.rows[1:], strict=False):
-            if row.get("session") != prev.get("session") and "round" in row:
-                # Halfway between rounds: the change happens between two rounds, not at one.
-                label = "_nolegend_" if session_labelled else "session change"
-                ax.axvline(row["round"] - 0.5, color=color, ls=":", lw=1, label=label)
-                session_labelled = True
-    ax.set(xlabel="round", ylabel="test accuracy", title="Test accuracy per round")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
-    ax.grid(alpha=0.3)
+        if with_session_acc:
+            xs, ys = _series(run.rows, "session_accuracy")
+            ax_s.plot(xs, ys, marker=".", color=color, label=run.name)
+    for axis in axes:
+        _mark_sessions(axis, runs, colors)
+        axis.grid(alpha=0.3)
+    ax.set(ylabel="test accuracy", title="Test accuracy per round")
+    if with_session_acc:
+        ax_s.set(ylabel="accuracy on the session's classes")
+    axes[-1].set_xlabel("round")
+    axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     if runs:
         ax.legend(fontsize="small")
     return _save(fig, path)

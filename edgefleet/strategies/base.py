@@ -24,7 +24,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from edgefleet.server.loop import RoundCallback, RoundLoop, RoundResult
+from edgefleet.server.loop import RoundCallback, RoundLoop, RoundResult, check_train_reply
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,14 @@ class LoopStrategy(Strategy):
 
     def summary(self) -> None:
         self.inner.summary()
+
+    def check_reply(self, msg: Message, reference: ArrayRecord) -> str | None:
+        """Why the round loop must drop the train reply ``msg``, or None: the innermost
+        wrapper that knows the reply format decides (full-size arrays unless a wrapper
+        such as CA-HFP's accepts submodels)."""
+        if isinstance(self.inner, LoopStrategy):
+            return self.inner.check_reply(msg, reference)
+        return check_train_reply(msg, reference)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

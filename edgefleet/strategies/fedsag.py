@@ -85,9 +85,13 @@ class FedSAG(FedAvg):
         return arrays, metrics
 
     def state_dict(self) -> dict[str, Any]:
-        return {"memory": self.memory.state_dict() if self.memory else None}
+        return {
+            "memory": self.memory.state_dict() if self.memory else None,
+            "known": list(self._known),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._known = dict.fromkeys(state.get("known", []))
         if state.get("memory") is not None:
             saved = state["memory"]
             self.memory = SagaMemory(int(saved["dim"]), init=self.init)

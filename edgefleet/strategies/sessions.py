@@ -217,6 +217,8 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         assert self.previous is not None
         warm = self._warm_model(arrays, self.previous)
         super().on_session(warm)
+        # This row's central evaluation is of the warm model: the session's start.
+        self._round_info["warm_start"] = True
         return warm, metrics
 
     # -- RoundCallback ------------------------------------------------------------------

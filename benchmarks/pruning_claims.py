@@ -1,0 +1,148 @@
+"""CA-HFP's accuracy claims (arXiv 2603.12591): pruning criteria and reconstruction.
+
+A fleet with a mix of resource classes (keep ratios, default 1.0, 0.75, 0.5, 0.25 over the
+devices) trains SmallCNN on Dirichlet non-IID data. Variants, all on Flower's Simulation
+Engine with the same seeds:
+
+- ``full``: every device trains the full model (FedAvg, the accuracy ceiling);
+- ``curvature``, ``magnitude``, ``random``: each device keeps its share of the channels by
+  that criterion, the server rebuilds the submodels with the global values (CA-HFP);
+- ``no-reconstruction``: curvature pruning, pruned entries filled with zeros (the paper's
+  ablation);
+- ``elementwise`` (optional, ``--variants``): each entry averaged over the devices that
+  kept it.
+
+Reported per (alpha, variant): final accuracy (mean over seeds and per seed), the mean
+over the last three rounds, and bytes up and down per round. The paper claims
+curvature >= magnitude >= random, near full-model accuracy, and a large drop without
+reconstruction (73.1% -> 62.8% on CIFAR-10 at alpha 0.1).
+
+    python benchmarks/pruning_claims.py --data-dir ../shared/data      # full MNIST
+    python benchmarks/pruning_claims.py --dataset mnist-5k --rounds 5 --seeds 0   # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from _runs import run_once
+
+from edgefleet.simulation.report import draw_plots, load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+VARIANTS: dict[str, dict[str, Any]] = {
+    "full": {"pruning.keep-ratios": "1.0"},
+    "curvature": {"pruning.criterion": "curvature"},
+    "magnitude": {"pruning.criterion": "magnitude"},
+    "random": {"pruning.criterion": "random"},
+    "no-reconstruction": {"pruning.criterion": "curvature", "pruning.reconstruction": "zeros"},
+    "elementwise": {"pruning.criterion": "curvature", "pruning.reconstruction": "elementwise"},
+}
+
+
+def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str, Any]]:
+    run_config = {
+        "num-server-rounds": args.rounds,
+        "dataset": args.dataset,
+        "data-dir": str(Path(args.data_dir).resolve()) if args.data_dir else "",
+        "partition": "dirichlet",
+        "model": args.model,
+        "local-steps": args.local_steps,
+        "lr": args.lr,
+        "eval-samples": args.eval_samples,
+        "pruning.keep-ratios": args.keep_ratios,
+        "pruning.score-batches": args.score_batches,
+        **overrides,
+    }
+    federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
+    return run_once(Path(args.out).resolve(), name, federation, run_config, timeout=6 * 3600)
+
+
+def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    acc = [r["test_accuracy"] for r in rows]
+    return {
+        "final_accuracy": round(acc[-1], 4),
+        "last3_accuracy": round(statistics.fmean(acc[-3:]), 4),
+        "bytes_up_per_round": round(statistics.fmean(r["bytes_up"] for r in rows)),
+        "bytes_down_per_round": round(statistics.fmean(r["bytes_down"] for r in rows)),
+    }
+
+
+def _mean(per_seed: list[dict[str, Any]], key: str) -> float:
+    return round(statistics.fmean(s[key] for s in per_seed), 4)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--alphas", default="0.1,1.0")
+    p.add_argument("--variants", default="full,curvature,magnitude,random,no-reconstruction")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--devices", type=int, default=8)
+    p.add_argument("--keep-ratios", default="1.0,0.75,0.5,0.25", help="cycled over devices")
+    p.add_argument("--rounds", type=int, default=20)
+    p.add_argument("--local-steps", type=int, default=10)
+    p.add_argument("--score-batches", type=int, default=2)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--model", default="smallcnn")
+    p.add_argument("--dataset", default="mnist")
+    p.add_argument("--eval-samples", type=int, default=2000)
+    p.add_argument("--data-dir", default="", help="default: EdgeFleet's data search")
+    p.add_argument("--out", default=str(ROOT / "runs" / "bench-pruning"))
+    args = p.parse_args()
+    variants = args.variants.split(",")
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        p.error(f"unknown variants {unknown}; valid choices: {', '.join(VARIANTS)}")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    settings = []
+    for alpha in (float(a) for a in args.alphas.split(",")):
+        row: dict[str, Any] = {"alpha": alpha}
+        dirs = []
+        for variant in variants:
+            per_seed = []
+            for seed in (int(s) for s in args.seeds.split(",")):
+                name = f"{args.dataset}-a{alpha:g}-{variant}-s{seed}"
+                rows = _run(args, name, alpha=alpha, seed=seed, **VARIANTS[variant])
+                per_seed.append(figures(rows))
+                dirs.append(Path(args.out) / name)
+            row[variant] = {
+                "final_accuracy": _mean(per_seed, "final_accuracy"),
+                "last3_accuracy": _mean(per_seed, "last3_accuracy"),
+                "bytes_up_per_round": round(_mean(per_seed, "bytes_up_per_round")),
+                "bytes_down_per_round": round(_mean(per_seed, "bytes_down_per_round")),
+                "seeds": per_seed,
+            }
+        if "full" in row:
+            for variant in variants:
+                row[variant]["upload_vs_full"] = round(
+                    row[variant]["bytes_up_per_round"] / row["full"]["bytes_up_per_round"], 3
+                )
+        plot_dir = Path(args.out) / f"plots-{args.dataset}-a{alpha:g}"
+        draw_plots([load_run(d) for d in dirs], plot_dir)
+        row["plots"] = str(plot_dir)
+        settings.append(row)
+    print(
+        json.dumps(
+            {
+                "benchmark": "pruning_claims",
+                "sizes": {
+                    k: getattr(args, k)
+                    for k in ("dataset", "model", "devices", "keep_ratios", "rounds")
+                    + ("local_steps", "score_batches", "lr", "eval_samples", "seeds")
+                },
+                "settings": settings,
+                "wall_s": round(time.monotonic() - t0, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

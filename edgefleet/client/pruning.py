@@ -1,0 +1,71 @@
+"""CA-HFP on the client: the submodel a device trains this round.
+
+A device with keep ratio < 1 scores every weight of the global model it was sent on a few
+local mini-batches (``pruning.criterion``; curvature by default), keeps the best-scoring
+share of the channels of every group, and trains a physically smaller copy of the model
+(:meth:`~edgefleet.pruning.submodel.PruningPlan.extract`). When the server sent a compact
+slice with the channels to keep (``pruning.compact-download``), the device trains that
+submodel as it is, without scoring.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord
+from torch import nn
+
+from edgefleet.client.device import Device
+from edgefleet.pruning.importance import weight_scores
+from edgefleet.pruning.wire import kept_from_record
+from edgefleet.task.train import set_arrays
+
+Kept = dict[str, np.ndarray]
+
+
+def score_batches(device: Device, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``pruning.score-batches`` seeded mini-batches of the local training data."""
+    cfg, data = device.config, device.train_data
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(data), generator=gen).numpy()
+    size = cfg.train.batch_size
+    out = []
+    for b in range(cfg.pruning.score_batches):
+        idx = order[b * size : (b + 1) * size]
+        if len(idx) == 0:
+            break  # fewer samples than batches: score on what there is
+        out.append((torch.from_numpy(data.x[idx]), torch.from_numpy(data.y[idx])))
+    return out
+
+
+def round_model(
+    device: Device, arrays: ArrayRecord, kept_in: ArrayRecord | None, seed: int
+) -> tuple[nn.Module, Kept | None]:
+    """The model to train this round and the channels it keeps (None: the full model).
+
+    Raises ValueError when the server's kept channels or compact arrays do not fit."""
+    plan = device.plan
+    if kept_in is not None:
+        kept = kept_from_record(kept_in)
+        reason = plan.validate_kept(kept)
+        if reason:
+            raise ValueError(f"the server's kept channels: {reason}")
+        model = plan.extract(device.model, kept)
+        try:
+            set_arrays(model, arrays)
+        except RuntimeError as err:  # load_state_dict's size mismatch
+            raise ValueError(f"compact arrays do not fit the kept channels: {err}") from None
+        return model, kept
+    set_arrays(device.model, arrays)
+    keep = device.profile.keep_ratio
+    if keep >= 1.0:
+        return device.model, None
+    p = device.config.pruning
+    scores = weight_scores(device.model, score_batches(device, seed), p.criterion, p.hessian, seed)
+    kept = plan.select(plan.group_scores(scores), keep)
+    return plan.extract(device.model, kept), kept
+
+
+def parameter_fraction(model: nn.Module, full: nn.Module) -> float:
+    """The share of the full model's parameters that ``model`` holds."""
+    return sum(p.numel() for p in model.parameters()) / sum(p.numel() for p in full.parameters())

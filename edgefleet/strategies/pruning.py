@@ -1,0 +1,243 @@
+"""CA-HFP on the server (arXiv 2603.12591): accept submodel replies, rebuild them full size.
+
+A client whose resources allow only part of the model (keep ratio < 1) trains a physically
+smaller submodel and replies with its compact tensors (``arrays``) plus the channels it kept
+(an ArrayRecord ``kept``: group name -> sorted int64 channel indices, see
+:class:`~edgefleet.pruning.submodel.PruningPlan`). :class:`SubmodelReconstruction` wraps the
+aggregating strategy (FedAvg, FedProx, FedSAG) and, before it aggregates:
+
+- checks every compact reply on its own (:meth:`check_reply`: known groups, indices in
+  bounds, sorted and unique, every tensor of the shape those channels give, finite values);
+  the round loop drops a bad one with its reason;
+- scatters each compact reply into the full parameter space (``reconstruction``):
+  ``global`` fills the pruned entries with the global model the client was sent (CA-HFP),
+  ``zeros`` with zeros (the paper's no-reconstruction ablation); ``elementwise`` averages each
+  entry over the clients that kept it (HeteroFL style, only for plain weighted means).
+
+Full-size replies (keep ratio 1, or a client without pruning) pass through unchanged, so the
+wrapper costs nothing until the first compact reply, and deployments may set keep ratios per
+SuperNode (``--node-config keep-ratio=0.5``) without the server being told.
+
+Download (``compact_download``, beyond the paper): a node whose last reply was compact is
+sent only the slice of the global model its submodel holds, plus its ``kept``; it trains
+that submodel without scoring again. Every ``refresh_rounds`` rounds it gets the full model
+and scores afresh, so its channel choice follows the model.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from logging import WARNING
+from typing import TYPE_CHECKING
+
+import numpy as np
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from edgefleet.arrays import State, to_numpy, to_record
+from edgefleet.pruning.names import RECONSTRUCTIONS
+from edgefleet.pruning.reconstruct import elementwise_average, scatter
+from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
+from edgefleet.server.loop import RoundCallback, RoundResult, check_arrays, check_metrics
+from edgefleet.strategies.base import LoopStrategy
+
+if TYPE_CHECKING:  # importing the plan imports torch and Torch-Pruning
+    from edgefleet.pruning.submodel import PruningPlan
+
+
+def compact_slice(
+    full: State, maps: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]
+) -> State:
+    """The submodel's tensors cut from the full ones (what a compact download carries)."""
+    return {k: full[k].reshape(-1)[maps[k]].reshape(shapes[k]) for k in full}
+
+
+class SubmodelReconstruction(LoopStrategy, RoundCallback):
+    """Reconstruct CA-HFP submodel replies into the full parameter space for ``inner``.
+
+    ``plan_factory`` builds the :class:`~edgefleet.pruning.submodel.PruningPlan` of the
+    global model's architecture; it is called on first need only.
+    """
+
+    def __init__(
+        self,
+        inner: Strategy,
+        plan_factory: Callable[[], PruningPlan],
+        reconstruction: str = "global",
+        compact_download: bool = False,
+        refresh_rounds: int = 5,
+    ) -> None:
+        if reconstruction not in RECONSTRUCTIONS:
+            raise ValueError(
+                f"unknown reconstruction {reconstruction!r}; valid choices: "
+                f"{', '.join(RECONSTRUCTIONS)}"
+            )
+        if refresh_rounds < 1:
+            raise ValueError(f"refresh_rounds must be >= 1, got {refresh_rounds}")
+        super().__init__(inner)
+        self._plan_factory = plan_factory
+        self._plan: PruningPlan | None = None
+        self.reconstruction = reconstruction
+        self.compact_download = compact_download
+        self.refresh_rounds = refresh_rounds
+        self._sent: State = {}  # the global model this round's train messages carried
+        # Compact download: node -> kept channels of its last compact reply, and the last
+        # round it was sent the full model. Not checkpointed: after a restart every node
+        # gets the full model once, which costs bytes but no accuracy.
+        self.masks: dict[int, dict[str, np.ndarray]] = {}
+        self.last_full: dict[int, int] = {}
+        self._round_stats: dict[str, float] = {}
+
+    @property
+    def plan(self) -> PruningPlan:
+        if self._plan is None:
+            self._plan = self._plan_factory()
+        return self._plan
+
+    def own_callbacks(self) -> list[RoundCallback]:
+        return [self]
+
+    def register_devices(self, device_ids: Iterable[str]) -> None:
+        # Energy-aware selection announces the fleet to a memory-keeping inner strategy.
+        if hasattr(self.inner, "register_devices"):
+            self.inner.register_devices(device_ids)
+
+    # ------------------------------------------------------------------------ download
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        self._sent = to_numpy(arrays)
+        messages = list(self.inner.configure_train(server_round, arrays, config, grid))
+        compact = 0
+        if self.compact_download:
+            out = []
+            for msg in messages:
+                node = msg.metadata.dst_node_id
+                kept = self.masks.get(node)
+                due = server_round - self.last_full.get(node, -self.refresh_rounds)
+                if kept is None or due >= self.refresh_rounds:
+                    self.last_full[node] = server_round
+                    out.append(msg)
+                    continue
+                out.append(self._compact_message(msg, kept))
+                compact += 1
+            messages = out
+        self._round_stats = {"compact_downloads": compact}
+        return messages
+
+    def _compact_message(self, msg: Message, kept: dict[str, np.ndarray]) -> Message:
+        part = compact_slice(self._sent, self.plan.index_maps(kept), self.plan.compact_shapes(kept))
+        content = RecordDict(
+            {
+                "arrays": to_record(part),
+                KEPT: kept_record(kept),
+                **{name: rec for name, rec in msg.content.config_records.items()},
+            }
+        )
+        return Message(
+            content, dst_node_id=msg.metadata.dst_node_id, message_type=MessageType.TRAIN
+        )
+
+    # ------------------------------------------------------------------------ replies
+
+    def check_reply(self, msg: Message, reference: ArrayRecord) -> str | None:
+        content = msg.content
+        if KEPT not in content.array_records:
+            return super().check_reply(msg, reference)
+        if set(content.array_records) != {"arrays", KEPT} or set(content.metric_records) != {
+            "metrics"
+        }:
+            return (
+                f"a submodel reply needs ArrayRecords 'arrays' and '{KEPT}' and one MetricRecord"
+                f" 'metrics', got {sorted(content.array_records)} and "
+                f"{sorted(content.metric_records)}"
+            )
+        reason = check_metrics(content.metric_records["metrics"])
+        if reason:
+            return reason
+        kept = kept_from_record(content.array_records[KEPT])
+        reason = self.plan.validate_kept(kept)
+        if reason:
+            return f"kept channels: {reason}"
+        shapes = self.plan.compact_shapes(kept)
+        if set(shapes) != set(reference):
+            return "the pruning plan does not match the global model's keys"
+        expected = {k: (shapes[k], ref.dtype) for k, ref in reference.items()}
+        return check_arrays(content.array_records["arrays"], expected)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        compact = [m for m in replies if KEPT in m.content.array_records]
+        n = len(replies)
+        self._round_stats.update(
+            compact_replies=len(compact),
+            mean_kept_fraction=(
+                float(np.mean([_metric(m, "kept-fraction", 1.0) for m in replies])) if n else 1.0
+            ),
+        )
+        for msg in replies:
+            if KEPT in msg.content.array_records:
+                self.masks[msg.metadata.src_node_id] = kept_from_record(
+                    msg.content.array_records[KEPT]
+                )
+            else:
+                self.masks.pop(msg.metadata.src_node_id, None)
+        if not compact:
+            return self.inner.aggregate_train(server_round, replies)
+        fill = "zeros" if self.reconstruction == "zeros" else "global"
+        full = [self._full_size(m, fill) for m in replies]
+        arrays, metrics = self.inner.aggregate_train(server_round, full)
+        if self.reconstruction != "elementwise" or arrays is None:
+            return arrays, metrics
+        # The inner strategy is a plain weighted mean (the config allows elementwise only
+        # then): its metrics stand, its arrays are replaced by the per-entry average.
+        updates = []
+        for msg in replies:
+            values = to_numpy(msg.content.array_records["arrays"])
+            kept = (
+                kept_from_record(msg.content.array_records[KEPT])
+                if KEPT in msg.content.array_records
+                else self.plan.full_kept()
+            )
+            weight = _metric(msg, "num-examples", 0.0)
+            updates.append((values, self.plan.index_maps(kept), weight))
+        return to_record(elementwise_average(self._sent, updates)), metrics
+
+    def _full_size(self, msg: Message, fill: str) -> Message:
+        """A copy of ``msg`` whose arrays are scattered to full size (full replies as is)."""
+        if KEPT not in msg.content.array_records:
+            return msg
+        kept = kept_from_record(msg.content.array_records[KEPT])
+        values = to_numpy(msg.content.array_records["arrays"])
+        full = scatter(self._sent, values, self.plan.index_maps(kept), fill)
+        out = copy.copy(msg)  # the loop still counts the compact reply's bytes
+        out.content = RecordDict(
+            {"arrays": to_record(full), "metrics": msg.content.metric_records["metrics"]}
+        )
+        return out
+
+    def after_round(self, result: RoundResult) -> str | None:
+        result.extra.update(self._round_stats)
+        return None
+
+
+def _metric(msg: Message, key: str, default: float) -> float:
+    value = msg.content.metric_records["metrics"].get(key, default)
+    try:
+        return float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        log(WARNING, "metric %r is not a number: %r", key, value)
+        return default

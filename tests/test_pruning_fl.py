@@ -1,0 +1,247 @@
+"""CA-HFP end to end without Flower's engines: the real ClientApp prunes, the server wrapper
+checks and rebuilds the submodels, the round loop aggregates (issue 5)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg
+
+from edgefleet.arrays import to_numpy, to_record
+from edgefleet.client.app import train
+from edgefleet.client.device import NodeConfigError, get_profile
+from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.pruning.submodel import PruningPlan
+from edgefleet.pruning.wire import KEPT, kept_record
+from edgefleet.server.loop import RoundLoop
+from edgefleet.strategies.pruning import SubmodelReconstruction, compact_slice
+from edgefleet.task.models import build_model
+from edgefleet.task.train import get_arrays
+from tests.fakes import FakeGrid
+
+COMMON = {"min_available_nodes": 1, "min_train_nodes": 1, "fraction_evaluate": 0.0}
+SHAPE = (1, 28, 28)
+
+
+def _no_eval(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
+    return {"test_accuracy": 0.5}
+
+
+def _model(name: str = "smallcnn", seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return build_model(name, SHAPE, 10)
+
+
+def _plan(name: str = "smallcnn") -> PruningPlan:
+    return PruningPlan(_model(name), torch.zeros((1, *SHAPE)))
+
+
+def _client(partition: int, num: int, **run_config: object):
+    """A handler that runs EdgeFleet's real ClientApp ``train`` for one device."""
+    cfg = {"local-steps": 2, "batch-size": 16, **run_config}
+    ctx = Context(
+        run_id=1,
+        node_id=partition + 1,
+        node_config={"partition-id": partition, "num-partitions": num},
+        state=RecordDict(),
+        run_config=cfg,
+    )
+    return lambda msg: train(msg, ctx)
+
+
+def _wrapper(plan: PruningPlan, **kw) -> SubmodelReconstruction:
+    return SubmodelReconstruction(FedAvg(**COMMON), lambda: plan, **kw)
+
+
+def _reply_to(msg: Message, arrays: dict, n: int, device: int, kept=None) -> Message:
+    metrics = MetricRecord({"num-examples": n, "device-id": device, "kept-fraction": 1.0})
+    content = RecordDict({"arrays": to_record(arrays), "metrics": metrics})
+    if kept is not None:
+        content[KEPT] = kept_record(kept)
+    return Message(content, reply_to=msg)
+
+
+def _sends(plan: PruningPlan, kept, delta: float, n: int, device: int):
+    """A fake device: the received model plus ``delta``, cut to ``kept`` (None: full)."""
+
+    def handle(msg: Message) -> Message:
+        got = {
+            k: v + delta if v.dtype.kind == "f" else v
+            for k, v in to_numpy(msg.content["arrays"]).items()
+        }
+        if kept is None:
+            return _reply_to(msg, got, n, device)
+        part = compact_slice(got, plan.index_maps(kept), plan.compact_shapes(kept))
+        return _reply_to(msg, part, n, device, kept)
+
+    return handle
+
+
+def _run(strategy, grid: FakeGrid, arrays: ArrayRecord, rounds: int = 1):
+    callbacks = strategy.round_callbacks() if hasattr(strategy, "round_callbacks") else []
+    results = []
+
+    class Keep:
+        def on_start(self, arrays, first):
+            pass
+
+        def after_round(self, result):
+            results.append(result)
+
+    loop = RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=[*callbacks, Keep()])
+    out = loop.run(arrays, rounds, ConfigRecord())
+    return out.arrays, results
+
+
+def test_clients_train_submodels_and_server_rebuilds_them() -> None:
+    FakeGrid({})
+    run = {"pruning.keep-ratios": "1.0,0.5,0.25"}
+    grid = FakeGrid({i + 1: _client(i, 3, **run) for i in range(3)})
+    plan = _plan()
+    start = get_arrays(_model())
+    arrays, results = _run(_wrapper(plan), grid, start, rounds=2)
+    for res in results:
+        assert res.rejected == [] and res.declined == []
+        assert len(res.participants) == 3
+        assert res.extra["compact_replies"] == 2
+        assert res.extra["mean_kept_fraction"] < 0.65
+    full_bytes = sum(a.numpy().nbytes for a in start.values())
+    # one full reply, one with about a quarter, one with about 1/16 of the parameters
+    assert results[0].bytes_up < 1.45 * full_bytes
+    replies = [m for m in grid.sent if m.metadata.dst_node_id == 3]
+    assert all("arrays" in m.content.array_records for m in replies)
+    new = to_numpy(arrays)
+    for key, value in to_numpy(start).items():
+        assert new[key].shape == value.shape and np.isfinite(new[key]).all()
+        assert not np.array_equal(new[key], value)  # every tensor got trained by someone
+
+
+def test_full_masks_equal_fedavg_exactly() -> None:
+    # resnet8: BatchNorm statistics and the integer num_batches_tracked included
+    plan = _plan("resnet8")
+    start = get_arrays(_model("resnet8"))
+    fleet = {1: (1.0, 10, 0), 2: (-0.5, 30, 1), 3: (0.25, 60, 2)}
+    full = FakeGrid({n: _sends(plan, None, d, k, dev) for n, (d, k, dev) in fleet.items()})
+    compact = FakeGrid(
+        {n: _sends(plan, plan.full_kept(), d, k, dev) for n, (d, k, dev) in fleet.items()}
+    )
+    plain, _ = _run(FedAvg(**COMMON), full, start, rounds=2)
+    for mode in ("global", "zeros", "elementwise"):
+        ours, res = _run(_wrapper(plan, reconstruction=mode), compact, start, rounds=2)
+        assert res[0].extra["compact_replies"] == 3
+        for key, value in to_numpy(plain).items():
+            got = to_numpy(ours)[key]
+            assert got.dtype == value.dtype, key
+            if value.dtype.kind == "f":
+                np.testing.assert_allclose(got, value, rtol=1e-6, atol=1e-7, err_msg=key)
+            else:
+                np.testing.assert_array_equal(got, value, err_msg=key)
+    assert to_numpy(plain)["layers.0.bn1.num_batches_tracked"].dtype == np.int64
+
+
+def test_disjoint_masks_aggregate_as_specified() -> None:
+    plan = _plan()
+    even = {g: np.arange(0, n, 2) for g, n in plan.groups.items()}
+    odd = {g: np.arange(1, n, 2) for g, n in plan.groups.items()}
+    start = get_arrays(_model())
+    g0 = to_numpy(start)
+    grid = FakeGrid({1: _sends(plan, even, 1.0, 10, 0), 2: _sends(plan, odd, 3.0, 10, 1)})
+    only_a = np.zeros(g0["conv1.weight"].size, bool)
+    only_a[plan.index_maps(even)["conv1.weight"]] = True
+    only_a = only_a.reshape(g0["conv1.weight"].shape)  # conv1 channels kept by A alone
+    want = {
+        "global": g0["conv1.weight"] + 0.5,  # (g + 1 + g) / 2
+        "zeros": (g0["conv1.weight"] + 1.0) / 2,  # (g + 1 + 0) / 2
+        "elementwise": g0["conv1.weight"] + 1.0,  # A's value alone
+    }
+    for mode, expected in want.items():
+        arrays, _ = _run(_wrapper(plan, reconstruction=mode), grid, start)
+        got = to_numpy(arrays)["conv1.weight"]
+        np.testing.assert_allclose(got[only_a], expected[only_a], rtol=1e-6, err_msg=mode)
+    # the classifier's bias is kept by both: the plain mean of g + 1 and g + 3
+    arrays, _ = _run(_wrapper(plan), grid, start)
+    bias = [k for k in g0 if k.endswith("bias")][-1]
+    np.testing.assert_allclose(to_numpy(arrays)[bias], g0[bias] + 2.0, rtol=1e-6)
+
+
+def _bad(plan: PruningPlan, kind: str):
+    kept = {g: np.arange(0, n, 2) for g, n in plan.groups.items()}
+    first = next(iter(kept))
+
+    def handle(msg: Message) -> Message:
+        got = to_numpy(msg.content["arrays"])
+        part = compact_slice(got, plan.index_maps(kept), plan.compact_shapes(kept))
+        bad_kept = {g: v.copy() for g, v in kept.items()}
+        if kind == "out-of-range":
+            bad_kept[first][-1] = plan.groups[first] + 5
+        elif kind == "unsorted":
+            bad_kept[first] = bad_kept[first][::-1].copy()
+        elif kind == "unknown-group":
+            bad_kept["nope"] = np.arange(2)
+        elif kind == "wrong-shape":
+            part["conv1.weight"] = part["conv1.weight"][:-1]
+        elif kind == "nan":
+            part["conv1.weight"] = part["conv1.weight"] * np.nan
+        return _reply_to(msg, part, 10, 9, bad_kept)
+
+    return handle
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason"),
+    [
+        ("out-of-range", "out of bounds"),
+        ("unsorted", "strictly increasing"),
+        ("unknown-group", "unknown groups"),
+        ("wrong-shape", "conv1.weight"),
+        ("nan", "non-finite"),
+    ],
+)
+def test_bad_submodel_replies_are_dropped_with_a_reason(kind: str, reason: str) -> None:
+    plan = _plan()
+    start = get_arrays(_model())
+    grid = FakeGrid({1: _bad(plan, kind), 2: _sends(plan, None, 1.0, 10, 0)})
+    arrays, res = _run(_wrapper(plan), grid, start)
+    assert [r["device"] for r in res[0].rejected] == ["9"]
+    assert reason in res[0].rejected[0]["reason"]
+    assert res[0].participants == ["0"]
+    np.testing.assert_allclose(
+        to_numpy(arrays)["conv1.weight"], to_numpy(start)["conv1.weight"] + 1.0, rtol=1e-6
+    )
+
+
+def test_compact_download_sends_the_kept_slice_and_refreshes() -> None:
+    FakeGrid({})
+    run = {"pruning.keep-ratios": "1.0,0.25", "pruning.compact-download": True}
+    grid = FakeGrid({i + 1: _client(i, 2, **run) for i in range(2)})
+    plan = _plan()
+    strategy = _wrapper(plan, compact_download=True, refresh_rounds=3)
+    _, res = _run(strategy, grid, get_arrays(_model()), rounds=4)
+    to_pruned = [m for m in grid.sent if m.metadata.dst_node_id == 2]
+    got_kept = [KEPT in m.content.array_records for m in to_pruned]
+    assert got_kept == [False, True, True, False]  # full, compact, compact, refresh
+    assert [r.extra["compact_downloads"] for r in res] == [0, 1, 1, 0]
+    assert res[1].bytes_down < 0.6 * res[0].bytes_down
+    assert all(r.rejected == [] and r.declined == [] and len(r.participants) == 2 for r in res)
+    # the client trained what it was sent: its reply keeps the same channels
+    assert strategy.masks[2].keys() == plan.groups.keys()
+
+
+def test_pruning_config_errors_name_the_choices() -> None:
+    with pytest.raises(ConfigError, match="fedavg"):
+        parse_run_config({"pruning.reconstruction": "elementwise", "strategy": "fedsag"})
+    with pytest.raises(ConfigError, match="pruning.keep-ratio"):
+        parse_run_config({"pruning.keep-ratio": 0.0})
+    with pytest.raises(NodeConfigError, match="keep-ratio"):
+        get_profile({}, {"partition-id": 0, "num-partitions": 2, "keep-ratio": 1.5})
+    _, profile = get_profile(
+        {"pruning.keep-ratios": "1.0,0.5"}, {"partition-id": 1, "num-partitions": 2}
+    )
+    assert profile.keep_ratio == 0.5
+    _, profile = get_profile(
+        {"pruning.keep-ratios": "1.0,0.5"},
+        {"partition-id": 1, "num-partitions": 2, "keep-ratio": 0.75},
+    )
+    assert profile.keep_ratio == 0.75  # the SuperNode's own resource class wins
