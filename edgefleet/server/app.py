@@ -73,7 +73,20 @@ def make_strategy(cfg: RunConfig) -> Strategy:
     if not energy_age:
         return inner
     e = cfg.energy
-    return EnergyAgeSelection(inner, e.max_devices, e.slots_per_round, e.batch_size, seed=cfg.seed)
+    return EnergyAgeSelection(
+        inner,
+        e.max_devices,
+        e.slots_per_round,
+        e.batch_size,
+        seed=cfg.seed,
+        query_timeout=query_timeout(cfg),
+    )
+
+
+def query_timeout(cfg: RunConfig) -> float:
+    """How long a status query waits: a node that died answers never, and the round must
+    not wait for it longer than for a training reply (nor more than a minute)."""
+    return min(60.0, cfg.server.round_timeout)
 
 
 def pruning_plan(cfg: RunConfig) -> PruningPlan:
@@ -121,6 +134,7 @@ def wrap_sessions(
         aux_rounds=w.aux_rounds,
         temperature=w.temperature,
         slots_per_round=cfg.energy.slots_per_round,
+        query_timeout=query_timeout(cfg),
     )
 
 

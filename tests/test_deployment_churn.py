@@ -1,0 +1,100 @@
+"""A device dies mid-run on the Deployment Engine: the round in flight finishes with the rest
+within the round timeout, the server opens a new session (the present set changed), warm
+start runs its auxiliary round there, and the run completes (issues 3 and 7).
+
+Real ``flower-superlink`` and three ``flower-supernode`` processes on loopback; one SuperNode
+(with its ClientApps) is killed with SIGKILL after round 1 is on record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from edgefleet.processes import FlowerFleet, config_arg
+from edgefleet.simulation.runner import app_copy
+
+NUM_NODES = 3
+NUM_ROUNDS = 4
+ROUND_TIMEOUT = 60.0
+RUN_NAME = "deploy-churn"
+RUN_DEADLINE = 600.0  # seconds from the start; about 3 minutes on an idle 2-core machine
+
+
+def _rows(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.timeout(RUN_DEADLINE + 60)
+def test_killed_supernode_ends_a_session_and_the_run_goes_on(tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    run_dir = tmp_path / "out" / RUN_NAME
+    fleet = FlowerFleet(tmp_path / "flower", connection="deploy-churn")
+    try:
+        fleet.start_superlink(timeout=60.0)
+        nodes = [
+            fleet.start_supernode({"partition-id": i, "num-partitions": NUM_NODES})
+            for i in range(NUM_NODES)
+        ]
+        fleet.wait_for_nodes(NUM_NODES, timeout=60.0)
+        run_config = {
+            "num-server-rounds": NUM_ROUNDS,
+            "local-steps": 3,
+            "min-nodes": NUM_NODES,
+            "round-timeout": ROUND_TIMEOUT,
+            "output-dir": str(tmp_path / "out"),
+            "run-name": RUN_NAME,
+            "warmstart.mode": "pilot",  # sessions on, detected from who is present
+            "warmstart.pilot-sessions": 1,
+            "sessions.change-threshold": 0.2,  # one of three gone: a Jaccard distance of 1/3
+        }
+        flwr_run = fleet.flwr(
+            "run",
+            str(app_copy(tmp_path / "app")),
+            fleet.connection,
+            "--stream",
+            "--run-config",
+            config_arg(run_config),
+            name="flwr-run",
+        )
+        metrics, summary = run_dir / "metrics.jsonl", run_dir / "summary.json"
+        killed_at: float | None = None
+        while not summary.exists():
+            if killed_at is None and len(_rows(metrics)) >= 1:
+                os.killpg(nodes[-1].pid, signal.SIGKILL)  # the SuperNode and its ClientApps
+                killed_at = time.monotonic()
+            rc = flwr_run.popen.poll()
+            if rc not in (None, 0):
+                pytest.fail(f"`flwr run` exited with code {rc}:\n{flwr_run.tail()}")
+            if time.monotonic() - t0 > RUN_DEADLINE:
+                pytest.fail(f"no {summary} {RUN_DEADLINE:.0f} s after the test started")
+            time.sleep(0.5)
+
+        rows = _rows(metrics)
+        assert [r["round"] for r in rows] == list(range(1, NUM_ROUNDS + 1))
+        assert all(r["rejected"] == [] for r in rows)
+        assert len(rows[0]["participants"]) == NUM_NODES
+        gone = str(NUM_NODES - 1)  # device id = partition id
+        after = [r for r in rows if r["session"] == 2]
+        assert after, f"no second session: {[(r['round'], r['session']) for r in rows]}"
+        assert after[0]["left"] == [gone] and after[0]["phase"] == "aux"
+        assert after[-1]["round"] == NUM_ROUNDS
+        for row in after:
+            assert gone not in row["participants"] and len(row["participants"]) == NUM_NODES - 1
+        # No round waited for the dead node much longer than the round timeout.
+        walls = [0.0] + [r["wall_s"] for r in rows]
+        assert max(b - a for a, b in zip(walls, walls[1:], strict=False)) < 3 * ROUND_TIMEOUT
+        print(f"\nkilled after round 1 at {killed_at - t0:.0f} s; rounds: {walls[1:]}")
+    except BaseException:
+        print(f"\n----- Flower process logs ({tmp_path}) -----\n{fleet.report()}")
+        raise
+    finally:
+        fleet.stop()
+    assert fleet.survivors() == [], "Flower processes outlived the test"
