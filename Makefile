@@ -7,7 +7,7 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_TELEMETRY_ENABLED := 0
 export FLWR_DISABLE_UPDATE_CHECK := 1
 
-.PHONY: install demo test lint clean
+.PHONY: install demo test test-compose lint clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ lint: install
 
 test: lint
 	$(BIN)/pytest -q
+
+# The docker compose fleet against a real engine (root, dockerd running; builds the images
+# it lacks: 10-20 minutes the first time).
+test-compose: install
+	EDGEFLEET_COMPOSE_TEST=1 $(BIN)/pytest -q -s tests/test_compose.py
 
 clean:
 	rm -rf $(VENV) runs report .pytest_cache .mypy_cache .ruff_cache

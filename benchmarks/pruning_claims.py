@@ -10,7 +10,9 @@ Engine with the same seeds:
 - ``no-reconstruction``: curvature pruning, pruned entries filled with zeros (the paper's
   ablation);
 - ``elementwise`` (optional, ``--variants``): each entry averaged over the devices that
-  kept it.
+  kept it;
+- ``compact-download`` (optional): curvature, and a pruned device is sent only its slice of
+  the model once its channels are known (full model every ``pruning.refresh-rounds``).
 
 Reported per (alpha, variant): final accuracy (mean over seeds and per seed), the mean
 over the last three rounds, and bytes up and down per round. The paper claims
@@ -43,6 +45,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "random": {"pruning.criterion": "random"},
     "no-reconstruction": {"pruning.criterion": "curvature", "pruning.reconstruction": "zeros"},
     "elementwise": {"pruning.criterion": "curvature", "pruning.reconstruction": "elementwise"},
+    "compact-download": {"pruning.criterion": "curvature", "pruning.compact-download": True},
 }
 
 
@@ -121,9 +124,12 @@ def main() -> None:
             }
         if "full" in row:
             for variant in variants:
-                row[variant]["upload_vs_full"] = round(
-                    row[variant]["bytes_up_per_round"] / row["full"]["bytes_up_per_round"], 3
-                )
+                for way in ("up", "down"):
+                    row[variant][f"{way}load_vs_full"] = round(
+                        row[variant][f"bytes_{way}_per_round"]
+                        / row["full"][f"bytes_{way}_per_round"],
+                        3,
+                    )
         plot_dir = Path(args.out) / f"plots-{args.dataset}-a{alpha:g}"
         draw_plots([load_run(d) for d in dirs], plot_dir)
         row["plots"] = str(plot_dir)

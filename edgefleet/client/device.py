@@ -19,8 +19,10 @@ from torch import nn
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.task.data import (
     ArrayDataset,
+    dataset_info,
     group_partition_indices,
     load_dataset,
+    load_local_data,
     partition_indices,
     split_local,
 )
@@ -40,7 +42,8 @@ class DeviceProfile:
     """The node-level facts a device reports. In simulation Flower sets only
     ``partition-id`` and ``num-partitions``; the rest derive from them and the run config.
     On a SuperNode, ``--node-config`` may set ``device-id``, ``capacity``, ``harvest-prob``,
-    ``energy-source``, ``trace-path`` and ``keep-ratio`` (CA-HFP's resource class)."""
+    ``energy-source``, ``trace-path``, ``keep-ratio`` (CA-HFP's resource class) and
+    ``data-path`` (the device's own data instead of a partition of the run's data set)."""
 
     partition_id: int
     num_partitions: int
@@ -50,6 +53,7 @@ class DeviceProfile:
     energy_source: str = "bernoulli"
     trace_path: str = ""
     keep_ratio: float = 1.0
+    data_path: str = ""
 
     @classmethod
     def from_configs(cls, node_config: Mapping[str, Any], cfg: RunConfig) -> DeviceProfile:
@@ -72,6 +76,7 @@ class DeviceProfile:
                 keep_ratio=float(
                     node_config.get("keep-ratio", cfg.pruning.ratio_for(base.partition_id))
                 ),
+                data_path=str(node_config.get("data-path", "")),
             )
         except (TypeError, ValueError) as err:
             raise NodeConfigError(f"node config energy or keep-ratio keys: {err}") from None
@@ -171,6 +176,17 @@ def get_device(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) ->
 
 def _build_device(cfg: RunConfig, profile: DeviceProfile) -> Device:
     torch.set_num_threads(cfg.train.client_threads)
+    if profile.data_path:
+        # A real device's own data: no partitioning, the run's shapes and normalisation, and
+        # the run's data set itself need not be on the device.
+        info = dataset_info(cfg.data.dataset)
+        local_train, local_test = split_local(
+            load_local_data(profile.data_path, cfg.data.dataset),
+            cfg.data.local_test_fraction,
+            seed=seed_for(cfg.seed, profile.partition_id),
+        )
+        model = build_model(cfg.train.model, info.input_shape, info.num_classes)
+        return Device(profile, cfg, local_train, local_test, model)
     train_pool, _, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     if cfg.sessions.schedule == "alternate":
         idx = group_partition_indices(

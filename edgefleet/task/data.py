@@ -760,6 +760,106 @@ def _fit_dirichlet(ds: Any, num_partitions: int, alpha: float, seed: int) -> Par
             min_size //= 2
 
 
+class LocalDataError(ValueError):
+    """A device's ``data-path`` is missing, empty or does not fit the run's data set."""
+
+
+_IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+def load_local_data(path: str | Path, dataset: str) -> ArrayDataset:
+    """A device's own data (``--node-config data-path=...``), shaped and normalised like the
+    run's data set ``dataset`` so that the global model fits it.
+
+    - an ``.npz`` file with ``x`` (N, H, W) or (N, H, W, C) raw pixels (0-255, or 0-16 for
+      ``digits``) and ``y`` integer labels in [0, num_classes);
+    - a folder in ImageFolder layout, ``<class>/<image>``: a class folder named like one of
+      the data set's classes (``"3"``, ``"pneumonia"``, ``"Platelets"``) gets that class's
+      label, otherwise folders are numbered in sorted order. Images are converted to the data
+      set's channels (L or RGB) and resized to its size with Pillow (no torchvision).
+
+    Cached per process like :func:`load_dataset`.
+    """
+    return _load_local_cached(str(Path(path).expanduser().resolve()), dataset)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_local_cached(path: str, dataset: str) -> ArrayDataset:
+    info = dataset_info(dataset)
+    root = Path(path)
+    if root.is_file() and root.suffix == ".npz":
+        with np.load(root) as npz:
+            if "x" not in npz or "y" not in npz:
+                raise LocalDataError(f"{root}: an .npz data-path needs arrays 'x' and 'y'")
+            x, y = np.asarray(npz["x"]), np.asarray(npz["y"]).astype(np.int64).ravel()
+        x = _fit_images(x, info)
+    elif root.is_dir():
+        x, y = _image_folder(root, info)
+    else:
+        raise LocalDataError(f"data-path {root} is neither an .npz file nor a folder")
+    if len(x) == 0:
+        raise LocalDataError(f"data-path {root} holds no samples")
+    if len(x) != len(y):
+        raise LocalDataError(f"data-path {root}: {len(x)} images but {len(y)} labels")
+    if y.min() < 0 or y.max() >= info.num_classes:
+        raise LocalDataError(
+            f"data-path {root}: labels must be in [0, {info.num_classes}) for {dataset}, "
+            f"got [{y.min()}, {y.max()}]"
+        )
+    data = ArrayDataset(_normalise(dataset, x), y)
+    log.info("loaded %d local samples from %s (as %s)", len(data), root, dataset)
+    return data
+
+
+def _fit_images(x: np.ndarray, info: DatasetInfo) -> np.ndarray:
+    """(N, H, W[, C]) raw pixels -> (N, H', W', C') with the data set's size and channels."""
+    if x.ndim == 3:
+        x = x[:, :, :, None]
+    if x.ndim != 4:
+        raise LocalDataError(f"images must be (N, H, W) or (N, H, W, C), got {x.shape}")
+    channels, height, width = info.input_shape
+    if x.shape[1:] == (height, width, channels):
+        return x
+    from PIL import Image
+
+    mode = "L" if channels == 1 else "RGB"
+    out = np.empty((len(x), height, width, channels), dtype=np.uint8)
+    for i, img in enumerate(x):
+        pixels = np.clip(img, 0, 255).astype(np.uint8)
+        pil = Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
+        resized = pil.convert(mode).resize((width, height), Image.Resampling.BILINEAR)
+        out[i] = np.asarray(resized).reshape(height, width, channels)
+    return out
+
+
+def _image_folder(root: Path, info: DatasetInfo) -> tuple[np.ndarray, np.ndarray]:
+    from PIL import Image
+
+    folders = sorted(p for p in root.iterdir() if p.is_dir())
+    if not folders:
+        raise LocalDataError(f"data-path {root}: no class folders (<class>/<image>)")
+    by_name = {name.lower(): i for i, name in enumerate(info.class_names)}
+    if all(f.name.lower() in by_name for f in folders):
+        labels = [by_name[f.name.lower()] for f in folders]
+    else:
+        labels = list(range(len(folders)))
+    channels, height, width = info.input_shape
+    mode = "L" if channels == 1 else "RGB"
+    images: list[np.ndarray] = []
+    targets: list[int] = []
+    for folder, label in zip(folders, labels, strict=True):
+        for file in sorted(folder.iterdir()):
+            if file.suffix.lower() not in _IMAGE_SUFFIXES:
+                continue
+            with Image.open(file) as img:
+                resized = img.convert(mode).resize((width, height), Image.Resampling.BILINEAR)
+            images.append(np.asarray(resized).reshape(height, width, channels))
+            targets.append(label)
+    if not images:
+        return np.empty((0, height, width, channels), np.uint8), np.empty(0, np.int64)
+    return np.stack(images), np.asarray(targets, dtype=np.int64)
+
+
 def split_local(
     ds: ArrayDataset, test_fraction: float, seed: int
 ) -> tuple[ArrayDataset, ArrayDataset]:
