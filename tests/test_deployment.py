@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.processes import FlowerFleet, config_arg
-from edgefleet.simulation.runner import app_copy
+from edgefleet.processes import FlowerFleet
+from tests.flower_runs import SUMMARY_GRACE, submit, wait_for_summary
 
 NUM_NODES = 3
 NUM_ROUNDS = 2
@@ -29,7 +29,6 @@ RUN_NAME = "deploy-smoke"
 # (each ClientApp is a fresh process that imports torch); under load, more.
 STARTUP_TIMEOUT = 60.0
 RUN_DEADLINE = 240.0
-SUMMARY_GRACE = 30.0  # after `flwr run --stream` has returned
 
 
 @pytest.mark.timeout(300)
@@ -57,31 +56,11 @@ def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
             "stopping.mode": "data-free",
             "stopping.patience": 100,
         }
-        flwr_run = fleet.flwr(
-            "run",
-            str(app_copy(tmp_path / "app")),
-            fleet.connection,
-            "--stream",
-            "--run-config",
-            config_arg(run_config),
-            name="flwr-run",
-        )
+        flwr_run = submit(fleet, tmp_path, run_config)
         # `--stream` may return before or after the ServerApp writes the summary; a run that
         # failed ends the stream without one.
         summary_path = run_dir / "summary.json"
-        stream_ended: float | None = None
-        while not summary_path.exists():
-            fleet.check_alive()
-            rc = flwr_run.popen.poll()
-            if rc not in (None, 0):
-                pytest.fail(f"`flwr run` exited with code {rc}:\n{flwr_run.tail()}")
-            if rc == 0 and stream_ended is None:
-                stream_ended = time.monotonic()
-            if stream_ended is not None and time.monotonic() - stream_ended > SUMMARY_GRACE:
-                pytest.fail(f"the run ended without {summary_path}:\n{flwr_run.tail()}")
-            if time.monotonic() - t0 > RUN_DEADLINE:
-                pytest.fail(f"no {summary_path} {RUN_DEADLINE:.0f} s after the test started")
-            time.sleep(0.5)
+        wait_for_summary(fleet, flwr_run, summary_path, t0 + RUN_DEADLINE)
         t_summary = time.monotonic() - t0
 
         summary = json.loads(summary_path.read_text())

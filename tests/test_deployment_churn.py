@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.processes import FlowerFleet, config_arg
-from edgefleet.simulation.runner import app_copy
+from edgefleet.processes import FlowerFleet
+from tests.flower_runs import submit, wait_for_summary
 
 NUM_NODES = 3
 NUM_ROUNDS = 4
@@ -55,28 +55,18 @@ def test_killed_supernode_ends_a_session_and_the_run_goes_on(tmp_path: Path) -> 
             "warmstart.pilot-sessions": 1,
             "sessions.change-threshold": 0.2,  # one of three gone: a Jaccard distance of 1/3
         }
-        flwr_run = fleet.flwr(
-            "run",
-            str(app_copy(tmp_path / "app")),
-            fleet.connection,
-            "--stream",
-            "--run-config",
-            config_arg(run_config),
-            name="flwr-run",
-        )
-        metrics, summary = run_dir / "metrics.jsonl", run_dir / "summary.json"
-        killed_at: float | None = None
-        while not summary.exists():
-            if killed_at is None and len(_rows(metrics)) >= 1:
-                os.killpg(nodes[-1].pid, signal.SIGKILL)  # the SuperNode and its ClientApps
-                killed_at = time.monotonic()
-            rc = flwr_run.popen.poll()
-            if rc not in (None, 0):
-                pytest.fail(f"`flwr run` exited with code {rc}:\n{flwr_run.tail()}")
-            if time.monotonic() - t0 > RUN_DEADLINE:
-                pytest.fail(f"no {summary} {RUN_DEADLINE:.0f} s after the test started")
-            time.sleep(0.5)
+        flwr_run = submit(fleet, tmp_path, run_config)
+        metrics = run_dir / "metrics.jsonl"
+        killed_at: list[float] = []
 
+        def kill_after_round_1() -> None:
+            if not killed_at and len(_rows(metrics)) >= 1:
+                os.killpg(nodes[-1].pid, signal.SIGKILL)  # the SuperNode and its ClientApps
+                killed_at.append(time.monotonic())
+
+        wait_for_summary(
+            fleet, flwr_run, run_dir / "summary.json", t0 + RUN_DEADLINE, kill_after_round_1
+        )
         rows = _rows(metrics)
         assert [r["round"] for r in rows] == list(range(1, NUM_ROUNDS + 1))
         assert all(r["rejected"] == [] for r in rows)
@@ -91,7 +81,7 @@ def test_killed_supernode_ends_a_session_and_the_run_goes_on(tmp_path: Path) -> 
         # No round waited for the dead node much longer than the round timeout.
         walls = [0.0] + [r["wall_s"] for r in rows]
         assert max(b - a for a, b in zip(walls, walls[1:], strict=False)) < 3 * ROUND_TIMEOUT
-        print(f"\nkilled after round 1 at {killed_at - t0:.0f} s; rounds: {walls[1:]}")
+        print(f"\nkilled after round 1 at {killed_at[0] - t0:.0f} s; rounds: {walls[1:]}")
     except BaseException:
         print(f"\n----- Flower process logs ({tmp_path}) -----\n{fleet.report()}")
         raise

@@ -32,12 +32,11 @@ import pytest
 
 from edgefleet.processes import (
     FlowerFleet,
-    FlowerProcess,
     config_arg,
     free_port,
     toml_value,
 )
-from edgefleet.simulation.runner import app_copy
+from tests.flower_runs import SUMMARY_GRACE, submit, wait_for_summary
 
 GEN_CERTS = Path(__file__).resolve().parents[1] / "deploy" / "gen-certs.sh"
 NUM_NODES = 3
@@ -45,7 +44,6 @@ NUM_ROUNDS = 1
 RUN_NAME = "tls-auth"
 STARTUP_TIMEOUT = 60.0
 RUN_DEADLINE = 200.0  # from the test start; about 60 s on an idle machine
-SUMMARY_GRACE = 30.0
 
 pytestmark = [
     pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed"),
@@ -64,26 +62,6 @@ def make_certs(dest: Path, nodes: int) -> Path:
         timeout=60,
     )
     return dest
-
-
-def wait_for_summary(fleet: FlowerFleet, flwr_run: FlowerProcess, path: Path, t0: float) -> None:
-    """Until the ServerApp writes ``path``; fail on a dead SuperLink, a failed ``flwr run``
-    or the deadline."""
-    stream_ended: float | None = None
-    while not path.exists():
-        for proc in fleet.processes:
-            if proc.name == "superlink" and not proc.running():
-                pytest.fail(f"the SuperLink exited:\n{proc.tail()}")
-        rc = flwr_run.popen.poll()
-        if rc not in (None, 0):
-            pytest.fail(f"`flwr run` exited with code {rc}:\n{flwr_run.tail()}")
-        if rc == 0 and stream_ended is None:
-            stream_ended = time.monotonic()
-        if stream_ended is not None and time.monotonic() - stream_ended > SUMMARY_GRACE:
-            pytest.fail(f"the run ended without {path}:\n{flwr_run.tail()}")
-        if time.monotonic() - t0 > RUN_DEADLINE:
-            pytest.fail(f"no {path} {RUN_DEADLINE:.0f} s after the test started")
-        time.sleep(0.5)
 
 
 @pytest.mark.timeout(240)
@@ -173,17 +151,9 @@ def test_tls_with_registered_supernodes(tmp_path: Path) -> None:
             "output-dir": str(output_dir),
             "run-name": RUN_NAME,
         }
-        flwr_run = fleet.flwr(
-            "run",
-            str(app_copy(tmp_path / "app")),
-            fleet.connection,
-            "--stream",
-            "--run-config",
-            config_arg(run_config),
-            name="flwr-run",
-        )
+        flwr_run = submit(fleet, tmp_path, run_config)
         summary_path = run_dir / "summary.json"
-        wait_for_summary(fleet, flwr_run, summary_path, t0)
+        wait_for_summary(fleet, flwr_run, summary_path, t0 + RUN_DEADLINE)
         t_summary = time.monotonic() - t0
 
         summary = json.loads(summary_path.read_text())

@@ -1,0 +1,56 @@
+"""Shared by the tests that drive real Flower processes: submit the app, wait for its summary."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgefleet.processes import FlowerFleet, FlowerProcess, config_arg
+from edgefleet.simulation.runner import app_copy
+
+SUMMARY_GRACE = 30.0  # seconds a run may take to write its summary after the stream ended
+
+
+def submit(fleet: FlowerFleet, workdir: Path, run_config: Mapping[str, Any]) -> FlowerProcess:
+    """``flwr run <a copy of the app> <connection> --stream --run-config ...``, at once."""
+    return fleet.flwr(
+        "run",
+        str(app_copy(workdir / "app")),
+        fleet.connection,
+        "--stream",
+        "--run-config",
+        config_arg(run_config),
+        name="flwr-run",
+    )
+
+
+def wait_for_summary(
+    fleet: FlowerFleet,
+    flwr_run: FlowerProcess,
+    path: Path,
+    deadline: float,
+    on_poll: Callable[[], None] = lambda: None,
+) -> None:
+    """Until the ServerApp writes ``path``; fail on a dead SuperLink, a failed ``flwr run``,
+    a stream that ended without the summary, or ``deadline`` (a ``time.monotonic()`` value).
+    ``on_poll`` runs twice a second (to kill a node mid-run, say)."""
+    stream_ended: float | None = None
+    while not path.exists():
+        for proc in fleet.processes:
+            if proc.name == "superlink" and not proc.running():
+                pytest.fail(f"the SuperLink exited:\n{proc.tail()}")
+        rc = flwr_run.popen.poll()
+        if rc not in (None, 0):
+            pytest.fail(f"`flwr run` exited with code {rc}:\n{flwr_run.tail()}")
+        if rc == 0 and stream_ended is None:
+            stream_ended = time.monotonic()
+        if stream_ended is not None and time.monotonic() - stream_ended > SUMMARY_GRACE:
+            pytest.fail(f"the run ended without {path}:\n{flwr_run.tail()}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {path} by the test's deadline")
+        on_poll()
+        time.sleep(0.5)
