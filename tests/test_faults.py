@@ -62,3 +62,15 @@ def test_unknown_fault_kind_is_an_error_reply() -> None:
 def test_bad_fault_kind_names_the_choices() -> None:
     with pytest.raises(ValueError, match="valid choices: cycle, nan"):
         corrupt(RecordDict(), "bogus", 1)
+
+
+def test_unreadable_data_path_is_an_error_reply_not_a_crash(tmp_path) -> None:
+    FakeGrid({})
+    ctx = Context(
+        run_id=1, node_id=1, state=RecordDict(), run_config={},
+        node_config={"partition-id": 0, "num-partitions": 1,
+                     "data-path": str(tmp_path / "missing.npz")},
+    )  # fmt: skip
+    grid = FakeGrid({1: lambda msg: train(msg, ctx)})
+    _, results = _run(FedAvg(min_available_nodes=1, min_train_nodes=1), grid, get_arrays(_model()))
+    assert results[0].declined == ["node-1"] and results[0].participants == []

@@ -234,7 +234,7 @@ def keep_dtypes(new: ArrayRecord, old: ArrayRecord) -> ArrayRecord:
         if arr.dtype == want:
             out[key] = arr
             continue
-        value, target = arr.numpy(), old[key].numpy().dtype
+        value, target = arr.numpy(), np.dtype(want)
         if np.issubdtype(target, np.integer) and not np.issubdtype(value.dtype, np.integer):
             value = np.rint(value)
         out[key] = Array(np.asarray(value, dtype=target))

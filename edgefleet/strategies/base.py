@@ -111,6 +111,12 @@ class LoopStrategy(Strategy):
         if hasattr(self.inner, "on_session"):  # a wrapper, or a stateful strategy (FedSAG)
             self.inner.on_session(arrays)
 
+    def register_devices(self, device_ids: Iterable[str]) -> None:
+        """Devices the selection has heard from, passed down to a strategy that keeps
+        per-device state (FedSAG counts them in its memory mean before their first upload)."""
+        if hasattr(self.inner, "register_devices"):
+            self.inner.register_devices(device_ids)
+
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume, for the server checkpoint (nested per wrapper).
         An inner strategy with state of its own (e.g. FedSAG's memory) has ``state_dict``

@@ -65,8 +65,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             self.device_of_node[node] = status.device
         devices = [a.device for a in answers.values()]
         self.ages.register(devices)
-        if hasattr(self.inner, "register_devices"):
-            self.inner.register_devices(devices)
+        self.register_devices(devices)
         return {node: status.feasible for node, status in answers.items()}
 
     def configure_train(

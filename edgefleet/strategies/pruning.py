@@ -107,11 +107,6 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
     def own_callbacks(self) -> list[RoundCallback]:
         return [self]
 
-    def register_devices(self, device_ids: Iterable[str]) -> None:
-        # Energy-aware selection announces the fleet to a memory-keeping inner strategy.
-        if hasattr(self.inner, "register_devices"):
-            self.inner.register_devices(device_ids)
-
     # ------------------------------------------------------------------------ download
 
     def configure_train(
@@ -179,48 +174,47 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        replies = list(replies)
-        compact = [m for m in replies if KEPT in m.content.array_records]
-        n = len(replies)
-        self._round_stats.update(
-            compact_replies=len(compact),
-            mean_kept_fraction=(
-                float(np.mean([_metric(m, "kept-fraction", 1.0) for m in replies])) if n else 1.0
-            ),
-        )
-        for msg in replies:
-            if KEPT in msg.content.array_records:
-                self.masks[msg.metadata.src_node_id] = kept_from_record(
-                    msg.content.array_records[KEPT]
-                )
-            else:
+        # Each reply's kept channels (None: a full-size reply), decoded once.
+        parts = [
+            (
+                m,
+                kept_from_record(m.content.array_records[KEPT])
+                if KEPT in m.content.array_records
+                else None,
+            )
+            for m in replies
+        ]
+        for msg, kept in parts:
+            if kept is None:
                 self.masks.pop(msg.metadata.src_node_id, None)
-        if not compact:
-            return self.inner.aggregate_train(server_round, replies)
+            else:
+                self.masks[msg.metadata.src_node_id] = kept
+        fractions = [_metric(m, "kept-fraction", 1.0) for m, _ in parts]
+        self._round_stats.update(
+            compact_replies=sum(kept is not None for _, kept in parts),
+            mean_kept_fraction=float(np.mean(fractions)) if fractions else 1.0,
+        )
+        if all(kept is None for _, kept in parts):
+            return self.inner.aggregate_train(server_round, [m for m, _ in parts])
         fill = "zeros" if self.reconstruction == "zeros" else "global"
-        full = [self._full_size(m, fill) for m in replies]
+        full = [m if kept is None else self._full_size(m, kept, fill) for m, kept in parts]
         arrays, metrics = self.inner.aggregate_train(server_round, full)
         if self.reconstruction != "elementwise" or arrays is None:
             return arrays, metrics
         # The inner strategy is a plain weighted mean (the config allows elementwise only
         # then): its metrics stand, its arrays are replaced by the per-entry average.
-        updates = []
-        for msg in replies:
-            values = to_numpy(msg.content.array_records["arrays"])
-            kept = (
-                kept_from_record(msg.content.array_records[KEPT])
-                if KEPT in msg.content.array_records
-                else self.plan.full_kept()
+        updates = [
+            (
+                to_numpy(msg.content.array_records["arrays"]),
+                self.plan.index_maps(self.plan.full_kept() if kept is None else kept),
+                _metric(msg, "num-examples", 0.0),
             )
-            weight = _metric(msg, "num-examples", 0.0)
-            updates.append((values, self.plan.index_maps(kept), weight))
+            for msg, kept in parts
+        ]
         return to_record(elementwise_average(self._sent, updates)), metrics
 
-    def _full_size(self, msg: Message, fill: str) -> Message:
-        """A copy of ``msg`` whose arrays are scattered to full size (full replies as is)."""
-        if KEPT not in msg.content.array_records:
-            return msg
-        kept = kept_from_record(msg.content.array_records[KEPT])
+    def _full_size(self, msg: Message, kept: dict[str, np.ndarray], fill: str) -> Message:
+        """A copy of the compact reply ``msg`` with its arrays scattered to full size."""
         values = to_numpy(msg.content.array_records["arrays"])
         full = scatter(self._sent, values, self.plan.index_maps(kept), fill)
         out = copy.copy(msg)  # the loop still counts the compact reply's bytes
