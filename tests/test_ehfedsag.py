@@ -18,6 +18,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.client.app import status, train
 from edgefleet.server.loop import RoundLoop
+from edgefleet.strategies.base import query_status
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
 from tests.fakes import FakeGrid
@@ -118,15 +119,58 @@ def test_energy_age_selection_takes_oldest_feasible_and_resets_ages() -> None:
     assert sum(d.trains for d in devices.values()) == 12
 
 
+def _selections(node_ids: list[int], rounds: int, **kw: int) -> list[list[str]]:
+    """Device ids selected per round; device i sits behind node ``node_ids[i]``, every
+    third device is feasible only on odd rounds."""
+    plan = [[r % 2 == 1 for r in range(1, rounds + 1)] for _ in node_ids]
+    devices = {
+        n: FakeDevice(i, 1.0, plan[i] if i % 3 == 0 else True) for i, n in enumerate(node_ids)
+    }
+    strategy = EnergyAgeSelection(FedAvg(**KW), slots_per_round=4, seed=7, **kw)  # type: ignore[arg-type]
+    loop = RoundLoop(
+        strategy,
+        FakeGrid(devices),  # type: ignore[arg-type]
+        evaluate_fn=_no_eval,
+        callbacks=strategy.round_callbacks(),
+    )
+    seen = []
+    for rnd in range(1, rounds + 1):
+        loop.run(_rec(np.zeros(1)), rnd, first_round=rnd)
+        seen.append(list(strategy._selected))
+    return seen
+
+
+def test_selection_depends_on_device_ids_not_on_flower_node_ids() -> None:
+    # The Simulation Engine draws node ids at random each run: one seed, one selection.
+    a = _selections(list(range(1, 13)), 6, max_devices=4, batch_size=5)
+    b = _selections([9_000_000 + 7 * i for i in range(12)][::-1], 6, max_devices=4, batch_size=5)
+    assert a == b
+    assert all(len(s) == 4 for s in a)
+
+
 def test_batched_status_queries_ask_fewer_devices() -> None:
     devices = {n: FakeDevice(n - 1, 1.0) for n in range(1, 21)}
     grid = FakeGrid(devices)  # type: ignore[arg-type]
     strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=3, slots_per_round=4, batch_size=4)
-    RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=strategy.round_callbacks()).run(
-        _rec(np.zeros(1)), 1
-    )
-    assert strategy._queried == 4
-    assert sum(d.queries for d in devices.values()) == 4
+    loop = RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=strategy.round_callbacks())
+    loop.run(_rec(np.zeros(1)), 1)
+    assert strategy._queried == 20  # round 1: every node once, to learn its device id
+    loop.run(_rec(np.zeros(1)), 2, first_round=2)
+    assert strategy._queried == 4  # from then on: the oldest batch only
+    assert sum(d.queries for d in devices.values()) == 24
+    assert sum(d.trains for d in devices.values()) == 6
+
+
+def test_answers_from_an_outer_query_are_not_asked_again() -> None:
+    devices = {n: FakeDevice(n - 1, 1.0, feasible=n % 2 == 0) for n in range(1, 7)}
+    grid = FakeGrid(devices)  # type: ignore[arg-type]
+    strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4, batch_size=2)
+    # what the sessions wrapper's presence query hands down before configure_train
+    strategy.on_status(1, query_status(grid, list(devices), 1, 4, timeout=5))  # type: ignore[arg-type]
+    msgs = list(strategy.configure_train(1, _rec(np.zeros(1)), ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert strategy._queried == 0
+    assert sum(d.queries for d in devices.values()) == 6  # the outer query only
+    assert len(msgs) == 2 and all(m.metadata.dst_node_id % 2 == 0 for m in msgs)
 
 
 def _context(state: RecordDict | None = None, **run_config: object) -> Context:

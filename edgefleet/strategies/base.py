@@ -14,7 +14,7 @@ and EdgeFleet's own ServerApp is only the first user of that public API.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from logging import WARNING
 from typing import Any
@@ -116,6 +116,12 @@ class LoopStrategy(Strategy):
         per-device state (FedSAG counts them in its memory mean before their first upload)."""
         if hasattr(self.inner, "register_devices"):
             self.inner.register_devices(device_ids)
+
+    def on_status(self, server_round: int, answers: Mapping[int, DeviceStatus]) -> None:
+        """Status answers an outer wrapper already collected this round (same slot clock),
+        passed down so that an inner selection does not ask those nodes again."""
+        if hasattr(self.inner, "on_status"):
+            self.inner.on_status(server_round, answers)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to resume, for the server checkpoint (nested per wrapper).

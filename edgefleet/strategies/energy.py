@@ -10,13 +10,16 @@ RNG, and only those get the train message. Ages reset on upload.
 Devices are asked in descending age, ``batch_size`` at a time, until M feasible ones have
 answered: the rule picks the oldest feasible devices, so asking the rest could not change
 the selection, and a round's cost stays proportional to M rather than to the fleet
-(``batch_size = 0`` asks everyone at once). Wrapped around FedAvg this is EH-FedAvg, around
-:class:`~edgefleet.strategies.fedsag.FedSAG` it is EH-FedSAG.
+(``batch_size = 0`` asks everyone at once). A node is asked once when it first appears, to
+learn its stable device id, which orders it from then on. When an outer wrapper has already
+asked every node this round (the sessions wrapper's presence query carries the same slot
+clock), those answers are reused and no second query is sent. Wrapped around FedAvg this is
+EH-FedAvg, around :class:`~edgefleet.strategies.fedsag.FedSAG` it is EH-FedSAG.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from logging import INFO
 from typing import Any
 
@@ -27,7 +30,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.server.loop import RoundCallback, RoundResult
-from edgefleet.strategies.base import LoopStrategy, SubsetGrid, query_status
+from edgefleet.strategies.base import DeviceStatus, LoopStrategy, SubsetGrid, query_status
 from edgefleet.strategies.selection import AgeTracker, query_order, select_in_batches
 
 
@@ -49,8 +52,10 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self.rng = np.random.default_rng(seed)
         self.ages = AgeTracker()
         self.device_of_node: dict[int, str] = {}
-        self._queried = 0
+        self._queried = 0  # status messages sent this round
         self._selected: list[str] = []
+        self._heard: dict[int, DeviceStatus] = {}  # this round's answers, by node
+        self._heard_round = 0
 
     def own_callbacks(self) -> list[RoundCallback]:
         return [self]
@@ -58,46 +63,64 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
     def slot(self, server_round: int) -> int:
         return (server_round - 1) * self.slots_per_round
 
-    def _status(self, grid: Grid, nodes: list[int], server_round: int) -> dict[int, bool]:
-        """Ask ``nodes`` for their battery at this round's slot; feasibility per node."""
-        answers = query_status(grid, nodes, server_round, self.slots_per_round, self.query_timeout)
+    def on_status(self, server_round: int, answers: Mapping[int, DeviceStatus]) -> None:
+        self._remember(server_round, answers)
+        super().on_status(server_round, answers)
+
+    def _remember(self, server_round: int, answers: Mapping[int, DeviceStatus]) -> None:
+        """Keep this round's status answers (feasibility at this round's slot)."""
+        if self._heard_round != server_round:
+            self._heard, self._heard_round = {}, server_round
+        self._heard.update(answers)
         for node, status in answers.items():
             self.device_of_node[node] = status.device
         devices = [a.device for a in answers.values()]
         self.ages.register(devices)
         self.register_devices(devices)
-        return {node: status.feasible for node, status in answers.items()}
+
+    def _ask(self, grid: Grid, nodes: list[int], server_round: int) -> None:
+        """Send the status query (battery at this round's slot) to ``nodes``."""
+        answers = query_status(grid, nodes, server_round, self.slots_per_round, self.query_timeout)
+        self._queried += len(nodes)
+        self._remember(server_round, answers)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        nodes = list(grid.get_node_ids())
-        # Order by the age of the device behind each node; a node not seen yet is a
-        # newcomer (its age: every round so far, as AgeTracker gives newcomers).
-        ages = {
-            str(n): self.ages.ages.get(self.device_of_node.get(n, ""), self.ages.rounds)
-            for n in nodes
-        }
-        order = query_order(ages, ages, self.rng)
+        nodes = sorted(grid.get_node_ids())
+        self._queried = 0
+        self._remember(server_round, {})
+        # A node's first answer names its device. Asking newcomers before ordering keeps the
+        # order, seeded ties included, on stable device ids: Flower's node ids change when a
+        # node reconnects, and the Simulation Engine draws them afresh every run, so an order
+        # keyed on them made two runs with one seed select different devices. Each node is
+        # asked this once in its life; a node that does not answer stays unknown (unavailable).
+        new = [n for n in nodes if n not in self.device_of_node and n not in self._heard]
+        if new:
+            self._ask(grid, new, server_round)
+        node_of = {self.device_of_node[n]: n for n in nodes if n in self.device_of_node}
+        order = query_order(self.ages.ages, node_of, self.rng)
         batch = self.batch_size or max(1, len(order))
 
-        def feasible(batch_ids: list[str]) -> dict[str, bool]:
-            answers = self._status(grid, [int(i) for i in batch_ids], server_round)
-            return {str(n): ok for n, ok in answers.items()}
+        def feasible(devices: list[str]) -> dict[str, bool]:
+            ask = [node_of[d] for d in devices if node_of[d] not in self._heard]
+            if ask:
+                self._ask(grid, ask, server_round)
+            heard = self._heard
+            return {d: heard[node_of[d]].feasible for d in devices if node_of[d] in heard}
 
-        chosen, self._queried = select_in_batches(order, feasible, self.max_devices, batch)
-        self._selected = [self.device_of_node[int(n)] for n in chosen]
+        self._selected, _ = select_in_batches(order, feasible, self.max_devices, batch)
         log(
             INFO,
             "energy-age selection: %d of %d nodes selected (%d asked)",
-            len(chosen),
+            len(self._selected),
             len(nodes),
             self._queried,
         )
-        if not chosen:
+        if not self._selected:
             return []
         config = ConfigRecord({**dict(config), "slot": self.slot(server_round)})
-        subset = SubsetGrid(grid, [int(n) for n in chosen])
+        subset = SubsetGrid(grid, [node_of[d] for d in self._selected])
         return self.inner.configure_train(server_round, arrays, config, subset)  # type: ignore[arg-type]
 
     def after_round(self, result: RoundResult) -> str | None:

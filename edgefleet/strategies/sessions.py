@@ -105,6 +105,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         for node, status in answers.items():
             self.devices[node] = status.device
             self.labels[status.device] = list(status.labels)
+        self.on_status(server_round, answers)  # energy selection reuses the batteries
         return sorted(node for node, status in answers.items() if status.present)
 
     # -- session boundaries -------------------------------------------------------------
