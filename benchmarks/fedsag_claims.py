@@ -44,6 +44,7 @@ def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str
         "selection.batch-size": args.batch_size,
         "energy.capacity": args.capacity,
         "energy.train-slots": args.train_slots,
+        "eval-samples": args.eval_samples,
         **overrides,
     }
     federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
@@ -78,6 +79,9 @@ def main() -> None:
     p.add_argument("--train-slots", type=int, default=3)
     p.add_argument("--dataset", default="mnist")
     p.add_argument("--target", type=float, default=0.9)
+    p.add_argument(
+        "--eval-samples", type=int, default=0, help="test images per evaluation (0: all)"
+    )
     p.add_argument("--data-dir", default="", help="default: EdgeFleet's data search")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-fedsag"))
     args = p.parse_args()
@@ -122,6 +126,7 @@ def main() -> None:
                     k: getattr(args, k)
                     for k in ("devices", "max_devices", "rounds", "local_steps", "lr")
                     + ("capacity", "train_slots", "dataset", "target", "seeds", "batch_size")
+                    + ("alphas", "harvest_probs", "eval_samples")
                 },
                 "settings": settings,
                 "wall_s": round(time.monotonic() - t0, 1),

@@ -252,3 +252,39 @@ def test_session_time_to_target_counts_aux_rounds_and_the_warm_start_row() -> No
     assert [s["rounds_to_target"] for s in out] == [2, 2, None]
     assert [s["aux_rounds"] for s in out] == [0, 2, 2]
     assert out[1]["bytes"] == 9
+
+
+def test_energy_selection_inside_sessions_reuses_the_presence_answers(tmp_path: Path) -> None:
+    from edgefleet.strategies.energy import EnergyAgeSelection
+    from edgefleet.strategies.fedsag import FedSAG
+
+    devices = {n: GroupDevice(n - 1, (n - 1) % 2, 4.0 * (-1) ** n) for n in range(1, 5)}
+    queries: list[int] = []
+
+    def counted(device: GroupDevice):
+        def handle(msg: Message) -> Message:
+            if msg.metadata.message_type == MessageType.QUERY:
+                queries.append(device.device)
+            return device(msg)
+
+        return handle
+
+    fedsag = FedSAG(**KW)
+    selection = EnergyAgeSelection(fedsag, max_devices=1, slots_per_round=4)
+    strategy = WarmStartInitializer(
+        selection,
+        store=SessionStore(tmp_path, max_stored=5),
+        tracker=SessionTracker(0.2, 0),
+        initial=_rec(np.zeros(2)),
+        param_keys=["w"],
+        mode="previous",
+        slots_per_round=4,
+    )
+    _, rows = _loop(
+        strategy, {n: counted(d) for n, d in devices.items()}, _rec(np.zeros(2)), 1, 2 * T
+    )
+    assert len(queries) == 2 * T * len(devices)  # the presence query only, never a second one
+    assert [r.extra["status_queries"] for r in rows] == [0] * (2 * T)
+    # session 2 is group 1 (device ids 1 and 3): selection and FedSAG see only those
+    assert all(set(r.participants) <= {"1", "3"} for r in rows[T:])
+    assert sorted(fedsag._known) == ["1", "3"]

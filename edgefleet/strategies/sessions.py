@@ -38,7 +38,7 @@ from flwr.serverapp.strategy import Strategy
 from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.server.loop import RoundCallback, RoundResult
 from edgefleet.server.sessions import SessionTracker
-from edgefleet.strategies.base import LoopStrategy, SubsetGrid, query_status
+from edgefleet.strategies.base import DeviceStatus, LoopStrategy, SubsetGrid, query_status
 from edgefleet.strategies.warmstart import (
     SessionStore,
     StoredSession,
@@ -86,6 +86,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.start_from: ArrayRecord | None = None  # the model this round starts from
         self.previous: ArrayRecord | None = None  # the model when the session opened
         self._round_info: dict[str, Any] = {}
+        self._answers: dict[int, DeviceStatus] = {}  # this round's present nodes' status
 
     def own_callbacks(self) -> list[RoundCallback]:
         return [self]
@@ -105,8 +106,8 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         for node, status in answers.items():
             self.devices[node] = status.device
             self.labels[status.device] = list(status.labels)
-        self.on_status(server_round, answers)  # energy selection reuses the batteries
-        return sorted(node for node, status in answers.items() if status.present)
+        self._answers = {node: status for node, status in answers.items() if status.present}
+        return sorted(self._answers)
 
     # -- session boundaries -------------------------------------------------------------
 
@@ -197,6 +198,9 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         if not nodes:
             return []
         send = arrays if self.start_from is None else self.start_from
+        # After on_session (FedSAG forgets its devices there): the present devices' answers
+        # go down so that energy selection reuses their batteries instead of asking again.
+        self.on_status(server_round, self._answers)
         return super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
 
     def aggregate_train(
