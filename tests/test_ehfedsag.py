@@ -17,10 +17,12 @@ from flwr.app import (
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.client.app import status, train
+from edgefleet.config import parse_run_config
+from edgefleet.server.app import make_strategy
 from edgefleet.server.loop import RoundLoop
 from edgefleet.strategies.base import query_status
 from edgefleet.strategies.energy import EnergyAgeSelection
-from edgefleet.strategies.fedsag import FedSAG
+from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
 from tests.fakes import FakeGrid
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}
@@ -97,6 +99,30 @@ def test_fedsag_full_participation_with_memories_equals_fedavg() -> None:
     w_sag = sag.run(w_sag, 3, first_round=2).arrays
     w_avg = avg.run(w_avg, 3, first_round=2).arrays
     np.testing.assert_allclose(w_sag["w"].numpy(), w_avg["w"].numpy(), rtol=1e-6)
+
+
+def test_eh_fedavg_is_the_plain_mean_of_the_participants() -> None:
+    class Sized(FakeDevice):  # devices that saw different numbers of samples
+        def __call__(self, msg: Message) -> Message:
+            reply = super().__call__(msg)
+            if msg.metadata.message_type == MessageType.TRAIN:
+                reply.content["metrics"]["num-examples"] = 1 + 9 * self.device
+            return reply
+
+    devices = {n: Sized(n - 1, d) for n, d in ((1, 1.0), (2, 3.0))}
+    out = RoundLoop(EqualWeightFedAvg(**KW), FakeGrid(devices), evaluate_fn=_no_eval).run(  # type: ignore[arg-type]
+        _rec(np.zeros(1)), 1
+    )
+    np.testing.assert_allclose(out.arrays["w"].numpy(), [2.0])  # not (1 + 30) / 11
+    weighted = RoundLoop(FedAvg(**KW), FakeGrid(devices), evaluate_fn=_no_eval).run(  # type: ignore[arg-type]
+        _rec(np.zeros(1)), 1
+    )
+    np.testing.assert_allclose(weighted.arrays["w"].numpy(), [31 / 11], rtol=1e-6)
+    # what the server builds for strategy = "fedavg" with energy-age selection
+    strategy = make_strategy(parse_run_config({"selection.mode": "energy-age"}))
+    while hasattr(strategy, "inner"):
+        strategy = strategy.inner
+    assert type(strategy) is EqualWeightFedAvg
 
 
 def test_energy_age_selection_takes_oldest_feasible_and_resets_ages() -> None:

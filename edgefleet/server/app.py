@@ -29,7 +29,7 @@ from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summa
 from edgefleet.server.sessions import SessionTracker
 from edgefleet.strategies.base import LoopStrategy
 from edgefleet.strategies.energy import EnergyAgeSelection
-from edgefleet.strategies.fedsag import FedSAG
+from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
 from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
@@ -62,6 +62,8 @@ def make_strategy(cfg: RunConfig) -> Strategy:
         inner = FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
     elif cfg.server.strategy == "fedsag":
         inner = FedSAG(cfg.server.server_lr, cfg.server.saga_init, **common)
+    elif energy_age:  # EH-FedAvg: the plain mean of the participants
+        inner = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
     else:
         inner = FedAvg(**common)  # type: ignore[arg-type]
     # Always on: it passes full-size replies through, and a deployment may give a SuperNode

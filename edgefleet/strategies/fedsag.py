@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
 
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.strategies.saga import SagaMemory, flatten, unflatten
@@ -96,3 +96,31 @@ class FedSAG(FedAvg):
             saved = state["memory"]
             self.memory = SagaMemory(int(saved["dim"]), init=self.init)
             self.memory.load_state_dict(saved)
+
+
+class EqualWeightFedAvg(FedAvg):
+    """FedAvg with every participant weighted equally: EH-FedAvg, the paper's baseline, is
+    the plain mean of the participants' models, as FedSAG's direction is a plain mean.
+    Flower's FedAvg weights by ``num-examples`` (samples seen), which differs between
+    devices whose data is shorter than ``local-steps`` x ``batch-size``."""
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        valid, _ = self._check_and_log_replies(replies, is_train=True)
+        if not valid:
+            return None, None
+        key = self.weighted_by_key
+        contents = [
+            RecordDict(
+                {
+                    **dict(m.content.array_records),
+                    **{
+                        name: MetricRecord({**dict(rec), key: 1})
+                        for name, rec in m.content.metric_records.items()
+                    },
+                }
+            )
+            for m in valid
+        ]
+        return aggregate_arrayrecords(contents, key), self.train_metrics_aggr_fn(contents, key)
