@@ -1,7 +1,7 @@
 """The ServerApp dies mid-run on the Deployment Engine and the run is resumed (issue 3).
 
 Real ``flower-superlink`` and two ``flower-supernode`` processes on loopback. Once round 2 is
-on record, the ``flwr-serverapp`` process is killed with SIGKILL (the SuperLink and the
+checkpointed, the ``flwr-serverapp`` process is killed with SIGKILL (the SuperLink and the
 SuperNodes live on, as after a crash of the server's app). ``flwr run`` with
 ``resume=true`` and the same run name then continues from the last checkpoint: every round
 appears exactly once in ``metrics.jsonl``, the rounds before the checkpoint are the killed
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from edgefleet.processes import FlowerFleet
-from edgefleet.server.checkpoint import FILENAME, load_checkpoint
+from edgefleet.server.checkpoint import FILENAME, CheckpointError, load_checkpoint
 from tests.flower_runs import submit, wait_for_summary
 
 NUM_NODES = 2
@@ -33,6 +33,14 @@ def _rows(path: Path) -> list[dict]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _checkpointed(run_dir: Path) -> int:
+    """The last round in the checkpoint (written after the round's metrics row); 0 if none."""
+    try:
+        return load_checkpoint(run_dir / FILENAME).round
+    except CheckpointError:  # not written yet (a half-written one is never visible)
+        return 0
 
 
 def _serverapps(fleet: FlowerFleet) -> list[int]:
@@ -59,7 +67,7 @@ def test_killed_serverapp_resumes_with_no_round_lost_or_repeated(tmp_path: Path)
             "run-name": RUN_NAME,
         }
         first = submit(fleet, tmp_path, run_config)
-        while len(_rows(metrics)) < KILL_AFTER:
+        while _checkpointed(run_dir) < KILL_AFTER:
             fleet.check_alive()
             if first.popen.poll() is not None:
                 pytest.fail(f"`flwr run` ended before round {KILL_AFTER}:\n{first.tail()}")

@@ -187,6 +187,24 @@ def test_batched_status_queries_ask_fewer_devices() -> None:
     assert sum(d.trains for d in devices.values()) == 6
 
 
+def test_a_reconnected_device_retires_its_old_node_id() -> None:
+    # device 0 sits behind node 5; the node dies but stays listed (its heartbeat has not
+    # expired yet) and the device comes back as node 3
+    old, new = FakeDevice(0, 1.0), FakeDevice(0, 1.0)
+    other = FakeDevice(1, 1.0)
+    grid = FakeGrid({5: old, 7: other})  # type: ignore[dict-item]
+    strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4)
+    loop = RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=strategy.round_callbacks())  # type: ignore[arg-type]
+    loop.run(_rec(np.zeros(1)), 1)
+    grid.handlers = {5: lambda msg: None, 3: new, 7: other}
+    for rnd in (2, 3):
+        loop.run(_rec(np.zeros(1)), rnd, first_round=rnd)
+        assert sorted(strategy._selected) == ["0", "1"]
+    assert [m.metadata.dst_node_id for m in grid.sent[-6:]].count(5) == 0
+    assert new.trains == 2 and strategy.device_of_node == {3: "0", 7: "1"}
+    assert strategy.state_dict()["retired"] == [5]
+
+
 def test_answers_from_an_outer_query_are_not_asked_again() -> None:
     devices = {n: FakeDevice(n - 1, 1.0, feasible=n % 2 == 0) for n in range(1, 7)}
     grid = FakeGrid(devices)  # type: ignore[arg-type]

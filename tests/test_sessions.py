@@ -280,9 +280,13 @@ def test_energy_selection_inside_sessions_reuses_the_presence_answers(tmp_path: 
         mode="previous",
         slots_per_round=4,
     )
-    _, rows = _loop(
-        strategy, {n: counted(d) for n, d in devices.items()}, _rec(np.zeros(2)), 1, 2 * T
-    )
+    handlers = {n: counted(d) for n, d in devices.items()}
+    out, rows = _loop(strategy, handlers, _rec(np.zeros(2)), 1, T + 1)
+    # round T + 1 opens session 2 (group 1: device ids 1 and 3). FedSAG forgot its devices
+    # at the boundary; the presence answers handed down after it count both in its K.
+    assert fedsag.memory is not None and sorted(fedsag.memory.device_ids) == ["1", "3"]
+    _, more = _loop(strategy, handlers, out.arrays, T + 2, 2 * T)
+    rows += more
     assert len(queries) == 2 * T * len(devices)  # the presence query only, never a second one
     assert [r.extra["status_queries"] for r in rows] == [0] * (2 * T)
     # session 2 is group 1 (device ids 1 and 3): selection and FedSAG see only those

@@ -10,8 +10,9 @@ RNG, and only those get the train message. Ages reset on upload.
 Devices are asked in descending age, ``batch_size`` at a time, until M feasible ones have
 answered: the rule picks the oldest feasible devices, so asking the rest could not change
 the selection, and a round's cost stays proportional to M rather than to the fleet
-(``batch_size = 0`` asks everyone at once). A node is asked once when it first appears, to
-learn its stable device id, which orders it from then on. When an outer wrapper has already
+(``batch_size = 0`` asks everyone at once). A node is asked when it first appears, to learn
+its stable device id, which orders it from then on; when a device reconnects under a new
+node id, the old id is retired and never asked again. When an outer wrapper has already
 asked every node this round (the sessions wrapper's presence query carries the same slot
 clock), those answers are reused and no second query is sent. Wrapped around FedAvg this is
 EH-FedAvg, around :class:`~edgefleet.strategies.fedsag.FedSAG` it is EH-FedSAG.
@@ -52,6 +53,11 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self.rng = np.random.default_rng(seed)
         self.ages = AgeTracker()
         self.device_of_node: dict[int, str] = {}
+        self._node_of_device: dict[str, int] = {}
+        # Node ids superseded by a newer node of the same device (a reconnect): a dead
+        # incarnation stays listed until its heartbeat expires and must not be asked.
+        self._retired: set[int] = set()
+        self._configured = 0  # the round configure_train last ran for
         self._queried = 0  # status messages sent this round
         self._selected: list[str] = []
         self._heard: dict[int, DeviceStatus] = {}  # this round's answers, by node
@@ -73,10 +79,21 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             self._heard, self._heard_round = {}, server_round
         self._heard.update(answers)
         for node, status in answers.items():
-            self.device_of_node[node] = status.device
+            self._map(node, status.device)
         devices = [a.device for a in answers.values()]
         self.ages.register(devices)
         self.register_devices(devices)
+
+    def _map(self, node: int, device: str) -> None:
+        before = self._node_of_device.get(device)
+        if before is not None and before != node:
+            self.device_of_node.pop(before, None)
+            self._retired.add(before)
+        self.device_of_node[node] = device
+        self._node_of_device[device] = node
+
+    def on_start(self, arrays: ArrayRecord, first_round: int) -> None:
+        self._heard, self._heard_round = {}, 0  # answers of an earlier start() are stale
 
     def _ask(self, grid: Grid, nodes: list[int], server_round: int) -> None:
         """Send the status query (battery at this round's slot) to ``nodes``."""
@@ -87,14 +104,15 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        nodes = sorted(grid.get_node_ids())
-        self._queried = 0
+        nodes = sorted(n for n in grid.get_node_ids() if n not in self._retired)
+        self._configured, self._queried = server_round, 0
         self._remember(server_round, {})
         # A node's first answer names its device. Asking newcomers before ordering keeps the
         # order, seeded ties included, on stable device ids: Flower's node ids change when a
         # node reconnects, and the Simulation Engine draws them afresh every run, so an order
-        # keyed on them made two runs with one seed select different devices. Each node is
-        # asked this once in its life; a node that does not answer stays unknown (unavailable).
+        # keyed on them made two runs with one seed select different devices. A node that
+        # answers is not asked this again; one that does not stays unknown (unavailable this
+        # round) and is asked again next round.
         new = [n for n in nodes if n not in self.device_of_node and n not in self._heard]
         if new:
             self._ask(grid, new, server_round)
@@ -125,8 +143,9 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
 
     def after_round(self, result: RoundResult) -> str | None:
         self.ages.on_round(result.participants)
-        result.extra["status_queries"] = self._queried
-        result.extra["selected"] = self._selected
+        configured = self._configured == result.round  # not when an outer wrapper skipped it
+        result.extra["status_queries"] = self._queried if configured else 0
+        result.extra["selected"] = self._selected if configured else []
         return None
 
     def state_dict(self) -> dict[str, Any]:
@@ -134,6 +153,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         state.update(
             ages=self.ages.state_dict(),
             device_of_node={str(k): v for k, v in self.device_of_node.items()},
+            retired=sorted(self._retired),
             rng=self.rng.bit_generator.state,
         )
         return state
@@ -142,4 +162,6 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         super().load_state_dict(state)
         self.ages.load_state_dict(state["ages"])
         self.device_of_node = {int(k): v for k, v in state["device_of_node"].items()}
+        self._node_of_device = {v: k for k, v in self.device_of_node.items()}
+        self._retired = {int(n) for n in state.get("retired", [])}
         self.rng.bit_generator.state = state["rng"]

@@ -4,9 +4,10 @@
 node whether its device is present (a light ``query`` message; in simulation presence
 follows the scenario's schedule on the client, in deployment a departed device is simply
 offline), feeds the present set to a :class:`~edgefleet.server.sessions.SessionTracker`,
-and hands the inner strategy a grid of the present nodes only. (That query costs a message
-per online node per round, on top of energy-aware selection's own batched query; merging the
-two is left to do.) When a new session opens it
+and hands the inner strategy a grid of the present nodes only, with their answers
+(``on_status``), which energy-aware selection reuses instead of asking again: the query
+carries the same slot clock. That costs one message per online node per round (counted in
+the row's ``presence_queries``). When a new session opens it
 stores the finished session's final model and builds the new session's initial model as
 ``warmstart.mode`` says (see :mod:`edgefleet.strategies.warmstart`):
 
@@ -95,9 +96,11 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
 
     def _presence(self, grid: Grid, server_round: int) -> list[int]:
         """Nodes whose device is present this round (all asked in one batch)."""
+        online = list(grid.get_node_ids())
+        self._round_info["presence_queries"] = len(online)
         answers = query_status(
             grid,
-            grid.get_node_ids(),
+            online,
             server_round,
             self.slots_per_round,
             self.query_timeout,
