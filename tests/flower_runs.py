@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,27 @@ from edgefleet.processes import FlowerFleet, FlowerProcess, config_arg
 from edgefleet.simulation.runner import app_copy
 
 SUMMARY_GRACE = 30.0  # seconds a run may take to write its summary after the stream ended
+
+
+@contextlib.contextmanager
+def stopped_after(fleet: FlowerFleet, workdir: Path) -> Iterator[FlowerFleet]:
+    """Run a test body against ``fleet``: print every process's log if it fails, stop the
+    fleet whatever happened, and fail if a Flower process outlived it."""
+    try:
+        yield fleet
+    except BaseException:
+        print(f"\n----- Flower process logs ({workdir}) -----\n{fleet.report()}")
+        raise
+    finally:
+        fleet.stop()
+    assert fleet.survivors() == [], "Flower processes outlived the test"
+
+
+def metrics_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl`` written so far ([] before the first round)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def submit(fleet: FlowerFleet, workdir: Path, run_config: Mapping[str, Any]) -> FlowerProcess:

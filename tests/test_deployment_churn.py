@@ -8,7 +8,6 @@ Real ``flower-superlink`` and three ``flower-supernode`` processes on loopback; 
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import time
@@ -17,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from edgefleet.processes import FlowerFleet
-from tests.flower_runs import submit, wait_for_summary
+from tests.flower_runs import metrics_rows, stopped_after, submit, wait_for_summary
 
 NUM_NODES = 3
 NUM_ROUNDS = 4
@@ -26,18 +25,12 @@ RUN_NAME = "deploy-churn"
 RUN_DEADLINE = 600.0  # seconds from the start; about 3 minutes on an idle 2-core machine
 
 
-def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 @pytest.mark.timeout(RUN_DEADLINE + 60)
 def test_killed_supernode_ends_a_session_and_the_run_goes_on(tmp_path: Path) -> None:
     t0 = time.monotonic()
     run_dir = tmp_path / "out" / RUN_NAME
     fleet = FlowerFleet(tmp_path / "flower", connection="deploy-churn")
-    try:
+    with stopped_after(fleet, tmp_path):
         fleet.start_superlink(timeout=60.0)
         nodes = [
             fleet.start_supernode({"partition-id": i, "num-partitions": NUM_NODES})
@@ -60,14 +53,14 @@ def test_killed_supernode_ends_a_session_and_the_run_goes_on(tmp_path: Path) -> 
         killed_at: list[float] = []
 
         def kill_after_round_1() -> None:
-            if not killed_at and len(_rows(metrics)) >= 1:
+            if not killed_at and len(metrics_rows(metrics)) >= 1:
                 os.killpg(nodes[-1].pid, signal.SIGKILL)  # the SuperNode and its ClientApps
                 killed_at.append(time.monotonic())
 
         wait_for_summary(
             fleet, flwr_run, run_dir / "summary.json", t0 + RUN_DEADLINE, kill_after_round_1
         )
-        rows = _rows(metrics)
+        rows = metrics_rows(metrics)
         assert [r["round"] for r in rows] == list(range(1, NUM_ROUNDS + 1))
         assert all(r["rejected"] == [] for r in rows)
         assert len(rows[0]["participants"]) == NUM_NODES
@@ -82,9 +75,3 @@ def test_killed_supernode_ends_a_session_and_the_run_goes_on(tmp_path: Path) -> 
         walls = [0.0] + [r["wall_s"] for r in rows]
         assert max(b - a for a, b in zip(walls, walls[1:], strict=False)) < 3 * ROUND_TIMEOUT
         print(f"\nkilled after round 1 at {killed_at[0] - t0:.0f} s; rounds: {walls[1:]}")
-    except BaseException:
-        print(f"\n----- Flower process logs ({tmp_path}) -----\n{fleet.report()}")
-        raise
-    finally:
-        fleet.stop()
-    assert fleet.survivors() == [], "Flower processes outlived the test"

@@ -20,19 +20,13 @@ import pytest
 
 from edgefleet.processes import FlowerFleet
 from edgefleet.server.checkpoint import FILENAME, CheckpointError, load_checkpoint
-from tests.flower_runs import submit, wait_for_summary
+from tests.flower_runs import metrics_rows, stopped_after, submit, wait_for_summary
 
 NUM_NODES = 2
 NUM_ROUNDS = 4
 KILL_AFTER = 2  # rounds on record
 RUN_NAME = "deploy-resume"
 RUN_DEADLINE = 480.0  # seconds from the start; about 2 minutes on an idle 2-core machine
-
-
-def _rows(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _checkpointed(run_dir: Path) -> int:
@@ -53,7 +47,7 @@ def test_killed_serverapp_resumes_with_no_round_lost_or_repeated(tmp_path: Path)
     run_dir = tmp_path / "out" / RUN_NAME
     metrics = run_dir / "metrics.jsonl"
     fleet = FlowerFleet(tmp_path / "flower", connection="deploy-resume")
-    try:
+    with stopped_after(fleet, tmp_path):
         fleet.start_superlink(timeout=60.0)
         for i in range(NUM_NODES):
             fleet.start_supernode({"partition-id": i, "num-partitions": NUM_NODES})
@@ -82,21 +76,19 @@ def test_killed_serverapp_resumes_with_no_round_lost_or_repeated(tmp_path: Path)
         assert not (run_dir / "summary.json").exists(), "the run finished before the kill"
         done = load_checkpoint(run_dir / FILENAME).round
         assert KILL_AFTER <= done < NUM_ROUNDS
-        before = _rows(metrics)[:done]
+        before = metrics_rows(metrics)[:done]
 
         (tmp_path / "again").mkdir()
         resumed = submit(fleet, tmp_path / "again", {**run_config, "resume": True})
         wait_for_summary(fleet, resumed, run_dir / "summary.json", t0 + RUN_DEADLINE)
-        rows = _rows(metrics)
+        rows = metrics_rows(metrics)
         assert [r["round"] for r in rows] == list(range(1, NUM_ROUNDS + 1))
         assert rows[:done] == before  # not run again
-        assert all(len(r["participants"]) == NUM_NODES for r in rows[done:])
+        # A node may still be busy with the killed run's last message when the resumed run
+        # starts, and miss a round; every resumed round must still train.
+        seen = [(r["round"], r["participants"], r["declined"], r["rejected"]) for r in rows]
+        assert all(r["participants"] for r in rows[done:]), seen
+        print(f"\nrounds (participants, declined, rejected): {seen}")
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["rounds_run"] == NUM_ROUNDS
         print(f"\nkilled after round {done}; resumed run done at {time.monotonic() - t0:.0f} s")
-    except BaseException:
-        print(f"\n----- Flower process logs ({tmp_path}) -----\n{fleet.report()}")
-        raise
-    finally:
-        fleet.stop()
-    assert fleet.survivors() == [], "Flower processes outlived the test"
