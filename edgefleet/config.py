@@ -17,7 +17,7 @@ from typing import Any
 
 from edgefleet.client.battery import SOURCES
 from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS, RECONSTRUCTIONS
-from edgefleet.strategies.saga import SAGA_INITS
+from edgefleet.strategies.saga import SAGA_ESTIMATORS, SAGA_INITS
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.data import DATASETS, PARTITIONS
 from edgefleet.task.names import MODELS
@@ -56,6 +56,7 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "resume": False,
     "server-lr": 1.0,
     "saga.init": "zeros",
+    "saga.estimator": "saga",
     "selection.mode": "all",
     "selection.max-devices": 25,
     "selection.batch-size": 0,
@@ -141,6 +142,7 @@ class ServerConfig:
     resume: bool = _key("resume")
     server_lr: float = _key("server-lr")
     saga_init: str = _key("saga.init")
+    saga_estimator: str = _key("saga.estimator")
 
 
 @dataclass(frozen=True)
@@ -348,6 +350,7 @@ _CHECKS: dict[str, Check] = {
     "resume": _any,
     "server-lr": _positive,
     "saga.init": _choice(SAGA_INITS),
+    "saga.estimator": _choice(SAGA_ESTIMATORS),
     "selection.mode": _choice(SELECTIONS),
     "selection.max-devices": _at_least(1),
     "selection.batch-size": _at_least(0),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from flwr.app import (
     Array,
     ArrayRecord,
@@ -85,6 +86,32 @@ def test_fedsag_two_rounds_by_hand() -> None:
     np.testing.assert_allclose(w["w"].numpy(), [4.5])  # type: ignore[index]
     assert strategy.memory is not None
     np.testing.assert_allclose(strategy.memory.mean(), [(1 + 2 + 4) / 3])
+
+
+def test_fedsag_sag_estimator_two_rounds_by_hand() -> None:
+    """The same three devices and plan as above with ``estimator="sag"``: the direction is
+    the memory mean after the participants' memories are replaced."""
+    devices = {1: FakeDevice(0, 1.0), 2: FakeDevice(1, 2.0), 3: FakeDevice(2, 4.0)}
+    plan = {1: [1, 2], 2: [2, 3]}
+
+    class Planned(FakeGrid):
+        rnd = 0
+
+        def get_node_ids(self) -> list[int]:
+            return plan[self.rnd]
+
+    grid = Planned(devices)  # type: ignore[arg-type]
+    strategy = FedSAG(estimator="sag", **KW)
+    strategy.register_devices(["0", "1", "2"])
+    w = _rec(np.zeros(1))
+    for rnd in (1, 2):
+        grid.rnd = rnd
+        msgs = list(strategy.configure_train(rnd, w, ConfigRecord(), grid))  # type: ignore[arg-type]
+        w, _ = strategy.aggregate_train(rnd, grid.send_and_receive(msgs))  # type: ignore[assignment]
+    # round 1: memories (1, 2, 0) -> v = 1; round 2: memories (1, 2, 4) -> v = 7/3
+    np.testing.assert_allclose(w["w"].numpy(), [1 + 7 / 3], rtol=1e-6)  # type: ignore[index]
+    with pytest.raises(ValueError, match="valid: saga, sag"):
+        FedSAG(estimator="sga", **KW)
 
 
 def test_fedsag_full_participation_with_memories_equals_fedavg() -> None:

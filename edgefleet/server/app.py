@@ -61,7 +61,9 @@ def make_strategy(cfg: RunConfig) -> Strategy:
     if cfg.server.strategy == "fedprox":
         inner = FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
     elif cfg.server.strategy == "fedsag":
-        inner = FedSAG(cfg.server.server_lr, cfg.server.saga_init, **common)
+        inner = FedSAG(
+            cfg.server.server_lr, cfg.server.saga_init, cfg.server.saga_estimator, **common
+        )
     elif energy_age:  # EH-FedAvg: the plain mean of the participants
         inner = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
     else:

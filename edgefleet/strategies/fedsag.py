@@ -24,17 +24,26 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
 
 from edgefleet.arrays import to_numpy, to_record
-from edgefleet.strategies.saga import SagaMemory, flatten, unflatten
+from edgefleet.strategies.saga import SAGA_ESTIMATORS, SagaError, SagaMemory, flatten, unflatten
 
 
 class FedSAG(FedAvg):
     """FedAvg's messages; SAGA-corrected aggregation. Devices are keyed by the
     ``device-id`` metric of their replies, so a node that reconnects keeps its memory."""
 
-    def __init__(self, server_lr: float = 1.0, init: str = "zeros", **fedavg_kwargs: Any) -> None:
+    def __init__(
+        self,
+        server_lr: float = 1.0,
+        init: str = "zeros",
+        estimator: str = "saga",
+        **fedavg_kwargs: Any,
+    ) -> None:
         super().__init__(**fedavg_kwargs)
+        if estimator not in SAGA_ESTIMATORS:
+            raise SagaError(f"estimator={estimator!r}; valid: {', '.join(SAGA_ESTIMATORS)}")
         self.server_lr = server_lr
         self.init = init
+        self.estimator = estimator
         self.memory: SagaMemory | None = None  # sized on the first aggregation
         self._known: dict[str, None] = {}  # devices seen before the memory existed
         self._global: ArrayRecord | None = None
@@ -78,7 +87,9 @@ class FedSAG(FedAvg):
             device = str(int(metrics["device-id"]))  # type: ignore[arg-type]
             local = to_numpy(msg.content.array_records["arrays"])
             updates[device] = flatten(local) - theta
-        v = self.memory.direction(updates)
+        v = self.memory.direction(updates)  # replaces the participants' memories
+        if self.estimator == "sag":
+            v = self.memory.mean()
         new = unflatten(theta + self.server_lr * v, like)
         arrays = to_record(new)
         metrics = aggregate_metricrecords([m.content for m in valid], self.weighted_by_key)

@@ -39,6 +39,10 @@ from typing import Any
 import numpy as np
 
 SAGA_INITS: tuple[str, ...] = ("zeros", "first-update")
+# "saga": v = mean(m) + mean over participants of (delta - m), unbiased (the issue's form);
+# "sag": v = mean(m) after the participants' memories are replaced, i.e. the corrections
+# enter with weight 1/K instead of 1/P: biased towards stale memories, far lower variance.
+SAGA_ESTIMATORS: tuple[str, ...] = ("saga", "sag")
 
 
 class SagaError(ValueError):
