@@ -61,9 +61,9 @@ class FakeDevice:
         return Message(RecordDict({"arrays": _rec(w), "metrics": metrics}), reply_to=msg)
 
 
-def test_fedsag_two_rounds_by_hand() -> None:
+def _two_rounds_by_hand(strategy: FedSAG) -> ArrayRecord:
     """Three devices (deltas +1, +2, +4), zero-initialised memories; round 1: devices
-    0 and 1 train, round 2: devices 1 and 2."""
+    0 and 1 train, round 2: devices 1 and 2. The model after round 2."""
     devices = {1: FakeDevice(0, 1.0), 2: FakeDevice(1, 2.0), 3: FakeDevice(2, 4.0)}
     plan = {1: [1, 2], 2: [2, 3]}
 
@@ -74,13 +74,18 @@ def test_fedsag_two_rounds_by_hand() -> None:
             return plan[self.rnd]
 
     grid = Planned(devices)  # type: ignore[arg-type]
-    strategy = FedSAG(**KW)
     strategy.register_devices(["0", "1", "2"])
     w = _rec(np.zeros(1))
     for rnd in (1, 2):
         grid.rnd = rnd
         msgs = list(strategy.configure_train(rnd, w, ConfigRecord(), grid))  # type: ignore[arg-type]
         w, _ = strategy.aggregate_train(rnd, grid.send_and_receive(msgs))  # type: ignore[assignment]
+    return w
+
+
+def test_fedsag_two_rounds_by_hand() -> None:
+    strategy = FedSAG(**KW)
+    w = _two_rounds_by_hand(strategy)
     # round 1: mean(m) = 0, corrections (1 - 0, 2 - 0) -> v = 1.5; memories (1, 2, 0)
     # round 2: mean(m) = 1, corrections (2 - 2, 4 - 0) -> v = 1 + 2 = 3; total 4.5
     np.testing.assert_allclose(w["w"].numpy(), [4.5])  # type: ignore[index]
@@ -89,25 +94,9 @@ def test_fedsag_two_rounds_by_hand() -> None:
 
 
 def test_fedsag_sag_estimator_two_rounds_by_hand() -> None:
-    """The same three devices and plan as above with ``estimator="sag"``: the direction is
-    the memory mean after the participants' memories are replaced."""
-    devices = {1: FakeDevice(0, 1.0), 2: FakeDevice(1, 2.0), 3: FakeDevice(2, 4.0)}
-    plan = {1: [1, 2], 2: [2, 3]}
-
-    class Planned(FakeGrid):
-        rnd = 0
-
-        def get_node_ids(self) -> list[int]:
-            return plan[self.rnd]
-
-    grid = Planned(devices)  # type: ignore[arg-type]
-    strategy = FedSAG(estimator="sag", **KW)
-    strategy.register_devices(["0", "1", "2"])
-    w = _rec(np.zeros(1))
-    for rnd in (1, 2):
-        grid.rnd = rnd
-        msgs = list(strategy.configure_train(rnd, w, ConfigRecord(), grid))  # type: ignore[arg-type]
-        w, _ = strategy.aggregate_train(rnd, grid.send_and_receive(msgs))  # type: ignore[assignment]
+    """``estimator="sag"``: the direction is the memory mean after the participants'
+    memories are replaced."""
+    w = _two_rounds_by_hand(FedSAG(estimator="sag", **KW))
     # round 1: memories (1, 2, 0) -> v = 1; round 2: memories (1, 2, 4) -> v = 7/3
     np.testing.assert_allclose(w["w"].numpy(), [1 + 7 / 3], rtol=1e-6)  # type: ignore[index]
     with pytest.raises(ValueError, match="valid: saga, sag"):
