@@ -77,3 +77,9 @@ def wait_for_summary(
             pytest.fail(f"no {path} by the test's deadline")
         on_poll()
         time.sleep(0.5)
+
+
+def summary_and_rows(run_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A finished run's ``summary.json`` and its ``metrics.jsonl`` rows."""
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return summary, metrics_rows(run_dir / "metrics.jsonl")

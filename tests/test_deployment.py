@@ -11,7 +11,6 @@ and the test checks that nothing outlives it.
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from edgefleet.processes import FlowerFleet
-from tests.flower_runs import SUMMARY_GRACE, submit, wait_for_summary
+from tests.flower_runs import SUMMARY_GRACE, submit, summary_and_rows, wait_for_summary
 
 NUM_NODES = 3
 NUM_ROUNDS = 2
@@ -63,9 +62,8 @@ def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
         wait_for_summary(fleet, flwr_run, summary_path, t0 + RUN_DEADLINE)
         t_summary = time.monotonic() - t0
 
-        summary = json.loads(summary_path.read_text())
+        summary, rows = summary_and_rows(run_dir)
         assert summary["rounds_run"] == NUM_ROUNDS
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert [row["round"] for row in rows] == list(range(1, NUM_ROUNDS + 1))
         for row in rows:
             assert len(set(row["participants"])) == len(row["participants"]) == NUM_NODES, row

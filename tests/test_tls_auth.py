@@ -36,7 +36,7 @@ from edgefleet.processes import (
     free_port,
     toml_value,
 )
-from tests.flower_runs import SUMMARY_GRACE, submit, wait_for_summary
+from tests.flower_runs import SUMMARY_GRACE, submit, summary_and_rows, wait_for_summary
 
 GEN_CERTS = Path(__file__).resolve().parents[1] / "deploy" / "gen-certs.sh"
 NUM_NODES = 3
@@ -156,9 +156,8 @@ def test_tls_with_registered_supernodes(tmp_path: Path) -> None:
         wait_for_summary(fleet, flwr_run, summary_path, t0 + RUN_DEADLINE)
         t_summary = time.monotonic() - t0
 
-        summary = json.loads(summary_path.read_text())
+        summary, rows = summary_and_rows(run_dir)
         assert summary["rounds_run"] == NUM_ROUNDS
-        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
         assert [row["round"] for row in rows] == list(range(1, NUM_ROUNDS + 1))
         for row in rows:
             assert sorted(row["participants"]) == [str(i) for i in range(NUM_NODES)], row
