@@ -289,6 +289,7 @@ def test_energy_selection_inside_sessions_reuses_the_presence_answers(tmp_path: 
     rows += more
     assert len(queries) == 2 * T * len(devices)  # the presence query only, never a second one
     assert [r.extra["status_queries"] for r in rows] == [0] * (2 * T)
+    assert [r.extra["presence_queries"] for r in rows] == [len(devices)] * (2 * T)
     # session 2 is group 1 (device ids 1 and 3): selection and FedSAG see only those
     assert all(set(r.participants) <= {"1", "3"} for r in rows[T:])
     assert sorted(fedsag._known) == ["1", "3"]
