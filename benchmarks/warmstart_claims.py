@@ -204,6 +204,29 @@ def summarise_mode(
     }
 
 
+def at_target(
+    pilot: list[list[dict[str, Any]]],
+    previous: list[list[dict[str, Any]]],
+    target: float,
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Mean rounds to ``target`` of ``pilot`` and ``previous`` (post-pilot and look-alike
+    sessions) and their ratio, recomputed from the runs' rows."""
+    base = [session_figures(rows, target) for rows in previous]
+    mine = summarise_mode([session_figures(rows, target) for rows in pilot], base, args)
+    theirs = summarise_mode(base, base, args)
+    return {
+        part: {
+            "pilot": mine[part]["rounds_to_target"],
+            "previous": theirs[part]["rounds_to_target"],
+            "previous_over_pilot": _ratio(
+                theirs[part]["rounds_to_target"], mine[part]["rounds_to_target"]
+            ),
+        }
+        for part in ("post_pilot", "lookalike")
+    }
+
+
 def _span(first: int, last: int) -> str:
     return f"sessions {first}..{last}" if first <= last else "no sessions"
 
@@ -228,6 +251,12 @@ def main() -> None:
     p.add_argument("--alpha", type=float, default=1.0, help="Dirichlet alpha within a group")
     p.add_argument("--model", default="smallcnn")
     p.add_argument("--target", type=float, default=0.8, help="on the session's classes")
+    p.add_argument(
+        "--also-targets",
+        default="",
+        help="more targets (comma-separated) to report the headline ratios at, from the same "
+        "runs (the runs' own config keeps --target)",
+    )
     p.add_argument("--data-dir", default="", help="default: EdgeFleet's data search")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-warmstart"))
     args = p.parse_args()
@@ -237,6 +266,7 @@ def main() -> None:
     if args.sessions < args.pilot_sessions + 1:
         p.error("--sessions must exceed --pilot-sessions, or no session is warm-started")
     seeds = [int(s) for s in args.seeds.split(",")]
+    also_targets = [float(t) for t in args.also_targets.split(",") if t]
     Path(args.out).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
 
@@ -246,8 +276,9 @@ def main() -> None:
             for strategy in args.strategies.split(","):
                 tag = f"{dataset}-o{overlap:g}-{strategy}"
                 figures: dict[str, list[dict[int, dict[str, Any]]]] = {}
+                runs: dict[str, list[list[dict[str, Any]]]] = {}
                 for mode in modes:
-                    figures[mode] = []
+                    figures[mode], runs[mode] = [], []
                     for seed in seeds:
                         rows = _run(
                             args, f"{tag}-{mode}-s{seed}", dataset=dataset, strategy=strategy,
@@ -255,6 +286,7 @@ def main() -> None:
                                           "warmstart.mode": mode},
                         )  # fmt: skip
                         figures[mode].append(session_figures(rows, args.target))
+                        runs[mode].append(rows)
                 base = figures.get("previous")
                 row: dict[str, Any] = {"dataset": dataset, "overlap": overlap}
                 row["strategy"] = strategy
@@ -265,6 +297,10 @@ def main() -> None:
                         f"{part}_{k}": _ratio(prev[part][k], pilot[part][k])
                         for part in ("post_pilot", "lookalike")
                         for k in ("rounds_to_target", "device_rounds_to_target", "mb_to_target")
+                    }
+                    row["at_other_targets"] = {
+                        str(t): at_target(runs["pilot"], runs["previous"], t, args)
+                        for t in also_targets
                     }
                 plot_dir = Path(args.out) / f"plots-{tag}"
                 draw_plots(
@@ -295,7 +331,7 @@ def main() -> None:
                     for k in ("datasets", "overlaps", "strategies", "modes", "seeds", "devices")
                     + ("sessions", "rounds_per_session", "pilot_sessions", "aux_rounds")
                     + ("temperature", "local_steps", "lr", "proximal_mu", "alpha", "model")
-                    + ("target",)
+                    + ("target", "also_targets")
                 },
                 "counting": {
                     "rounds_to_target": "rounds from the session's first round, aux rounds "

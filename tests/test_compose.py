@@ -1,14 +1,16 @@
 """The root docker-compose.yml, with the TLS and node-authentication overlays, on a real
 Docker engine, driven by the ``flwr`` CLI from the host.
 
-Opt-in (``EDGEFLEET_COMPOSE_TEST=1``, or ``make test-compose``) because building the images
-from nothing takes longer than the whole CI budget; skips (with the reason) where no Docker
-engine answers or no compose is installed. Otherwise:
+Opt-in (``EDGEFLEET_COMPOSE_TEST=1``, or ``make test-compose``), because building the images
+from nothing inside the test suite would take longer than the rest of it. CI runs it after
+pytest: ``.ci/run`` starts ``.ci/docker-prep`` (installs and starts the engine, builds the
+images) in the background first, so the builds overlap the other tests. Skips (with the
+reason) where no Docker engine answers or no compose is installed. Otherwise:
 
-1. builds what is missing: the base images ``flwr/{superlink,supernode,superexec}:<version>``
-   with ``deploy/build-base-images.sh`` (debootstrap + docker import; a no-op where they
-   exist or were pulled) and the app image from ``deploy/Dockerfile`` (a local CPU torch
-   wheel is used when pip's find-links folder has one);
+1. builds what is missing with ``deploy/build-images.sh``: the base images
+   ``flwr/{superlink,supernode,superexec}:<version>`` (debootstrap + docker import; a no-op
+   where they exist or were pulled) and the app image from ``deploy/Dockerfile`` (a local
+   CPU torch wheel is used when pip's find-links folder has one);
 2. makes a CA, a server certificate and three node keys (``deploy/gen-certs.sh``) and brings
    the fleet up: SuperLink (TLS, ``--enable-supernode-auth``, state on a volume), the key
    registration service, the ServerApp executor, three SuperNodes and their ClientApp
@@ -73,8 +75,8 @@ def _compose_command() -> list[str] | None:
 
 def _skip_reason() -> str | None:
     if os.environ.get("EDGEFLEET_COMPOSE_TEST") != "1":
-        # Building the images from nothing takes 10-20 minutes on 2 cores, more than CI's
-        # whole budget allows; `make test-compose` runs it.
+        # Building the images from nothing takes 10-20 minutes on 2 cores: CI builds them
+        # beside pytest (.ci/docker-prep) and runs this test afterwards.
         return "opt-in: set EDGEFLEET_COMPOSE_TEST=1 (or run `make test-compose`)"
     if shutil.which("docker") is None:
         return "no docker client on PATH"
@@ -97,29 +99,6 @@ def _versions() -> dict[str, str]:
             key, _, value = line.partition("=")
             values[key.strip()] = value.strip()
     return values
-
-
-def _local_torch_wheel(version: str) -> None:
-    """Link a local CPU torch wheel into deploy/wheels/ (the offline app-image build), from
-    $EDGEFLEET_TORCH_WHEEL_DIR or pip's find-links folders; nothing if none is found."""
-    dest = DEPLOY / "wheels"
-    pattern = f"torch-{version}+cpu-cp311-*.whl"
-    if any(dest.glob(pattern)):
-        return
-    dirs = [os.environ.get("EDGEFLEET_TORCH_WHEEL_DIR", "")]
-    dirs += os.environ.get("PIP_FIND_LINKS", "").split()
-    pip_config = _run(["python3", "-m", "pip", "config", "list"], 30).stdout
-    for line in pip_config.splitlines():
-        if "find-links" in line:
-            dirs += line.split("=", 1)[1].strip().strip("'\"").split()
-    for folder in filter(None, dirs):
-        for wheel in sorted(Path(folder).glob(pattern)):
-            target = dest / wheel.name
-            try:
-                os.link(wheel, target)
-            except OSError:
-                shutil.copy2(wheel, target)
-            return
 
 
 class Fleet:
@@ -233,22 +212,17 @@ def test_compose_fleet_with_tls_and_auth(tmp_path: Path) -> None:
     reason = _skip_reason()
     if reason is not None:
         pytest.skip(f"docker compose test: {reason}")
-    versions = _versions()
     t0 = time.monotonic()
     fleet = Fleet(tmp_path)
 
-    # 1. Images: the base ones only where missing, then the app image (cached after once).
-    build = _run(["bash", str(DEPLOY / "build-base-images.sh")], 900, cwd=ROOT)
+    # 1. Images: only what is missing (in CI, .ci/docker-prep built them beside pytest).
+    build = _run(["bash", str(DEPLOY / "build-images.sh")], 1800, cwd=ROOT)
     if build.returncode != 0:
-        missing = shutil.which("debootstrap") is None
-        msg = f"build-base-images.sh failed:\n{build.stdout[-2000:]}\n{build.stderr[-3000:]}"
-        if missing:
+        msg = f"build-images.sh failed:\n{build.stdout[-2000:]}\n{build.stderr[-3000:]}"
+        if shutil.which("debootstrap") is None:
             pytest.skip(f"flwr base images missing and debootstrap not installed; {msg}")
         raise AssertionError(msg)
-    fleet.step("base images", t0)
-    _local_torch_wheel(versions["TORCH_VERSION"])
-    fleet.run("build", timeout=1200)
-    fleet.step("app image", t0)
+    fleet.step("images", t0)
 
     subprocess.run(
         ["bash", str(DEPLOY / "gen-certs.sh"), "-o", str(fleet.certs), "-n", str(NUM_NODES)],
