@@ -18,10 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from edgefleet.client.faults import KINDS
 from edgefleet.processes import FlowerFleet
 from tests.flower_runs import SUMMARY_GRACE, submit, summary_and_rows, wait_for_summary
+from tests.test_faults import WHY
 
-NUM_NODES = 3
+NUM_NODES = 3  # honest ones
+LIAR = str(NUM_NODES)  # the fourth node's device id (its partition id)
 NUM_ROUNDS = 2
 RUN_NAME = "deploy-smoke"
 # Seconds, from the test's start. Two rounds take about 30-60 s on an idle 2-core machine
@@ -38,17 +41,22 @@ def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
     fleet = FlowerFleet(tmp_path / "flower", connection="deploy-smoke")
     try:
         fleet.start_superlink(timeout=STARTUP_TIMEOUT)
-        for i in range(NUM_NODES):
-            node = {"partition-id": i, "num-partitions": NUM_NODES}
+        for i in range(NUM_NODES + 1):
+            node: dict[str, int | float | str] = {
+                "partition-id": i,
+                "num-partitions": NUM_NODES + 1,
+            }
             if i == NUM_NODES - 1:  # a weak device: CA-HFP's resource class from its own config
                 node["keep-ratio"] = 0.5
+            if i == NUM_NODES:
+                node["test-corrupt"] = "cycle"
             fleet.start_supernode(node)
-        fleet.wait_for_nodes(NUM_NODES, timeout=STARTUP_TIMEOUT)
+        fleet.wait_for_nodes(NUM_NODES + 1, timeout=STARTUP_TIMEOUT)
         t_nodes = time.monotonic() - t0
         run_config = {
             "num-server-rounds": NUM_ROUNDS,
             "local-steps": 5,
-            "min-nodes": NUM_NODES,
+            "min-nodes": NUM_NODES + 1,
             "output-dir": str(output_dir),
             "run-name": RUN_NAME,
             # The data-free rule runs in deployment too (a patience the run cannot reach).
@@ -65,9 +73,11 @@ def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
         summary, rows = summary_and_rows(run_dir)
         assert summary["rounds_run"] == NUM_ROUNDS
         assert [row["round"] for row in rows] == list(range(1, NUM_ROUNDS + 1))
-        for row in rows:
-            assert len(set(row["participants"])) == len(row["participants"]) == NUM_NODES, row
-            assert row["declined"] == [] and row["rejected"] == [], row
+        for kind, row in zip(KINDS, rows, strict=False):
+            assert sorted(row["participants"]) == [str(i) for i in range(NUM_NODES)], row
+            assert row["declined"] == [], row
+            assert [r["device"] for r in row["rejected"]] == [LIAR], row
+            assert WHY[kind] in row["rejected"][0]["reason"], (kind, row["rejected"])
             assert row["compact_replies"] == 1 and row["mean_kept_fraction"] < 0.9, row
             acc = row["test_accuracy"]
             assert isinstance(acc, float) and math.isfinite(acc) and 0.0 <= acc <= 1.0, row
@@ -83,7 +93,9 @@ def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
                 f"`flwr run --stream` still running {SUMMARY_GRACE:.0f} s after the summary"
             )
         assert rc == 0, flwr_run.tail()
-        print(f"\n{NUM_NODES} nodes online after {t_nodes:.1f} s, summary after {t_summary:.1f} s")
+        print(
+            f"\n{NUM_NODES + 1} nodes online after {t_nodes:.1f} s, summary after {t_summary:.1f} s"
+        )
     except BaseException:
         print(f"\n----- Flower process logs ({tmp_path}) -----\n{fleet.report()}")
         raise
