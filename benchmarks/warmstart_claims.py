@@ -40,8 +40,11 @@ mode, session boundaries marked) under ``--out``.
 
     python benchmarks/warmstart_claims.py   # 48 runs of 30 rounds, mnist-5k: ~1 h on 2 idle cores
     python benchmarks/warmstart_claims.py --strategies fedavg               # half of that
-    python benchmarks/warmstart_claims.py --datasets mnist,fashion-mnist --rounds-per-session 10 \
+    python benchmarks/warmstart_claims.py --datasets mnist,fashion-mnist --rounds-per-session 10 \\
         --data-dir ../shared/data
+    python benchmarks/warmstart_claims.py --datasets fashion-mnist --overlaps 0 \\
+        --modes pilot,previous --rounds-per-session 15 --target 0.85 --also-targets 0.8,0.9
+        # 12 runs, ~5 min each on 2 idle cores; rerun with other --also-targets to re-read them
     python benchmarks/warmstart_claims.py --sessions 3 --rounds-per-session 2 --seeds 0 \\
         --modes pilot,previous --overlaps 0 --strategies fedavg          # smoke, ~2 min
 """
