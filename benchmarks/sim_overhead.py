@@ -248,7 +248,7 @@ if os.environ.get("EDGEFLEET_BENCH_TRACE"):
         "edgefleet.client.device": _patch_device,
         "edgefleet.task.train": _patch_train,
         "edgefleet.server.app": _patch_server_app,
-        "edgefleet.server.loop": _patch_loop,
+        "edgefleet.strategies.loop": _patch_loop,
         "flwr.superlink.grid.inmemory_grid": _patch_grid,
         "flwr.server.superlink.fleet.vce.backend.raybackend": _patch_raybackend,
         "flwr.clientapp.client_app": _patch_client_app,

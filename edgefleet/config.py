@@ -5,14 +5,16 @@ Flower passes ``context.run_config`` as a flat mapping (``pyproject.toml``'s
 turns it into a frozen :class:`RunConfig` and rejects every bad value before any work is
 spent, naming the key, the value and what would have been valid.
 
-``DEFAULTS`` is the single source of the defaults; ``tests/test_config.py`` checks that the
-``pyproject.toml`` table says the same.
+Each key is declared once, as a field of one of the section dataclasses below:
+``key(name, default, check, help)``. Everything else derives from those declarations:
+``DEFAULTS``, the checks, the mapping to fields, :func:`markdown_table` (the README's key
+table, kept equal by a test, as is ``pyproject.toml``'s table). To add a key, add a field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from edgefleet.client.battery import SOURCES
@@ -29,120 +31,195 @@ STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
 STOPPING_NORMS: tuple[str, ...] = ("l2", "squared")
 SESSION_SCHEDULES: tuple[str, ...] = ("none", "alternate")
 
-DEFAULTS: dict[str, bool | int | float | str] = {
-    "num-server-rounds": 5,
-    "strategy": "fedavg",
-    "proximal-mu": 0.01,
-    "fraction-train": 1.0,
-    "min-nodes": 2,
-    "dataset": "mnist-5k",
-    "data-dir": "",
-    "partition": "dirichlet",
-    "alpha": 0.5,
-    "shards-per-device": 2,
-    "local-test-fraction": 0.2,
-    "model": "smallcnn",
-    "lr": 0.05,
-    "momentum": 0.9,
-    "batch-size": 32,
-    "local-steps": 20,
-    "client-threads": 1,
-    "seed": 0,
-    "round-timeout": 600.0,
-    "eval-samples": 0,
-    "node-wait-timeout": 120.0,
-    "output-dir": "runs",
-    "run-name": "",
-    "resume": False,
-    "server-lr": 1.0,
-    "saga.init": "zeros",
-    "saga.estimator": "saga",
-    "selection.mode": "all",
-    "selection.max-devices": 25,
-    "selection.batch-size": 0,
-    "energy.source": "bernoulli",
-    "energy.capacity": 10.0,
-    "energy.harvest-prob": 0.5,
-    "energy.harvest-probs": "",
-    "energy.harvest-units": 1.0,
-    "energy.train-slots": 3,
-    "stopping.mode": "off",
-    "stopping.tau": 0.005,
-    "stopping.patience": 10,
-    "stopping.norm": "l2",
-    "stopping.validation-fraction": 0.5,
-    "pruning.keep-ratio": 1.0,
-    "pruning.keep-ratios": "",
-    "pruning.criterion": "curvature",
-    "pruning.hessian": "fisher",
-    "pruning.score-batches": 2,
-    "pruning.reconstruction": "global",
-    "pruning.compact-download": False,
-    "pruning.refresh-rounds": 5,
-    "sessions.schedule": "none",
-    "sessions.count": 1,
-    "sessions.rounds": 0,
-    "sessions.groups": 2,
-    "sessions.label-overlap": 0.0,
-    "sessions.change-threshold": 0.2,
-    "sessions.target-accuracy": 0.8,
-    "warmstart.mode": "previous",
-    "warmstart.pilot-sessions": 1,
-    "warmstart.aux-rounds": 1,
-    "warmstart.temperature": 10.0,
-    "warmstart.max-stored": 10,
-}
+Value = bool | int | float | str
+# A check returns None when the value is fine, else the text "must be ..." for the error.
+Check = Callable[[Any], str | None]
 
 
 class ConfigError(ValueError):
     """A run-config value is invalid; the message names the key, value and valid choices."""
 
 
-def _key(name: str, parse: Callable[[Any], Any] | None = None) -> Any:
-    """A dataclass field read from run-config key ``name`` (through ``parse`` if given)."""
-    return field(metadata={"key": name, "parse": parse})
+@dataclass(frozen=True)
+class KeySpec:
+    """One run-config key: its name, default (whose type is the key's type), check, help
+    text, and an optional parser from the raw value to the field's value."""
+
+    name: str
+    default: Value
+    check: Check
+    help: str
+    parse: Callable[[Any], Any] | None = None
+
+
+def key(
+    name: str,
+    default: Value,
+    check: Check,
+    help: str,
+    parse: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A section field read from run-config key ``name``."""
+    return field(metadata={"spec": KeySpec(name, default, check, help, parse)})
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+
+def _choice(options: tuple[str, ...]) -> Check:
+    return lambda v: None if v in options else f"must be one of {', '.join(options)}"
+
+
+def _at_least(low: float) -> Check:
+    return lambda v: None if v >= low else f"must be >= {low}"
+
+
+def _positive(v: Any) -> str | None:
+    return None if v > 0 else "must be > 0"
+
+
+def _fraction(v: Any) -> str | None:
+    return None if 0.0 < v <= 1.0 else "must be in (0, 1]"
+
+
+def _unit_interval(v: Any) -> str | None:
+    return None if 0.0 <= v <= 1.0 else "must be in [0, 1]"
+
+
+def _half_open_fraction(v: Any) -> str | None:
+    return None if 0.0 <= v < 1.0 else "must be in [0, 1)"
+
+
+def _open_fraction(v: Any) -> str | None:
+    return None if 0.0 < v < 1.0 else "must be in (0, 1)"
+
+
+def _any(_: Any) -> str | None:
+    return None
+
+
+def _not_empty(v: str) -> str | None:
+    return None if v else "must not be empty"
+
+
+def _run_name(v: str) -> str | None:
+    if "/" in v or "\\" in v:
+        return "must not contain '/' or '\\'"
+    return "must not be '.' or '..'" if v in (".", "..") else None
 
 
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(",") if x.strip())
 
 
-@dataclass(frozen=True)
-class DataConfig:
-    dataset: str = _key("dataset")
-    data_dir: str = _key("data-dir")
-    partition: str = _key("partition")
-    alpha: float = _key("alpha")
-    shards_per_device: int = _key("shards-per-device")
-    local_test_fraction: float = _key("local-test-fraction")
+def _float_list(low: float, high: float, low_open: bool, example: str) -> Check:
+    def check(v: str) -> str | None:
+        try:
+            values = _floats(v)
+        except ValueError:
+            return f"must be comma-separated numbers, e.g. '{example}'"
+        ok = all((low < x if low_open else low <= x) and x <= high for x in values)
+        return None if ok else f"each value must be in {'(' if low_open else '['}{low}, {high}]"
+
+    return check
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    model: str = _key("model")
-    lr: float = _key("lr")
-    momentum: float = _key("momentum")
-    batch_size: int = _key("batch-size")
-    local_steps: int = _key("local-steps")
-    proximal_mu: float = _key("proximal-mu")
-    client_threads: int = _key("client-threads")
+# -- sections ---------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    num_rounds: int = _key("num-server-rounds")
-    strategy: str = _key("strategy")
-    fraction_train: float = _key("fraction-train")
-    min_nodes: int = _key("min-nodes")
-    round_timeout: float = _key("round-timeout")
-    eval_samples: int = _key("eval-samples")
-    node_wait_timeout: float = _key("node-wait-timeout")
-    output_dir: str = _key("output-dir")
-    run_name: str = _key("run-name")
-    resume: bool = _key("resume")
-    server_lr: float = _key("server-lr")
-    saga_init: str = _key("saga.init")
-    saga_estimator: str = _key("saga.estimator")
+    num_rounds: int = key("num-server-rounds", 5, _at_least(1), "round budget")
+    strategy: str = key(
+        "strategy", "fedavg", _choice(STRATEGIES), "`fedavg`, `fedprox`, `fedsag` (SAGA memory)"
+    )
+    fraction_train: float = key(
+        "fraction-train", 1.0, _fraction, "fraction of online nodes asked to train each round"
+    )
+    fraction_evaluate: float = key(
+        "fraction-evaluate",
+        0.0,
+        _unit_interval,
+        "fraction of online nodes asked to evaluate the global model on their own test data "
+        "each round (federated evaluation; 0 = none)",
+    )
+    evaluate_every: int = key(
+        "evaluate-every",
+        1,
+        _at_least(1),
+        "central evaluation every N rounds and on the last (rows between say `evaluated: false`)",
+    )
+    min_nodes: int = key(
+        "min-nodes",
+        2,
+        _at_least(1),
+        "nodes to wait for before round 1 (at most `node-wait-timeout` s, then go on)",
+    )
+    round_timeout: float = key(
+        "round-timeout", 600.0, _positive, "seconds to wait for a round's replies"
+    )
+    eval_samples: int = key(
+        "eval-samples",
+        0,
+        _at_least(0),
+        "central evaluation on a seeded random subset of this many test images (0 = all)",
+    )
+    node_wait_timeout: float = key(
+        "node-wait-timeout", 120.0, _at_least(0.0), "seconds to wait for `min-nodes`"
+    )
+    output_dir: str = key("output-dir", "runs", _not_empty, "results go to `output-dir/run-name`")
+    run_name: str = key(
+        "run-name", "", _run_name, "the run's folder name (made up from time and config if empty)"
+    )
+    resume: bool = key("resume", False, _any, "continue `run-name` from its last checkpoint")
+    server_lr: float = key("server-lr", 1.0, _positive, "FedSAG's server step")
+    saga_init: str = key(
+        "saga.init", "zeros", _choice(SAGA_INITS), "FedSAG's memory start: `zeros`, `first-update`"
+    )
+    saga_estimator: str = key(
+        "saga.estimator",
+        "saga",
+        _choice(SAGA_ESTIMATORS),
+        "FedSAG's direction: `saga` (memory mean + the participants' corrections) or `sag` "
+        "(memory mean after the participants' memories are replaced)",
+    )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = key(
+        "dataset", "mnist-5k", _choice(DATASETS), " ".join(f"`{d}`" for d in DATASETS)
+    )
+    data_dir: str = key("data-dir", "", _any, "where local copies are looked for (see Data)")
+    partition: str = key(
+        "partition",
+        "dirichlet",
+        _choice(PARTITIONS),
+        "`iid`, `dirichlet` (with `alpha`), `shards` (with `shards-per-device`)",
+    )
+    alpha: float = key("alpha", 0.5, _positive, "Dirichlet concentration (small = skewed)")
+    shards_per_device: int = key(
+        "shards-per-device", 2, _at_least(1), "label shards per device for `shards`"
+    )
+    local_test_fraction: float = key(
+        "local-test-fraction",
+        0.2,
+        _half_open_fraction,
+        "share of each device's data kept for local evaluation",
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: str = key("model", "smallcnn", _choice(MODELS), " ".join(f"`{m}`" for m in MODELS))
+    lr: float = key("lr", 0.05, _positive, "local SGD learning rate")
+    momentum: float = key("momentum", 0.9, _half_open_fraction, "local SGD momentum")
+    batch_size: int = key("batch-size", 32, _at_least(1), "local mini-batch size")
+    local_steps: int = key("local-steps", 20, _at_least(1), "local SGD steps a round")
+    proximal_mu: float = key("proximal-mu", 0.01, _at_least(0.0), "FedProx's mu")
+    client_threads: int = key(
+        "client-threads", 1, _at_least(1), "torch threads per ClientApp process"
+    )
 
 
 @dataclass(frozen=True)
@@ -153,15 +230,37 @@ class EnergyConfig:
     ``harvest_probs[i % len]``; a SuperNode's ``--node-config harvest-prob=...`` overrides it.
     """
 
-    selection: str = _key("selection.mode")
-    max_devices: int = _key("selection.max-devices")
-    batch_size: int = _key("selection.batch-size")
-    source: str = _key("energy.source")
-    capacity: float = _key("energy.capacity")
-    harvest_prob: float = _key("energy.harvest-prob")
-    harvest_probs: tuple[float, ...] = _key("energy.harvest-probs", _floats)
-    harvest_units: float = _key("energy.harvest-units")
-    train_slots: int = _key("energy.train-slots")
+    selection: str = key(
+        "selection.mode",
+        "all",
+        _choice(SELECTIONS),
+        "`all`, `energy-age` (batteries + energy-aware age-based selection)",
+    )
+    max_devices: int = key("selection.max-devices", 25, _at_least(1), "M: devices a round")
+    batch_size: int = key(
+        "selection.batch-size", 0, _at_least(0), "status queries per batch (0 = all at once)"
+    )
+    source: str = key(
+        "energy.source", "bernoulli", _choice(SOURCES), " ".join(f"`{s}`" for s in SOURCES)
+    )
+    capacity: float = key("energy.capacity", 10.0, _positive, "battery size (units)")
+    harvest_prob: float = key(
+        "energy.harvest-prob", 0.5, _unit_interval, "P_h: probability of an arrival per slot"
+    )
+    harvest_probs: tuple[float, ...] = key(
+        "energy.harvest-probs",
+        "",
+        _float_list(0.0, 1.0, False, "0.1,0.5,0.9"),
+        "simulation: comma-separated P_h, partition i takes entry i mod n",
+        _floats,
+    )
+    harvest_units: float = key("energy.harvest-units", 1.0, _at_least(0.0), "units per arrival")
+    train_slots: int = key(
+        "energy.train-slots",
+        3,
+        _at_least(1),
+        "Omega: a round costs Omega + 1 units (training + transmission)",
+    )
 
     @property
     def round_cost(self) -> float:
@@ -178,11 +277,27 @@ class EnergyConfig:
 class StoppingConfig:
     """``stopping.*``: data-free early stopping (or the validation baseline)."""
 
-    mode: str = _key("stopping.mode")
-    tau: float = _key("stopping.tau")
-    patience: int = _key("stopping.patience")
-    norm: str = _key("stopping.norm")
-    validation_fraction: float = _key("stopping.validation-fraction")
+    mode: str = key(
+        "stopping.mode",
+        "off",
+        _choice(STOPPING_MODES),
+        "`off`, `data-free`, `validation` (baseline, needs server data), `observe` (record "
+        "both, never stop)",
+    )
+    tau: float = key("stopping.tau", 0.005, _at_least(0.0), "growth threshold")
+    patience: int = key("stopping.patience", 10, _at_least(1), "rounds in a row below it")
+    norm: str = key(
+        "stopping.norm",
+        "l2",
+        _choice(STOPPING_NORMS),
+        "`l2` or `squared` (then use tau' = (1+tau)^2 - 1, about 2 tau)",
+    )
+    validation_fraction: float = key(
+        "stopping.validation-fraction",
+        0.5,
+        _open_fraction,
+        "share of the central test set held out for `validation`/`observe`",
+    )
 
 
 @dataclass(frozen=True)
@@ -193,14 +308,50 @@ class PruningConfig:
     a SuperNode's ``--node-config keep-ratio=...`` overrides both.
     """
 
-    keep_ratio: float = _key("pruning.keep-ratio")
-    keep_ratios: tuple[float, ...] = _key("pruning.keep-ratios", _floats)
-    criterion: str = _key("pruning.criterion")
-    hessian: str = _key("pruning.hessian")
-    score_batches: int = _key("pruning.score-batches")
-    reconstruction: str = _key("pruning.reconstruction")
-    compact_download: bool = _key("pruning.compact-download")
-    refresh_rounds: int = _key("pruning.refresh-rounds")
+    keep_ratio: float = key(
+        "pruning.keep-ratio", 1.0, _fraction, "share of channels every device keeps"
+    )
+    keep_ratios: tuple[float, ...] = key(
+        "pruning.keep-ratios",
+        "",
+        _float_list(0.0, 1.0, True, "1.0,0.75,0.5,0.25"),
+        'a list cycled over partitions (`"1.0,0.5"`); a SuperNode\'s `keep-ratio` wins',
+        _floats,
+    )
+    criterion: str = key(
+        "pruning.criterion",
+        "curvature",
+        _choice(CRITERIA),
+        "channel importance: `curvature` (\\|g w - h w^2 / 2\\|), `magnitude`, `random`",
+    )
+    hessian: str = key(
+        "pruning.hessian",
+        "fisher",
+        _choice(HESSIAN_ESTIMATORS),
+        "Hessian diagonal: empirical `fisher` or `hutchinson`",
+    )
+    score_batches: int = key(
+        "pruning.score-batches", 2, _at_least(1), "local mini-batches the score is measured on"
+    )
+    reconstruction: str = key(
+        "pruning.reconstruction",
+        "global",
+        _choice(RECONSTRUCTIONS),
+        "`global` (pruned entries from the global model), `elementwise` (each entry averaged "
+        "over the devices that kept it; FedAvg/FedProx only), `zeros` (the paper's ablation)",
+    )
+    compact_download: bool = key(
+        "pruning.compact-download",
+        False,
+        _any,
+        "send a pruned device only its slice of the model once its channels are known",
+    )
+    refresh_rounds: int = key(
+        "pruning.refresh-rounds",
+        5,
+        _at_least(1),
+        "with compact download: the full model (and a fresh score) every N rounds",
+    )
 
     def ratio_for(self, partition_id: int) -> float:
         if self.keep_ratios:
@@ -226,37 +377,74 @@ class SessionsConfig:
     ``change_threshold`` or after ``rounds`` rounds (0 = no length limit).
     """
 
-    schedule: str = _key("sessions.schedule")
-    count: int = _key("sessions.count")
-    rounds: int = _key("sessions.rounds")
-    groups: int = _key("sessions.groups")
-    label_overlap: float = _key("sessions.label-overlap")
-    change_threshold: float = _key("sessions.change-threshold")
-    target_accuracy: float = _key("sessions.target-accuracy")
+    schedule: str = key(
+        "sessions.schedule",
+        "none",
+        _choice(SESSION_SCHEDULES),
+        "`none` (presence = online), `alternate` (simulation: groups take turns)",
+    )
+    count: int = key("sessions.count", 1, _at_least(1), "S sessions (`alternate`)")
+    rounds: int = key(
+        "sessions.rounds",
+        0,
+        _at_least(0),
+        "T rounds a session (`alternate`: num-server-rounds must be S x T); 0 = no limit",
+    )
+    groups: int = key(
+        "sessions.groups", 2, _at_least(1), "device groups (partition i in group i mod groups)"
+    )
+    label_overlap: float = key(
+        "sessions.label-overlap",
+        0.0,
+        _unit_interval,
+        "the share of the other groups' classes each group also holds",
+    )
+    change_threshold: float = key(
+        "sessions.change-threshold",
+        0.2,
+        _half_open_fraction,
+        "a new session when the present set differs from the founding set by more than this "
+        "(Jaccard distance)",
+    )
+    target_accuracy: float = key(
+        "sessions.target-accuracy",
+        0.8,
+        _fraction,
+        "per-session time to this accuracy on the session's classes",
+    )
 
 
 @dataclass(frozen=True)
 class WarmStartConfig:
     """``warmstart.*``: how each new session's initial model is built (arXiv 2410.05662)."""
 
-    mode: str = _key("warmstart.mode")
-    pilot_sessions: int = _key("warmstart.pilot-sessions")
-    aux_rounds: int = _key("warmstart.aux-rounds")
-    temperature: float = _key("warmstart.temperature")
-    max_stored: int = _key("warmstart.max-stored")
+    mode: str = key(
+        "warmstart.mode",
+        "previous",
+        _choice(WARMSTART_MODES),
+        "`pilot` (the paper), `previous`, `average`, `fresh`",
+    )
+    pilot_sessions: int = key("warmstart.pilot-sessions", 1, _at_least(1), "P pilot sessions")
+    aux_rounds: int = key(
+        "warmstart.aux-rounds", 1, _at_least(1), "V auxiliary rounds per later session"
+    )
+    temperature: float = key("warmstart.temperature", 10.0, _positive, "softmin R")
+    max_stored: int = key(
+        "warmstart.max-stored", 10, _at_least(1), "stored session models kept (oldest evicted)"
+    )
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    server: ServerConfig
     data: DataConfig
     train: TrainConfig
-    server: ServerConfig
     energy: EnergyConfig
     stopping: StoppingConfig
     pruning: PruningConfig
     sessions: SessionsConfig
     warmstart: WarmStartConfig
-    seed: int
+    seed: int = key("seed", 0, _at_least(0), "seeds partitions, initial model, sampling, batches")
 
     @property
     def sessions_enabled(self) -> bool:
@@ -265,139 +453,67 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """The resolved config, in the run-config key names, for ``summary.json``."""
-        flat: dict[str, Any] = {"seed": self.seed}
-        for section in _sections(self):
-            for f in fields(section):
-                value = getattr(section, f.name)
-                if isinstance(value, tuple):
-                    value = ",".join(str(x) for x in value)
-                flat[f.metadata["key"]] = value
+        flat: dict[str, Any] = {}
+        for spec, owner, f in _walk(self):
+            value = getattr(owner, f.name)
+            flat[spec.name] = ",".join(str(x) for x in value) if isinstance(value, tuple) else value
         return dict(sorted(flat.items()))
 
 
-def _sections(cfg: RunConfig) -> list[Any]:
-    return [getattr(cfg, f.name) for f in fields(cfg) if f.name != "seed"]
+def _walk(cfg: Any = RunConfig) -> Iterator[tuple[KeySpec, Any, Field[Any]]]:
+    """(spec, owner, field) for every key, in declaration order; ``owner`` is the section
+    instance (or class, when walking the class)."""
+    for f in fields(cfg):
+        if "spec" in f.metadata:
+            yield f.metadata["spec"], cfg, f
+        else:
+            section = getattr(cfg, f.name) if not isinstance(cfg, type) else f.type
+            if isinstance(section, str):  # postponed annotations: resolve the class by name
+                section = _SECTIONS[section]
+            yield from _walk(section)
 
 
-# A check returns None when the value is fine, else the text "must be ..." for the error.
-Check = Callable[[Any], str | None]
-
-
-def _choice(options: tuple[str, ...]) -> Check:
-    return lambda v: None if v in options else f"must be one of {', '.join(options)}"
-
-
-def _at_least(low: float) -> Check:
-    return lambda v: None if v >= low else f"must be >= {low}"
-
-
-def _positive(v: Any) -> str | None:
-    return None if v > 0 else "must be > 0"
-
-
-def _fraction(v: Any) -> str | None:
-    return None if 0.0 < v <= 1.0 else "must be in (0, 1]"
-
-
-def _half_open_fraction(v: Any) -> str | None:
-    return None if 0.0 <= v < 1.0 else "must be in [0, 1)"
-
-
-def _any(_: Any) -> str | None:
-    return None
-
-
-def _probability_list(v: str) -> str | None:
-    try:
-        probs = [float(x) for x in v.split(",") if x.strip()]
-    except ValueError:
-        return "must be comma-separated numbers, e.g. '0.1,0.5,0.9'"
-    return None if all(0.0 <= p <= 1.0 for p in probs) else "each value must be in [0, 1]"
-
-
-def _fraction_list(v: str) -> str | None:
-    try:
-        values = _floats(v)
-    except ValueError:
-        return "must be comma-separated numbers, e.g. '1.0,0.75,0.5,0.25'"
-    return None if all(0.0 < x <= 1.0 for x in values) else "each value must be in (0, 1]"
-
-
-_CHECKS: dict[str, Check] = {
-    "num-server-rounds": _at_least(1),
-    "strategy": _choice(STRATEGIES),
-    "proximal-mu": _at_least(0.0),
-    "fraction-train": _fraction,
-    "min-nodes": _at_least(1),
-    "dataset": _choice(DATASETS),
-    "data-dir": _any,
-    "partition": _choice(PARTITIONS),
-    "alpha": _positive,
-    "shards-per-device": _at_least(1),
-    "local-test-fraction": _half_open_fraction,
-    "model": _choice(MODELS),
-    "lr": _positive,
-    "momentum": _half_open_fraction,
-    "batch-size": _at_least(1),
-    "local-steps": _at_least(1),
-    "client-threads": _at_least(1),
-    "seed": _at_least(0),
-    "round-timeout": _positive,
-    "eval-samples": _at_least(0),
-    "node-wait-timeout": _at_least(0.0),
-    "output-dir": lambda v: None if v else "must not be empty",
-    "run-name": lambda v: None if "/" not in v else "must not contain '/'",
-    "resume": _any,
-    "server-lr": _positive,
-    "saga.init": _choice(SAGA_INITS),
-    "saga.estimator": _choice(SAGA_ESTIMATORS),
-    "selection.mode": _choice(SELECTIONS),
-    "selection.max-devices": _at_least(1),
-    "selection.batch-size": _at_least(0),
-    "energy.source": _choice(SOURCES),
-    "energy.capacity": _positive,
-    "energy.harvest-prob": lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
-    "energy.harvest-probs": _probability_list,
-    "energy.harvest-units": _at_least(0.0),
-    "energy.train-slots": _at_least(1),
-    "stopping.mode": _choice(STOPPING_MODES),
-    "stopping.tau": _at_least(0.0),
-    "stopping.patience": _at_least(1),
-    "stopping.norm": _choice(STOPPING_NORMS),
-    "stopping.validation-fraction": lambda v: None if 0.0 < v < 1.0 else "must be in (0, 1)",
-    "pruning.keep-ratio": _fraction,
-    "pruning.keep-ratios": _fraction_list,
-    "pruning.criterion": _choice(CRITERIA),
-    "pruning.hessian": _choice(HESSIAN_ESTIMATORS),
-    "pruning.score-batches": _at_least(1),
-    "pruning.reconstruction": _choice(RECONSTRUCTIONS),
-    "pruning.compact-download": _any,
-    "pruning.refresh-rounds": _at_least(1),
-    "sessions.schedule": _choice(SESSION_SCHEDULES),
-    "sessions.count": _at_least(1),
-    "sessions.rounds": _at_least(0),
-    "sessions.groups": _at_least(1),
-    "sessions.label-overlap": lambda v: None if 0.0 <= v <= 1.0 else "must be in [0, 1]",
-    "sessions.change-threshold": _half_open_fraction,
-    "sessions.target-accuracy": _fraction,
-    "warmstart.mode": _choice(WARMSTART_MODES),
-    "warmstart.pilot-sessions": _at_least(1),
-    "warmstart.aux-rounds": _at_least(1),
-    "warmstart.temperature": _positive,
-    "warmstart.max-stored": _at_least(1),
+_SECTIONS: dict[str, type] = {
+    cls.__name__: cls
+    for cls in (
+        ServerConfig,
+        DataConfig,
+        TrainConfig,
+        EnergyConfig,
+        StoppingConfig,
+        PruningConfig,
+        SessionsConfig,
+        WarmStartConfig,
+    )
 }
 
+KEYS: dict[str, KeySpec] = {spec.name: spec for spec, _, _ in _walk()}
+DEFAULTS: dict[str, Value] = {name: spec.default for name, spec in KEYS.items()}
 
-def _coerce(key: str, value: Any) -> bool | int | float | str:
+
+def _coerce(spec: KeySpec, value: Any) -> Value:
     """Match the default's type; TOML and ``--run-config`` give ints where floats are meant."""
-    want = type(DEFAULTS[key])
+    want = type(spec.default)
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if not isinstance(value, want) or (want is int and isinstance(value, bool)):
         raise ConfigError(
-            f"run config '{key}' = {value!r}: must be a {want.__name__} (default {DEFAULTS[key]!r})"
+            f"run config '{spec.name}' = {value!r}: must be a {want.__name__} "
+            f"(default {spec.default!r})"
         )
     return value
+
+
+def _build(cls: type, values: Mapping[str, Value]) -> Any:
+    kwargs: dict[str, Any] = {}
+    for f in fields(cls):
+        if "spec" in f.metadata:
+            spec: KeySpec = f.metadata["spec"]
+            value = values[spec.name]
+            kwargs[f.name] = spec.parse(value) if spec.parse else value
+        else:
+            kwargs[f.name] = _build(_SECTIONS[str(f.type)], values)
+    return cls(**kwargs)
 
 
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
@@ -405,41 +521,32 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
 
     Keys this version does not know are an error too: a typo would otherwise be ignored.
     """
-    unknown = sorted(set(raw) - set(DEFAULTS))
+    unknown = sorted(set(raw) - set(KEYS))
     if unknown:
         raise ConfigError(
-            f"unknown run config key(s) {', '.join(unknown)}; valid keys: {', '.join(DEFAULTS)}"
+            f"unknown run config key(s) {', '.join(unknown)}; valid keys: {', '.join(KEYS)}"
         )
-    v: dict[str, Any] = {}
-    for key, default in DEFAULTS.items():
-        value = _coerce(key, raw.get(key, default))
-        problem = _CHECKS[key](value)
+    values: dict[str, Value] = {}
+    for name, spec in KEYS.items():
+        value = _coerce(spec, raw.get(name, spec.default))
+        problem = spec.check(value)
         if problem:
-            raise ConfigError(f"run config '{key}' = {value!r}: {problem}")
-        v[key] = value
-    built: dict[str, Any] = {}
-    for name, cls in _SECTION_TYPES.items():
-        kwargs = {}
-        for f in fields(cls):
-            parse = f.metadata["parse"]
-            value = v[f.metadata["key"]]
-            kwargs[f.name] = parse(value) if parse else value
-        built[name] = cls(**kwargs)
-    cfg = RunConfig(**built, seed=v["seed"])
+            raise ConfigError(f"run config '{name}' = {value!r}: {problem}")
+        values[name] = value
+    cfg: RunConfig = _build(RunConfig, values)
     _check_together(cfg)
     return cfg
 
 
-_SECTION_TYPES: dict[str, type] = {
-    "data": DataConfig,
-    "train": TrainConfig,
-    "server": ServerConfig,
-    "energy": EnergyConfig,
-    "stopping": StoppingConfig,
-    "pruning": PruningConfig,
-    "sessions": SessionsConfig,
-    "warmstart": WarmStartConfig,
-}
+def markdown_table() -> str:
+    """The README's table of every key, its default and its meaning."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for spec in KEYS.values():
+        default = spec.default
+        shown = str(default).lower() if isinstance(default, bool) else default
+        text = f'`"{shown}"`' if isinstance(default, str) else f"{shown}"
+        lines.append(f"| `{spec.name}` | {text} | {spec.help} |")
+    return "\n".join(lines) + "\n"
 
 
 def _check_together(cfg: RunConfig) -> None:
@@ -481,3 +588,7 @@ def _check_together(cfg: RunConfig) -> None:
             f"run config 'warmstart.aux-rounds' = {w.aux_rounds}: must be below "
             f"sessions.rounds = {s.rounds}, or no round of a session is left to train"
         )
+
+
+if __name__ == "__main__":  # python -m edgefleet.config: print the README's key table
+    print(markdown_table(), end="")

@@ -1,10 +1,12 @@
-"""An in-process stand-in for Flower's Grid, to drive the round loop without Flower's engines."""
+"""Shared test fakes: an in-process stand-in for Flower's Grid (to drive the round loop
+without Flower's engines), records, replies and a no-op central evaluation."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
-from flwr.app import Message
+import numpy as np
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
 Handler = Callable[[Message], Message | None]  # None = the node never answers
@@ -30,3 +32,21 @@ class FakeGrid:
             if reply is not None:
                 replies.append(reply)
         return replies
+
+
+def rec(arrays: Mapping[str, np.ndarray] | None = None, **named: np.ndarray) -> ArrayRecord:
+    """An ArrayRecord of float32 arrays: ``rec({"w": ...})`` or ``rec(w=..., b=...)``."""
+    items = {**(arrays or {}), **named}
+    return ArrayRecord({k: Array(np.asarray(v, dtype=np.float32)) for k, v in items.items()})
+
+
+def no_eval(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
+    """A central evaluation that costs nothing and says nothing."""
+    return {"test_accuracy": 0.5, "test_loss": 1.0}
+
+
+def train_reply(msg: Message, arrays: ArrayRecord, n: int, **metrics: float) -> Message:
+    """A train reply as EdgeFleet's ClientApp shapes it: ``arrays`` + ``metrics`` holding
+    ``num-examples`` and whatever else is given (``device-id``, ``energy-spent``, ...)."""
+    record = MetricRecord({"num-examples": n, **metrics})
+    return Message(RecordDict({"arrays": arrays, "metrics": record}), reply_to=msg)

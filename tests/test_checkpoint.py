@@ -20,14 +20,14 @@ from edgefleet.server.checkpoint import (
     resume_from,
     save_checkpoint,
 )
-from edgefleet.server.loop import RoundLoop
 from edgefleet.server.results import MetricsWriter
 from edgefleet.simulation.runner import load_scenario, run_scenario
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
+from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.stopping import TaskVectorStopping
-from tests.fakes import FakeGrid
-from tests.test_ehfedsag import KW, FakeDevice, _no_eval, _rec
+from tests.fakes import FakeGrid, no_eval, rec
+from tests.test_ehfedsag import KW, FakeDevice
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,7 +71,7 @@ def _run(strategy, arrays, first: int, last: int, run_dir: Path) -> ArrayRecord:
     loop = RoundLoop(
         strategy,
         _fleet(),  # type: ignore[arg-type]
-        evaluate_fn=_no_eval,
+        evaluate_fn=no_eval,
         callbacks=[*strategy.round_callbacks(), Checkpointer(run_dir, strategy)],
     )
     return loop.run(arrays, last, ConfigRecord(), first_round=first).arrays
@@ -79,7 +79,7 @@ def _run(strategy, arrays, first: int, last: int, run_dir: Path) -> ArrayRecord:
 
 def test_resumed_loop_equals_uninterrupted(tmp_path: Path) -> None:
     """EH-FedSAG with stopping: 4 rounds in one go == 2 rounds, a new server, 2 more."""
-    start = _rec(np.zeros(3))
+    start = rec(w=np.zeros(3))
     random.seed(0)
     whole = _run(_strategy(), start, 1, 4, tmp_path / "a")
     random.seed(0)

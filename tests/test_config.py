@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 from flwr.common.config import flatten_dict
 
-from edgefleet.config import DEFAULTS, ConfigError, parse_run_config
+from edgefleet.config import DEFAULTS, KEYS, ConfigError, markdown_table, parse_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,3 +77,22 @@ def test_wrong_type_rejected() -> None:
 def test_unknown_key_lists_valid_keys() -> None:
     with pytest.raises(ConfigError, match="unknown run config key.*num-rounds.*valid keys"):
         parse_run_config({"num-rounds": 3})
+
+
+def test_readme_key_table_is_the_generated_one() -> None:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("| key | default | meaning |")
+    end = readme.index("<!-- config-table end -->")
+    assert readme[start:end] == markdown_table(), "run `python -m edgefleet.config` into README"
+
+
+def test_every_key_has_help_and_a_check_that_accepts_its_default() -> None:
+    for name, spec in KEYS.items():
+        assert spec.help.strip(), name
+        assert spec.check(spec.default) is None, name
+
+
+@pytest.mark.parametrize("name", ["..", ".", "a\\\\b"])
+def test_run_name_cannot_leave_the_output_dir(name: str) -> None:
+    with pytest.raises(ConfigError, match="run-name"):
+        parse_run_config({"run-name": name})

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import (
-    Array,
     ArrayRecord,
     ConfigRecord,
     Context,
@@ -17,24 +16,16 @@ from flwr.app import (
 )
 from flwr.serverapp.strategy import FedAvg
 
-from edgefleet.client.app import status, train
+from edgefleet.client.app import app
 from edgefleet.config import parse_run_config
-from edgefleet.server.app import make_strategy
-from edgefleet.server.loop import RoundLoop
-from edgefleet.strategies.base import query_status
+from edgefleet.server.app import build_strategy
+from edgefleet.strategies.base import StatusQuery
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
-from tests.fakes import FakeGrid
+from edgefleet.strategies.loop import RoundLoop
+from tests.fakes import FakeGrid, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}
-
-
-def _rec(w: np.ndarray) -> ArrayRecord:
-    return ArrayRecord({"w": Array(np.asarray(w, dtype=np.float32))})
-
-
-def _no_eval(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
-    return {"test_accuracy": 0.0, "test_loss": 0.0}
 
 
 class FakeDevice:
@@ -58,7 +49,7 @@ class FakeDevice:
         self.trains += 1
         w = msg.content["arrays"]["w"].numpy() + self.delta
         metrics = MetricRecord({"num-examples": 1, "device-id": self.device, "energy-spent": 4.0})
-        return Message(RecordDict({"arrays": _rec(w), "metrics": metrics}), reply_to=msg)
+        return Message(RecordDict({"arrays": rec(w=w), "metrics": metrics}), reply_to=msg)
 
 
 def _two_rounds_by_hand(strategy: FedSAG) -> ArrayRecord:
@@ -75,7 +66,7 @@ def _two_rounds_by_hand(strategy: FedSAG) -> ArrayRecord:
 
     grid = Planned(devices)  # type: ignore[arg-type]
     strategy.register_devices(["0", "1", "2"])
-    w = _rec(np.zeros(1))
+    w = rec(w=np.zeros(1))
     for rnd in (1, 2):
         grid.rnd = rnd
         msgs = list(strategy.configure_train(rnd, w, ConfigRecord(), grid))  # type: ignore[arg-type]
@@ -106,11 +97,11 @@ def test_fedsag_sag_estimator_two_rounds_by_hand() -> None:
 def test_fedsag_full_participation_with_memories_equals_fedavg() -> None:
     devices = {i: FakeDevice(i, d) for i, d in enumerate([1.0, -3.0, 0.5, 2.0], start=1)}
     grid = FakeGrid(devices)  # type: ignore[arg-type]
-    sag = RoundLoop(FedSAG(**KW), grid, evaluate_fn=_no_eval)
-    avg = RoundLoop(FedAvg(**KW), grid, evaluate_fn=_no_eval)
+    sag = RoundLoop(FedSAG(**KW), grid, evaluate_fn=no_eval)
+    avg = RoundLoop(FedAvg(**KW), grid, evaluate_fn=no_eval)
     # every device uploads every round, so from round 2 on each memory is filled
-    w_sag = sag.run(_rec(np.zeros(3)), 1).arrays
-    w_avg = avg.run(_rec(np.zeros(3)), 1).arrays
+    w_sag = sag.run(rec(w=np.zeros(3)), 1).arrays
+    w_avg = avg.run(rec(w=np.zeros(3)), 1).arrays
     np.testing.assert_allclose(w_sag["w"].numpy(), w_avg["w"].numpy())
     w_sag = sag.run(w_sag, 3, first_round=2).arrays
     w_avg = avg.run(w_avg, 3, first_round=2).arrays
@@ -126,16 +117,16 @@ def test_eh_fedavg_is_the_plain_mean_of_the_participants() -> None:
             return reply
 
     devices = {n: Sized(n - 1, d) for n, d in ((1, 1.0), (2, 3.0))}
-    out = RoundLoop(EqualWeightFedAvg(**KW), FakeGrid(devices), evaluate_fn=_no_eval).run(  # type: ignore[arg-type]
-        _rec(np.zeros(1)), 1
+    out = RoundLoop(EqualWeightFedAvg(**KW), FakeGrid(devices), evaluate_fn=no_eval).run(  # type: ignore[arg-type]
+        rec(w=np.zeros(1)), 1
     )
     np.testing.assert_allclose(out.arrays["w"].numpy(), [2.0])  # not (1 + 30) / 11
-    weighted = RoundLoop(FedAvg(**KW), FakeGrid(devices), evaluate_fn=_no_eval).run(  # type: ignore[arg-type]
-        _rec(np.zeros(1)), 1
+    weighted = RoundLoop(FedAvg(**KW), FakeGrid(devices), evaluate_fn=no_eval).run(  # type: ignore[arg-type]
+        rec(w=np.zeros(1)), 1
     )
     np.testing.assert_allclose(weighted.arrays["w"].numpy(), [31 / 11], rtol=1e-6)
     # what the server builds for strategy = "fedavg" with energy-age selection
-    strategy = make_strategy(parse_run_config({"selection.mode": "energy-age"}))
+    strategy = build_strategy(parse_run_config({"selection.mode": "energy-age"}))
     while hasattr(strategy, "inner"):
         strategy = strategy.inner
     assert type(strategy) is EqualWeightFedAvg
@@ -146,10 +137,10 @@ def test_energy_age_selection_takes_oldest_feasible_and_resets_ages() -> None:
     devices = {n: FakeDevice(n - 1, 1.0, feasible=(n != 4)) for n in range(1, 5)}
     grid = FakeGrid(devices)  # type: ignore[arg-type]
     strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4, seed=0)
-    loop = RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=strategy.round_callbacks())
+    loop = RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=strategy.round_callbacks())
     seen = []
     for rnd in range(1, 7):
-        out = loop.run(_rec(np.zeros(1)), rnd, first_round=rnd)
+        out = loop.run(rec(w=np.zeros(1)), rnd, first_round=rnd)
         seen.append(sorted(strategy._selected))
         assert out.rounds_run == rnd
     assert all(len(s) == 2 and "3" not in s for s in seen)
@@ -172,12 +163,12 @@ def _selections(node_ids: list[int], rounds: int, **kw: int) -> list[list[str]]:
     loop = RoundLoop(
         strategy,
         FakeGrid(devices),  # type: ignore[arg-type]
-        evaluate_fn=_no_eval,
+        evaluate_fn=no_eval,
         callbacks=strategy.round_callbacks(),
     )
     seen = []
     for rnd in range(1, rounds + 1):
-        loop.run(_rec(np.zeros(1)), rnd, first_round=rnd)
+        loop.run(rec(w=np.zeros(1)), rnd, first_round=rnd)
         seen.append(list(strategy._selected))
     return seen
 
@@ -194,10 +185,10 @@ def test_batched_status_queries_ask_fewer_devices() -> None:
     devices = {n: FakeDevice(n - 1, 1.0) for n in range(1, 21)}
     grid = FakeGrid(devices)  # type: ignore[arg-type]
     strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=3, slots_per_round=4, batch_size=4)
-    loop = RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=strategy.round_callbacks())
-    loop.run(_rec(np.zeros(1)), 1)
+    loop = RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=strategy.round_callbacks())
+    loop.run(rec(w=np.zeros(1)), 1)
     assert strategy._queried == 20  # round 1: every node once, to learn its device id
-    loop.run(_rec(np.zeros(1)), 2, first_round=2)
+    loop.run(rec(w=np.zeros(1)), 2, first_round=2)
     assert strategy._queried == 4  # from then on: the oldest batch only
     assert sum(d.queries for d in devices.values()) == 24
     assert sum(d.trains for d in devices.values()) == 6
@@ -210,11 +201,11 @@ def test_a_reconnected_device_retires_its_old_node_id() -> None:
     other = FakeDevice(1, 1.0)
     grid = FakeGrid({5: old, 7: other})  # type: ignore[dict-item]
     strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4)
-    loop = RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=strategy.round_callbacks())  # type: ignore[arg-type]
-    loop.run(_rec(np.zeros(1)), 1)
+    loop = RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=strategy.round_callbacks())  # type: ignore[arg-type]
+    loop.run(rec(w=np.zeros(1)), 1)
     grid.handlers = {5: lambda msg: None, 3: new, 7: other}
     for rnd in (2, 3):
-        loop.run(_rec(np.zeros(1)), rnd, first_round=rnd)
+        loop.run(rec(w=np.zeros(1)), rnd, first_round=rnd)
         assert sorted(strategy._selected) == ["0", "1"]
     assert [m.metadata.dst_node_id for m in grid.sent[-6:]].count(5) == 0
     assert new.trains == 2 and strategy.device_of_node == {3: "0", 7: "1"}
@@ -226,8 +217,8 @@ def test_answers_from_an_outer_query_are_not_asked_again() -> None:
     grid = FakeGrid(devices)  # type: ignore[arg-type]
     strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4, batch_size=2)
     # what the sessions wrapper's presence query hands down before configure_train
-    strategy.on_status(1, query_status(grid, list(devices), 1, 4, timeout=5))  # type: ignore[arg-type]
-    msgs = list(strategy.configure_train(1, _rec(np.zeros(1)), ConfigRecord(), grid))  # type: ignore[arg-type]
+    strategy.on_status(1, StatusQuery(4, 5).ask(grid, list(devices), 1))  # type: ignore[arg-type]
+    msgs = list(strategy.configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), grid))  # type: ignore[arg-type]
     assert strategy._queried == 0
     assert sum(d.queries for d in devices.values()) == 6  # the outer query only
     assert len(msgs) == 2 and all(m.metadata.dst_node_id % 2 == 0 for m in msgs)
@@ -252,7 +243,8 @@ def _ins(kind: str, config: dict, arrays: ArrayRecord | None = None) -> Message:
 def test_client_battery_feasibility_boundary_and_decline_spends_nothing() -> None:
     FakeGrid({})  # sets the task identity that building messages needs
     ctx = _context()  # capacity 4 = exactly one round (3 + 1), no harvest
-    reply = status(_ins(MessageType.QUERY, {"slot": 0, "server-round": 1}), ctx)
+    # Through the ClientApp, as Flower calls it: the energy mod runs around the handlers.
+    reply = app(_ins(MessageType.QUERY, {"slot": 0, "server-round": 1}), ctx)
     assert reply.content["status"]["feasible"] == 1
     assert reply.content["status"]["battery-level"] == 4.0
     from edgefleet.client.device import get_device
@@ -260,15 +252,15 @@ def test_client_battery_feasibility_boundary_and_decline_spends_nothing() -> Non
 
     arrays = get_arrays(get_device(ctx.run_config, ctx.node_config).model)
     config = {"slot": 4, "server-round": 1}
-    first = train(_ins(MessageType.TRAIN, config, arrays), ctx)
+    first = app(_ins(MessageType.TRAIN, config, arrays), ctx)
     assert not first.has_error()
     assert first.content["metrics"]["energy-spent"] == 4.0
     # one unit short now (empty battery, no harvest): decline with an error, spend nothing
-    second = train(_ins(MessageType.TRAIN, {"slot": 8, "server-round": 2}, arrays), ctx)
+    second = app(_ins(MessageType.TRAIN, {"slot": 8, "server-round": 2}, arrays), ctx)
     assert second.has_error() and "battery" in second.error.reason
-    assert ctx.state.config_records["battery"]["level"] == 0.0
-    assert ctx.state.config_records["battery"]["spent_total"] == 4.0
-    reply = status(_ins(MessageType.QUERY, {"slot": 12, "server-round": 3}), ctx)
+    assert ctx.state.config_records["edgefleet.battery"]["level"] == 0.0
+    assert ctx.state.config_records["edgefleet.battery"]["spent_total"] == 4.0
+    reply = app(_ins(MessageType.QUERY, {"slot": 12, "server-round": 3}), ctx)
     assert reply.content["status"]["feasible"] == 0
 
 
@@ -277,8 +269,8 @@ def test_error_reply_is_declined() -> None:
         return Message(Error(12, "battery empty"), reply_to=msg)
 
     grid = FakeGrid({1: declines})
-    loop = RoundLoop(FedSAG(**KW), grid, evaluate_fn=_no_eval)
-    out = loop.run(_rec(np.ones(1)), 1)
+    loop = RoundLoop(FedSAG(**KW), grid, evaluate_fn=no_eval)
+    out = loop.run(rec(w=np.ones(1)), 1)
     np.testing.assert_array_equal(out.arrays["w"].numpy(), [1.0])
 
 
@@ -286,33 +278,59 @@ def test_wrapper_state_includes_fedsag_memory() -> None:
     devices = {1: FakeDevice(0, 1.0), 2: FakeDevice(1, 2.0)}
     grid = FakeGrid(devices)  # type: ignore[arg-type]
     strategy = EnergyAgeSelection(FedSAG(**KW), max_devices=2, slots_per_round=4)
-    RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=strategy.round_callbacks()).run(
-        _rec(np.zeros(1)), 1
+    RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=strategy.round_callbacks()).run(
+        rec(w=np.zeros(1)), 1
     )
     state = strategy.state_dict()
     assert sorted(state["inner"]["memory"]["device_ids"]) == ["0", "1"]
     assert state["ages"]["ages"] == {"0": 0, "1": 0}
 
 
-def test_malformed_status_leaves_the_device_out_without_ending_the_run() -> None:
-    class NoDeviceId(FakeDevice):
+@pytest.mark.parametrize("bad_id", [-1, 2.5, [1, 2]])
+def test_malformed_status_leaves_the_device_out_without_ending_the_run(bad_id: object) -> None:
+    class BadDeviceId(FakeDevice):
         def __call__(self, msg: Message) -> Message:
             if msg.metadata.message_type == MessageType.QUERY:
-                status = MetricRecord({"feasible": 1})
+                status = MetricRecord({"feasible": 1, "device-id": bad_id})  # type: ignore[dict-item]
                 return Message(RecordDict({"status": status}), reply_to=msg)
             return super().__call__(msg)
 
-    devices = {1: FakeDevice(0, 1.0), 2: NoDeviceId(1, 2.0)}
+    devices = {1: FakeDevice(0, 1.0), 2: BadDeviceId(1, 2.0)}
     strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4)
     loop = RoundLoop(
         strategy,
         FakeGrid(devices),  # type: ignore[arg-type]
-        evaluate_fn=_no_eval,
+        evaluate_fn=no_eval,
         callbacks=strategy.round_callbacks(),
     )
-    out = loop.run(_rec(np.zeros(1)), 2, ConfigRecord())
+    out = loop.run(rec(w=np.zeros(1)), 2, ConfigRecord())
     assert devices[1].trains == 2 and devices[2].trains == 0
     np.testing.assert_allclose(out.arrays["w"].numpy(), [2.0])
+
+
+def test_status_without_device_id_is_keyed_by_node() -> None:
+    """A ClientApp that does not report a device id (a standard Flower app) takes part under
+    ``node-<id>``, in its status answer and in its train replies alike."""
+
+    class Anonymous(FakeDevice):
+        def __call__(self, msg: Message) -> Message:
+            reply = super().__call__(msg)
+            for record in reply.content.metric_records.values():
+                del record["device-id"]
+            return reply
+
+    devices = {1: FakeDevice(0, 1.0), 2: Anonymous(1, 2.0)}
+    strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=1, slots_per_round=4)
+    loop = RoundLoop(
+        strategy,
+        FakeGrid(devices),  # type: ignore[arg-type]
+        evaluate_fn=no_eval,
+        callbacks=strategy.round_callbacks(),
+    )
+    loop.run(rec(w=np.zeros(1)), 2, ConfigRecord())
+    # Ages follow both ids, so the two devices take turns.
+    assert devices[1].trains == 1 and devices[2].trains == 1
+    assert strategy.device_of_node == {1: "0", 2: "node-2"}
 
 
 def test_unreadable_energy_trace_is_an_error_reply_not_a_crash(tmp_path) -> None:
@@ -326,7 +344,7 @@ def test_unreadable_energy_trace_is_an_error_reply_not_a_crash(tmp_path) -> None
         state=RecordDict(),
         run_config={"selection.mode": "energy-age"},
     )
-    reply = status(_ins(MessageType.QUERY, {"slot": 0, "server-round": 1}), ctx)
+    reply = app(_ins(MessageType.QUERY, {"slot": 0, "server-round": 1}), ctx)
     assert reply.has_error() and reply.error.code == 10
-    reply = train(_ins(MessageType.TRAIN, {"slot": 0, "server-round": 1}, _rec(np.zeros(1))), ctx)
+    reply = app(_ins(MessageType.TRAIN, {"slot": 0, "server-round": 1}, rec(w=np.zeros(1))), ctx)
     assert reply.has_error() and reply.error.code == 10

@@ -12,11 +12,12 @@ from edgefleet.arrays import to_numpy
 from edgefleet.client.app import train
 from edgefleet.client.faults import KINDS, corrupt
 from edgefleet.config import parse_run_config
-from edgefleet.server.app import make_strategy
+from edgefleet.server.app import build_strategy
 from edgefleet.task.train import get_arrays
 from tests.fakes import FakeGrid
 from tests.test_pruning_fl import _model, _run
 
+ONE_NODE = {"min_available_nodes": 1, "min_train_nodes": 1, "fraction_evaluate": 0.0}
 WHY = {
     "nan": "non-finite",
     "shape": "want float32",
@@ -41,7 +42,7 @@ def _device(partition: int, fault: str | None = None):
 def test_every_kind_of_bad_reply_is_dropped_and_the_run_goes_on() -> None:
     FakeGrid({})
     grid = FakeGrid({1: _device(0), 2: _device(1, "cycle"), 3: _device(2)})
-    strategy = make_strategy(parse_run_config({}))  # EdgeFleet's own server stack
+    strategy = build_strategy(parse_run_config({}))  # EdgeFleet's own server stack
     start = get_arrays(_model())
     arrays, results = _run(strategy, grid, start, rounds=len(KINDS))
     for kind, res in zip(KINDS, results, strict=True):
@@ -55,7 +56,7 @@ def test_every_kind_of_bad_reply_is_dropped_and_the_run_goes_on() -> None:
 def test_unknown_fault_kind_is_an_error_reply() -> None:
     FakeGrid({})
     grid = FakeGrid({1: _device(0, "gremlins")})
-    _, results = _run(FedAvg(min_available_nodes=1, min_train_nodes=1), grid, get_arrays(_model()))
+    _, results = _run(FedAvg(**ONE_NODE), grid, get_arrays(_model()))
     assert results[0].declined == ["node-1"]
 
 
@@ -72,5 +73,5 @@ def test_unreadable_data_path_is_an_error_reply_not_a_crash(tmp_path) -> None:
                      "data-path": str(tmp_path / "missing.npz")},
     )  # fmt: skip
     grid = FakeGrid({1: lambda msg: train(msg, ctx)})
-    _, results = _run(FedAvg(min_available_nodes=1, min_train_nodes=1), grid, get_arrays(_model()))
+    _, results = _run(FedAvg(**ONE_NODE), grid, get_arrays(_model()))
     assert results[0].declined == ["node-1"] and results[0].participants == []

@@ -7,32 +7,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, FedProx
 
 from edgefleet.config import parse_run_config
-from edgefleet.server.loop import (
-    LoopOutcome,
-    RoundCallback,
-    RoundLoop,
-    RoundResult,
-    check_train_reply,
-)
 from edgefleet.server.results import MetricsWriter, write_summary
-from tests.fakes import FakeGrid
+from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundLoop, RoundResult
+from edgefleet.strategies.screening import RecordKeys, check_train_reply
+from tests.fakes import FakeGrid, no_eval, rec, train_reply
 
 W0 = {"w": np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32), "b": np.zeros(2, np.float32)}
 
 
-def _rec(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: Array(v) for k, v in arrays.items()})
-
-
 def _reply(msg: Message, arrays: dict[str, np.ndarray], n: int, device: int) -> Message:
-    metrics = MetricRecord(
-        {"num-examples": n, "train-loss": 1.0, "device-id": device, "energy-spent": 2.0}
-    )
-    return Message(RecordDict({"arrays": _rec(arrays), "metrics": metrics}), reply_to=msg)
+    return train_reply(msg, rec(arrays), n, **{"train-loss": 1.0, "device-id": device,
+                                               "energy-spent": 2.0})  # fmt: skip
 
 
 def _adds(delta: float, n: int, device: int):
@@ -50,26 +39,22 @@ def _strategy(kind=FedAvg, **kw):
     return kind(fraction_evaluate=0.0, min_available_nodes=1, min_train_nodes=1, **kw)
 
 
-def _no_eval(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
-    return {"test_accuracy": 0.5, "test_loss": 1.0}
-
-
 def test_fedavg_weighted_mean_by_hand() -> None:
     grid = FakeGrid({1: _adds(1.0, 10, 0), 2: _adds(-2.0, 30, 1), 3: _adds(4.0, 60, 2)})
-    loop = RoundLoop(_strategy(), grid, evaluate_fn=_no_eval)  # type: ignore[arg-type]
-    out = loop.run(_rec(W0), num_rounds=2, train_config=ConfigRecord())
+    loop = RoundLoop(_strategy(), grid, evaluate_fn=no_eval)  # type: ignore[arg-type]
+    out = loop.run(rec(W0), num_rounds=2, train_config=ConfigRecord())
     # Each round moves every weight by the example-weighted mean delta.
     step = (10 * 1.0 + 30 * -2.0 + 60 * 4.0) / 100
     got = out.arrays.to_numpy_ndarrays()
     np.testing.assert_allclose(got[0], W0["w"] + 2 * step, rtol=1e-6)
     np.testing.assert_allclose(got[1], W0["b"] + 2 * step, rtol=1e-6)
-    assert out == LoopOutcome(out.arrays, 2, None, "budget")
+    assert out == LoopOutcome(out.arrays, 2, None, "budget", no_eval(2, out.arrays))
 
 
 def test_fedprox_sends_mu_and_aggregates_like_fedavg() -> None:
     grid = FakeGrid({1: _adds(1.0, 1, 0), 2: _adds(3.0, 1, 1)})
-    loop = RoundLoop(_strategy(FedProx, proximal_mu=0.25), grid, evaluate_fn=_no_eval)  # type: ignore[arg-type]
-    out = loop.run(_rec(W0), 1)
+    loop = RoundLoop(_strategy(FedProx, proximal_mu=0.25), grid, evaluate_fn=no_eval)  # type: ignore[arg-type]
+    out = loop.run(rec(W0), 1)
     assert all(m.content["config"]["proximal-mu"] == 0.25 for m in grid.sent)
     np.testing.assert_allclose(out.arrays.to_numpy_ndarrays()[0], W0["w"] + 2.0)
 
@@ -102,8 +87,8 @@ def test_bad_and_declining_replies_are_dropped_not_fatal() -> None:
             seen.append(result)
             return None
 
-    loop = RoundLoop(_strategy(), grid, evaluate_fn=_no_eval, callbacks=[Keep()])  # type: ignore[arg-type]
-    out = loop.run(_rec(W0), 1)
+    loop = RoundLoop(_strategy(), grid, evaluate_fn=no_eval, callbacks=[Keep()])  # type: ignore[arg-type]
+    out = loop.run(rec(W0), 1)
     np.testing.assert_allclose(out.arrays.to_numpy_ndarrays()[0], W0["w"] + 1.0)
     (res,) = seen
     assert res.participants == ["0"]
@@ -115,14 +100,14 @@ def test_bad_and_declining_replies_are_dropped_not_fatal() -> None:
     assert "missing ['b']" in reasons["9"]
     assert "one ArrayRecord" in reasons["10"]
     assert res.energy_spent == 2.0
-    assert res.bytes_down == 7 * _rec(W0).count_bytes()
-    assert res.bytes_up == _rec(W0).count_bytes()
+    assert res.bytes_down == 7 * rec(W0).count_bytes()
+    assert res.bytes_up == rec(W0).count_bytes()
 
 
 def test_no_participant_keeps_model() -> None:
     grid = FakeGrid({1: lambda m: Message(Error(10, "no"), reply_to=m)})
-    loop = RoundLoop(_strategy(), grid, evaluate_fn=_no_eval)  # type: ignore[arg-type]
-    out = loop.run(_rec(W0), 2)
+    loop = RoundLoop(_strategy(), grid, evaluate_fn=no_eval)  # type: ignore[arg-type]
+    out = loop.run(rec(W0), 2)
     np.testing.assert_array_equal(out.arrays.to_numpy_ndarrays()[0], W0["w"])
 
 
@@ -133,8 +118,8 @@ def test_callback_stop_and_result_files(tmp_path: Path) -> None:
 
     writer = MetricsWriter(tmp_path)
     grid = FakeGrid({1: _adds(1.0, 10, 3)})
-    loop = RoundLoop(_strategy(), grid, evaluate_fn=_no_eval, callbacks=[writer, StopAt2()])  # type: ignore[arg-type]
-    out = loop.run(_rec(W0), 5)
+    loop = RoundLoop(_strategy(), grid, evaluate_fn=no_eval, callbacks=[writer, StopAt2()])  # type: ignore[arg-type]
+    out = loop.run(rec(W0), 5)
     assert (out.rounds_run, out.stop_round, out.stop_reason) == (2, 2, "enough")
     summary = write_summary(tmp_path, parse_run_config({}), out, writer.rows, 1.5)
 
@@ -169,19 +154,19 @@ def test_callback_stop_and_result_files(tmp_path: Path) -> None:
 
 def test_check_train_reply_accepts_good_reply() -> None:
     grid = FakeGrid({1: _adds(0.0, 3, 0)})
-    ins = Message(RecordDict({"arrays": _rec(W0), "config": ConfigRecord()}), 1, "train")
-    assert check_train_reply(grid.handlers[1](ins), _rec(W0)) is None  # type: ignore[arg-type]
+    ins = Message(RecordDict({"arrays": rec(W0), "config": ConfigRecord()}), 1, "train")
+    assert check_train_reply(grid.handlers[1](ins), rec(W0), RecordKeys()) is None  # type: ignore[arg-type]
 
 
-def test_reply_without_usable_device_id_is_rejected() -> None:
+def test_reply_with_malformed_device_id_is_rejected_and_one_without_is_not() -> None:
     grid = FakeGrid({1: _adds(0.0, 3, 0)})
-    ins = Message(RecordDict({"arrays": _rec(W0), "config": ConfigRecord()}), 1, "train")
-    for bad in (None, float("nan"), 1.5):
+    ins = Message(RecordDict({"arrays": rec(W0), "config": ConfigRecord()}), 1, "train")
+    for bad in (float("nan"), 1.5, -3, 10**30, [1, 2]):
         reply = grid.handlers[1](ins)  # type: ignore[arg-type]
-        metrics = reply.content.metric_records["metrics"]
-        if bad is None:
-            del metrics["device-id"]
-        else:
-            metrics["device-id"] = bad
-        reason = check_train_reply(reply, _rec(W0))
-        assert reason is not None and "'device-id'" in reason
+        reply.content.metric_records["metrics"]["device-id"] = bad  # type: ignore[assignment]
+        reason = check_train_reply(reply, rec(W0), RecordKeys())
+        assert reason is not None and "'device-id'" in reason, bad
+    # A standard Flower reply has no device id: valid, keyed by its node.
+    reply = grid.handlers[1](ins)  # type: ignore[arg-type]
+    del reply.content.metric_records["metrics"]["device-id"]
+    assert check_train_reply(reply, rec(W0), RecordKeys()) is None

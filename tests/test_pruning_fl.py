@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.arrays import to_numpy, to_record
@@ -15,18 +15,14 @@ from edgefleet.client.device import NodeConfigError, get_profile
 from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.pruning.submodel import PruningPlan
 from edgefleet.pruning.wire import KEPT, kept_record
-from edgefleet.server.loop import RoundLoop
+from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.pruning import SubmodelReconstruction, compact_slice
 from edgefleet.task.models import build_model
 from edgefleet.task.train import get_arrays
-from tests.fakes import FakeGrid
+from tests.fakes import FakeGrid, no_eval, train_reply
 
 COMMON = {"min_available_nodes": 1, "min_train_nodes": 1, "fraction_evaluate": 0.0}
 SHAPE = (1, 28, 28)
-
-
-def _no_eval(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
-    return {"test_accuracy": 0.5}
 
 
 def _model(name: str = "smallcnn", seed: int = 0) -> torch.nn.Module:
@@ -56,11 +52,10 @@ def _wrapper(plan: PruningPlan, **kw) -> SubmodelReconstruction:
 
 
 def _reply_to(msg: Message, arrays: dict, n: int, device: int, kept=None) -> Message:
-    metrics = MetricRecord({"num-examples": n, "device-id": device, "kept-fraction": 1.0})
-    content = RecordDict({"arrays": to_record(arrays), "metrics": metrics})
+    reply = train_reply(msg, to_record(arrays), n, **{"device-id": device, "kept-fraction": 1.0})
     if kept is not None:
-        content[KEPT] = kept_record(kept)
-    return Message(content, reply_to=msg)
+        reply.content[KEPT] = kept_record(kept)
+    return reply
 
 
 def _sends(plan: PruningPlan, kept, delta: float, n: int, device: int):
@@ -90,7 +85,7 @@ def _run(strategy, grid: FakeGrid, arrays: ArrayRecord, rounds: int = 1):
         def after_round(self, result):
             results.append(result)
 
-    loop = RoundLoop(strategy, grid, evaluate_fn=_no_eval, callbacks=[*callbacks, Keep()])
+    loop = RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=[*callbacks, Keep()])
     out = loop.run(arrays, rounds, ConfigRecord())
     return out.arrays, results
 

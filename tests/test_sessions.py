@@ -13,15 +13,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.config import ConfigError, parse_run_config
-from edgefleet.server.loop import RoundLoop
-from edgefleet.server.sessions import SessionTracker
 from edgefleet.simulation.runner import load_scenario, run_scenario
+from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping
+from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
 from edgefleet.task.data import group_classes, group_partition_indices
-from tests.fakes import FakeGrid
-from tests.test_ehfedsag import KW, _rec
+from tests.fakes import FakeGrid, rec
+from tests.test_ehfedsag import KW
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 3  # rounds per session
@@ -46,7 +46,7 @@ class GroupDevice:
         self.trained_from.append(float(w[0]))
         new = w + 0.5 * (self.optimum - w)
         metrics = MetricRecord({"num-examples": 1, "device-id": self.device})
-        return Message(RecordDict({"arrays": _rec(new), "metrics": metrics}), reply_to=msg)
+        return Message(RecordDict({"arrays": rec(w=new), "metrics": metrics}), reply_to=msg)
 
 
 def _eval(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
@@ -62,7 +62,7 @@ def _strategy(mode: str, store: SessionStore, stopping: bool = False, aux_rounds
         inner,
         store=store,
         tracker=SessionTracker(0.2, 0),
-        initial=_rec(np.zeros(2)),
+        initial=rec(w=np.zeros(2)),
         param_keys=["w"],
         mode=mode,
         pilot_sessions=2,
@@ -97,7 +97,7 @@ def _devices() -> dict[int, GroupDevice]:
 def _run(mode: str, tmp: Path, sessions: int = 4, stopping: bool = False, aux_rounds: int = 1):
     devices = _devices()
     strategy = _strategy(mode, SessionStore(tmp, max_stored=5), stopping, aux_rounds)
-    out, rows = _loop(strategy, devices, _rec(np.zeros(2)), 1, sessions * T)
+    out, rows = _loop(strategy, devices, rec(w=np.zeros(2)), 1, sessions * T)
     return out, rows, devices, strategy
 
 
@@ -226,7 +226,7 @@ def test_restart_with_stored_sessions_matches_uninterrupted(tmp_path: Path, cut:
     exactly as the uninterrupted one (pilot mode, stopping inside)."""
     whole, _, _, _ = _run("pilot", tmp_path / "a", sessions=5, stopping=True)
     first = _strategy("pilot", SessionStore(tmp_path / "b", max_stored=5), stopping=True)
-    part, _ = _loop(first, _devices(), _rec(np.zeros(2)), 1, cut)
+    part, _ = _loop(first, _devices(), rec(w=np.zeros(2)), 1, cut)
     state = pickle.loads(pickle.dumps(first.state_dict()))
     second = _strategy("pilot", SessionStore.load(tmp_path / "b", max_stored=5), stopping=True)
     second.load_state_dict(state)
@@ -275,13 +275,13 @@ def test_energy_selection_inside_sessions_reuses_the_presence_answers(tmp_path: 
         selection,
         store=SessionStore(tmp_path, max_stored=5),
         tracker=SessionTracker(0.2, 0),
-        initial=_rec(np.zeros(2)),
+        initial=rec(w=np.zeros(2)),
         param_keys=["w"],
         mode="previous",
         slots_per_round=4,
     )
     handlers = {n: counted(d) for n, d in devices.items()}
-    out, rows = _loop(strategy, handlers, _rec(np.zeros(2)), 1, T + 1)
+    out, rows = _loop(strategy, handlers, rec(w=np.zeros(2)), 1, T + 1)
     # round T + 1 opens session 2 (group 1: device ids 1 and 3). FedSAG forgot its devices
     # at the boundary; the presence answers handed down after it count both in its K.
     assert fedsag.memory is not None and sorted(fedsag.memory.device_ids) == ["1", "3"]

@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from edgefleet.server.loop import RoundResult
+from edgefleet.strategies.loop import RoundResult
 from edgefleet.strategies.stopping import (
     STOP_DIVERGED,
     STOP_PLATEAU,
@@ -19,7 +19,7 @@ from edgefleet.strategies.stopping import (
     task_vector_norm,
     trainable_keys,
 )
-from tests.fakes import FakeGrid
+from tests.fakes import FakeGrid, rec
 
 
 def _fire_round(norms: list[float], tau: float = 0.005, patience: int = 3) -> int | None:
@@ -82,13 +82,9 @@ def test_state_round_trip() -> None:
     assert copy.state_dict() == rule.state_dict()
 
 
-def _rec(**arrays: np.ndarray) -> ArrayRecord:
-    return ArrayRecord({k: Array(v.astype(np.float32)) for k, v in arrays.items()})
-
-
 def test_task_vector_norm_by_hand_and_bn_excluded() -> None:
-    theta0 = _rec(w=np.zeros((2, 2)), b=np.zeros(2), **{"bn.running_mean": np.zeros(2)})
-    theta = _rec(w=np.full((2, 2), 1.0), b=np.array([2.0, 0.0]), **{"bn.running_mean": np.ones(2)})
+    theta0 = rec(w=np.zeros((2, 2)), b=np.zeros(2), **{"bn.running_mean": np.zeros(2)})
+    theta = rec(w=np.full((2, 2), 1.0), b=np.array([2.0, 0.0]), **{"bn.running_mean": np.ones(2)})
     keys = trainable_keys(theta0)
     assert keys == ["w", "b"]
     assert task_vector_norm(theta, theta0, keys) == pytest.approx(math.sqrt(4 + 4))
@@ -101,15 +97,15 @@ def _result(rnd: int, arrays: ArrayRecord, participants: list[str]) -> RoundResu
 
 def test_diverged_and_empty_rounds() -> None:
     stop = TaskVectorStopping(FedAvg(), patience=1)
-    theta0 = _rec(w=np.zeros(3))
+    theta0 = rec(w=np.zeros(3))
     stop.on_start(theta0, 1)
-    assert stop.after_round(_result(1, _rec(w=np.ones(3)), ["0"])) is None
+    assert stop.after_round(_result(1, rec(w=np.ones(3)), ["0"])) is None
     # Empty rounds carry no growth information: the model is unchanged, yet no count.
     for r in (2, 3, 4):
-        assert stop.after_round(_result(r, _rec(w=np.ones(3)), [])) is None
+        assert stop.after_round(_result(r, rec(w=np.ones(3)), [])) is None
     assert stop.rule.counter == 0
-    assert stop.after_round(_result(5, _rec(w=np.ones(3)), ["0"])) == STOP_PLATEAU
-    nan = _rec(w=np.array([0.0, np.nan, 1.0]))
+    assert stop.after_round(_result(5, rec(w=np.ones(3)), ["0"])) == STOP_PLATEAU
+    nan = rec(w=np.array([0.0, np.nan, 1.0]))
     assert stop.after_round(_result(6, nan, ["0"])) == STOP_DIVERGED
 
 
@@ -121,7 +117,7 @@ def _shrinking_client(w0: np.ndarray):
         w = msg.content["arrays"]["w"].numpy()
         new = w + 0.5 * (2 * w0 - w)
         metrics = MetricRecord({"num-examples": 1, "device-id": 0})
-        content = RecordDict({"arrays": _rec(w=new), "metrics": metrics})
+        content = RecordDict({"arrays": rec(w=new), "metrics": metrics})
         return Message(content, reply_to=msg)
 
     return handle
@@ -132,7 +128,7 @@ def test_flower_start_api_stops_early() -> None:
     grid = FakeGrid({1: _shrinking_client(w0)})
     inner = FedAvg(fraction_evaluate=0.0, min_available_nodes=1, min_train_nodes=1)
     strategy = TaskVectorStopping(inner, tau=0.01, patience=3)
-    result = strategy.start(grid, _rec(w=w0), num_rounds=100)  # type: ignore[arg-type]
+    result = strategy.start(grid, rec(w=w0), num_rounds=100)  # type: ignore[arg-type]
     # d_r = ||w0|| (1 - 2^-r): g_r = 2^-r / (1 - 2^-(r-1)) < 0.01 from r = 7 on -> stop at 9
     assert len(grid.sent) == 9
     np.testing.assert_allclose(result.arrays["w"].numpy(), w0 * (2 - 0.5**9), rtol=1e-6)
@@ -141,7 +137,7 @@ def test_flower_start_api_stops_early() -> None:
 def test_validation_stopping_keeps_best() -> None:
     accs = iter([0.5, 0.7, 0.6, 0.65, 0.69, 0.7])
     stop = ValidationStopping(FedAvg(), lambda arrays: next(accs), patience=3)
-    reasons = [stop.after_round(_result(r, _rec(w=np.full(1, r)), ["0"])) for r in range(1, 6)]
+    reasons = [stop.after_round(_result(r, rec(w=np.full(1, r)), ["0"])) for r in range(1, 6)]
     assert reasons == [None, None, None, None, "validation-plateau"]
     assert stop.best_round == 2 and stop.best_accuracy == 0.7
     assert stop.best_arrays is not None and stop.best_arrays["w"].numpy()[0] == 2.0
@@ -156,14 +152,15 @@ def test_bad_arguments() -> None:
 
 def test_observe_mode_records_both_rules_and_never_stops() -> None:
     from edgefleet.config import parse_run_config
-    from edgefleet.server.app import wrap_stopping
+    from edgefleet.server.app import CentralEvaluation, build_strategy
 
     cfg = parse_run_config({"stopping.mode": "observe", "stopping.patience": 1})
-    strategy = wrap_stopping(FedAvg(), cfg, ["w"], lambda arrays: 0.5)
+    central = CentralEvaluation(rec(w=np.zeros(2)), ["w"], lambda r, a: {}, lambda a: 0.5)
+    strategy = build_strategy(cfg, central)
     callbacks = strategy.round_callbacks()  # type: ignore[attr-defined]
     for cb in callbacks:
-        cb.on_start(_rec(w=np.zeros(2)), 1)
+        cb.on_start(rec(w=np.zeros(2)), 1)
     for r in range(1, 6):
-        res = _result(r, _rec(w=np.ones(2)), ["0"])
+        res = _result(r, rec(w=np.ones(2)), ["0"])
         assert [cb.after_round(res) for cb in callbacks] == [None, None]
     assert res.extra["plateau_count"] == 4 and res.extra["validation_accuracy"] == 0.5

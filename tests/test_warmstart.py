@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgefleet.server.sessions import (
+from edgefleet.strategies.tracker import (
     SessionChange,
     SessionError,
     SessionTracker,

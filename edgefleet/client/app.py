@@ -1,59 +1,72 @@
-"""EdgeFleet's ClientApp: one ``train`` and one ``evaluate`` handler.
+"""EdgeFleet's ClientApp: ``query`` (status), ``train`` and ``evaluate`` handlers, with the
+battery as a Flower mod (:mod:`edgefleet.client.mods`, the same one any ClientApp can add).
 
 Train replies carry one ArrayRecord (``arrays``) and one MetricRecord (``metrics``) with the
-same keys from every device, since Flower's strategies reject anything else; a device that
-trains a CA-HFP submodel adds the ArrayRecord ``kept`` (its channels), which the server's
-reconstruction wrapper consumes before the strategy sees the reply. A device that cannot do
-the work replies with an ``Error``, which the server counts as declined.
+same keys from every device; a device that trains a CA-HFP submodel adds the ArrayRecord
+``kept`` (its channels), which the server's reconstruction wrapper consumes before the
+strategy sees the reply. A device that cannot do the work replies with an ``Error``, which
+the server counts as declined.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from edgefleet.client.battery import Battery, SourceUnavailableError
+from edgefleet.client.battery import EnergySource, SourceUnavailableError, make_source
 from edgefleet.client.device import DeviceProfile, get_device, get_profile, is_present
-from edgefleet.client.energy import load_battery, save_battery
 from edgefleet.client.faults import NODE_CONFIG_KEY, corrupt
+from edgefleet.client.mods import (
+    ERR_ABSENT,
+    ERR_BAD_CONFIG,
+    ERR_TRAIN_FAILED,
+    BatterySettings,
+    energy_mod,
+)
 from edgefleet.client.pruning import parameter_fraction, round_model
 from edgefleet.config import RunConfig
 from edgefleet.pruning.wire import KEPT, kept_record
 from edgefleet.task.train import evaluate as evaluate_model
 from edgefleet.task.train import get_arrays, seed_for, set_arrays, train_local
 
-app = ClientApp()
-
-# Error codes in client replies; the server logs the reason either way.
-ERR_BAD_CONFIG = 10
-ERR_TRAIN_FAILED = 11
-ERR_NO_ENERGY = 12
-ERR_ABSENT = 13
-
-
 # What a device's configuration or battery can raise: each becomes an Error reply (the
 # server counts the device as declined or unavailable) instead of a crashed ClientApp.
 DEVICE_ERRORS = (ValueError, FileNotFoundError, SourceUnavailableError)
 
 
-def _battery_at(msg: Message, context: Context, cfg: RunConfig, profile: DeviceProfile) -> Battery:
-    """The device's battery advanced to the slot the server's message carries."""
-    battery = load_battery(profile, cfg, context)
-    battery.advance(int(msg.content.config_records["config"]["slot"]))  # type: ignore[arg-type]
-    return battery
+@functools.cache  # sources hold no state; a trace file is read once per process, not per message
+def energy_source(p: DeviceProfile, cfg: RunConfig) -> EnergySource:
+    e = cfg.energy
+    if p.energy_source == "bernoulli":
+        seed = seed_for(cfg.seed, p.device_id, 0xE4E)
+        return make_source("bernoulli", seed=seed, prob=p.harvest_prob, units=e.harvest_units)
+    if p.energy_source == "trace":
+        return make_source("trace", path=p.trace_path)
+    return make_source(p.energy_source)
+
+
+def battery_settings(context: Context) -> BatterySettings:
+    """The device's battery from the run config (``energy.*``) and its node config
+    (``capacity``, ``harvest-prob``, ``energy-source``, ``trace-path``)."""
+    cfg, profile = get_profile(context.run_config, context.node_config)
+    return BatterySettings(profile.capacity, energy_source(profile, cfg), cfg.energy.round_cost)
+
+
+# The battery is the same mod any Flower ClientApp can add (edgefleet.client.mods).
+app = ClientApp(mods=[energy_mod(settings=battery_settings)])
 
 
 @app.query()
 def status(msg: Message, context: Context) -> Message:
-    """The light status query (energy-aware selection, sessions): advance the battery to the
-    server's slot; report battery, feasibility, presence and, when asked (``labels`` in the
-    config), the classes of the local data."""
+    """The light status query (energy-aware selection, sessions): the device id, presence
+    and, when asked (``labels`` in the config), the classes of the local data. The energy
+    mod adds the battery level and whether it covers a round."""
     config = msg.content.config_records["config"]
     try:
         cfg, profile = get_profile(context.run_config, context.node_config)
-        battery = _battery_at(msg, context, cfg, profile)
         labels = (
             get_device(context.run_config, context.node_config).labels
             if config.get("labels", 0)
@@ -61,12 +74,8 @@ def status(msg: Message, context: Context) -> Message:
         )
     except DEVICE_ERRORS as err:
         return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
-    save_battery(battery, context)
-    cost = cfg.energy.round_cost
     status: dict[str, int | float | list[int] | list[float]] = {
         "device-id": profile.device_id,
-        "battery-level": battery.level,
-        "feasible": int(battery.can_afford(cost)),
         "present": int(is_present(cfg, profile, int(config["server-round"]))),  # type: ignore[arg-type]
     }
     if labels:
@@ -86,21 +95,8 @@ def train(msg: Message, context: Context) -> Message:
     mu = float(config.get("proximal-mu", 0.0))  # type: ignore[arg-type]
     if not is_present(cfg, profile, server_round):
         return Message(Error(ERR_ABSENT, "device is not present this session"), reply_to=msg)
-    if len(device.train_data) == 0:  # decline before any energy is spent
+    if len(device.train_data) == 0:  # an Error reply: the energy mod spends nothing
         return Message(Error(ERR_TRAIN_FAILED, "no local training data"), reply_to=msg)
-    energy = 0.0
-    if "slot" in config:  # energy-aware selection: re-check the battery, spend only if able
-        try:
-            battery = _battery_at(msg, context, cfg, profile)
-        except DEVICE_ERRORS as err:
-            return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
-        if not battery.can_afford(cfg.energy.round_cost):
-            save_battery(battery, context)
-            reason = f"battery {battery.level:.2f} < round cost {cfg.energy.round_cost:.0f}"
-            return Message(Error(ERR_NO_ENERGY, reason), reply_to=msg)
-        battery.spend(cfg.energy.round_cost)
-        save_battery(battery, context)
-        energy = cfg.energy.round_cost
     seed = seed_for(cfg.seed, profile.partition_id, server_round)
     start = time.perf_counter()
     try:
@@ -124,7 +120,8 @@ def train(msg: Message, context: Context) -> Message:
             "num-examples": result.num_examples,
             "train-loss": result.loss,
             "device-id": profile.device_id,
-            "energy-spent": energy,
+            # The energy mod replaces it with the round's cost under energy-aware selection.
+            "energy-spent": 0.0,
             "train-time-s": time.perf_counter() - start,
             "kept-fraction": parameter_fraction(model, device.model),
         }

@@ -24,15 +24,15 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.server.checkpoint import Checkpointer, resume_from
-from edgefleet.server.loop import EvaluateFn, RoundLoop
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
-from edgefleet.server.sessions import SessionTracker
-from edgefleet.strategies.base import LoopStrategy
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
+from edgefleet.strategies.hooks import hooks_of
+from edgefleet.strategies.loop import EvaluateFn, RoundLoop
 from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
+from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
 from edgefleet.task.data import dataset_info, load_dataset, split_local
 from edgefleet.task.models import build_model
@@ -44,47 +44,89 @@ if TYPE_CHECKING:
 app = ServerApp()
 
 
-def make_strategy(cfg: RunConfig) -> Strategy:
-    """The aggregation strategy named by ``strategy``, behind CA-HFP's reconstruction of
-    submodel replies, inside energy-aware selection when ``selection.mode = "energy-age"``
-    (EH-FedAvg / EH-FedSAG)."""
+def build_strategy(
+    cfg: RunConfig, central: CentralEvaluation | None = None, run_dir: Path | None = None
+) -> Strategy:
+    """EdgeFleet's strategy for ``cfg``: Flower strategies and EdgeFleet's wrappers, nested
+    from the outside in as
+
+        sessions > stopping > energy-aware selection > CA-HFP reconstruction > aggregator
+
+    (each wrapper only when its keys turn it on; reconstruction always). Why this order:
+
+    - **Sessions** (``WarmStartInitializer``) outermost: a session boundary changes the
+      device set and the model every layer inside starts from; it announces boundaries
+      inwards (``on_session``), and the presence answers it collects are handed down
+      (``on_status``) so that selection does not ask the same nodes again.
+    - **Stopping** (``TaskVectorStopping`` / ``ValidationStopping``) next: it watches the
+      global model of the whole run (or session, from the session's start), and when it
+      rests the devices inside sessions it sends no train messages at all, so selection
+      below spends no status queries on a resting fleet.
+    - **Energy-aware selection** (``EnergyAgeSelection``) above reconstruction: it decides
+      which nodes get a train message; what those messages and replies hold is the
+      business of the layers below.
+    - **Reconstruction** (``SubmodelReconstruction``) right around the aggregator: it turns
+      CA-HFP's compact submodel replies into full-size ones before any aggregation rule
+      sees them, so FedAvg, FedProx and FedSAG all aggregate full-size updates. It passes
+      full-size replies through, so it is always on: a SuperNode may be given a keep ratio
+      (``--node-config keep-ratio=...``) that the server's config does not know.
+    - **Aggregator** innermost: ``FedAvg``, ``FedProx``, ``FedSAG`` (SAGA memory), or under
+      energy-aware selection with ``fedavg`` the plain mean of the participants
+      (``EqualWeightFedAvg``: EH-FedAvg, the paper's baseline).
+
+    ``central`` (the initial model, its trainable keys, server-side validation) is needed by
+    stopping and sessions, ``run_dir`` by sessions (their session store).
+    """
     common = {
         "fraction_train": cfg.server.fraction_train,
-        "fraction_evaluate": 0.0,  # central evaluation on the held-out set instead
+        "fraction_evaluate": cfg.server.fraction_evaluate,
         "min_train_nodes": 1,
+        "min_evaluate_nodes": 1,
         "min_available_nodes": 1,  # the wait for nodes is bounded in wait_for_nodes()
     }
     energy_age = cfg.energy.selection == "energy-age"
     if energy_age:
         common["fraction_train"] = 1.0  # the selection wrapper has already chosen
-    inner: Strategy
+    strategy: Strategy
     if cfg.server.strategy == "fedprox":
-        inner = FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
+        strategy = FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
     elif cfg.server.strategy == "fedsag":
-        inner = FedSAG(
+        strategy = FedSAG(
             cfg.server.server_lr, cfg.server.saga_init, cfg.server.saga_estimator, **common
         )
-    elif energy_age:  # EH-FedAvg: the plain mean of the participants
-        inner = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
+    elif energy_age:
+        strategy = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
     else:
-        inner = FedAvg(**common)  # type: ignore[arg-type]
-    # Always on: it passes full-size replies through, and a deployment may give a SuperNode
-    # a keep ratio (--node-config keep-ratio=...) that the server's config does not know.
+        strategy = FedAvg(**common)  # type: ignore[arg-type]
     p = cfg.pruning
-    inner = SubmodelReconstruction(
-        inner, partial(pruning_plan, cfg), p.reconstruction, p.compact_download, p.refresh_rounds
+    strategy = SubmodelReconstruction(
+        strategy, partial(pruning_plan, cfg), p.reconstruction, p.compact_download, p.refresh_rounds
     )
-    if not energy_age:
-        return inner
-    e = cfg.energy
-    return EnergyAgeSelection(
-        inner,
-        e.max_devices,
-        e.slots_per_round,
-        e.batch_size,
-        seed=cfg.seed,
-        query_timeout=query_timeout(cfg),
-    )
+    if energy_age:
+        e = cfg.energy
+        strategy = EnergyAgeSelection(
+            strategy,
+            e.max_devices,
+            e.slots_per_round,
+            e.batch_size,
+            seed=cfg.seed,
+            query_timeout=query_timeout(cfg),
+        )
+    sc = cfg.stopping
+    if (sc.mode != "off" or cfg.sessions_enabled) and central is None:
+        raise ValueError("build_strategy: stopping and sessions need the central evaluation")
+    if cfg.sessions_enabled and run_dir is None:
+        raise ValueError("build_strategy: sessions need the run folder for their store")
+    if sc.mode in ("data-free", "observe"):
+        enforce = sc.mode == "data-free"
+        keys = central.keys  # type: ignore[union-attr]
+        strategy = TaskVectorStopping(strategy, sc.tau, sc.patience, sc.norm, keys, enforce)
+    if sc.mode in ("validation", "observe"):
+        validate = central.validate  # type: ignore[union-attr]
+        strategy = ValidationStopping(strategy, validate, sc.patience, sc.mode == "validation")
+    if cfg.sessions_enabled:
+        strategy = _sessions(strategy, cfg, run_dir, central)  # type: ignore[arg-type]
+    return strategy
 
 
 def query_timeout(cfg: RunConfig) -> float:
@@ -102,25 +144,9 @@ def pruning_plan(cfg: RunConfig) -> PruningPlan:
     return PruningPlan(model, torch.zeros((1, *info.input_shape)))
 
 
-def wrap_stopping(
-    strategy: Strategy, cfg: RunConfig, keys: list[str], validate: Callable[[ArrayRecord], float]
-) -> Strategy:
-    """Wrap ``strategy`` in the stopping rule ``stopping.mode`` names (if any)."""
-    sc = cfg.stopping
-    if sc.mode in ("data-free", "observe"):
-        enforce = sc.mode == "data-free"
-        strategy = TaskVectorStopping(strategy, sc.tau, sc.patience, sc.norm, keys, enforce)
-    if sc.mode in ("validation", "observe"):
-        strategy = ValidationStopping(strategy, validate, sc.patience, sc.mode == "validation")
-    return strategy
-
-
-def wrap_sessions(
-    strategy: Strategy, cfg: RunConfig, run_dir: Path, initial: ArrayRecord, keys: list[str]
-) -> Strategy:
-    """Sessions with warm start around everything else, when sessions are on."""
-    if not cfg.sessions_enabled:
-        return strategy
+def _sessions(
+    strategy: Strategy, cfg: RunConfig, run_dir: Path, central: CentralEvaluation
+) -> WarmStartInitializer:
     w, s = cfg.warmstart, cfg.sessions
     folder = run_dir / "sessions"
     if cfg.server.resume and (folder / "index.json").exists():
@@ -131,8 +157,8 @@ def wrap_sessions(
         strategy,
         store=store,
         tracker=SessionTracker(s.change_threshold, s.rounds),
-        initial=initial,
-        param_keys=keys,
+        initial=central.initial,
+        param_keys=central.keys,
         mode=w.mode,
         pilot_sessions=w.pilot_sessions,
         aux_rounds=w.aux_rounds,
@@ -213,8 +239,7 @@ def main(grid: Grid, context: Context) -> None:
     run_dir = prepare_run_dir(cfg)
     log(INFO, "EdgeFleet run %s: writing results to %s", run_dir.name, run_dir.resolve())
     central = central_evaluation(cfg)
-    strategy = wrap_stopping(make_strategy(cfg), cfg, central.keys, central.validate)
-    strategy = wrap_sessions(strategy, cfg, run_dir, central.initial, central.keys)
+    strategy = build_strategy(cfg, central, run_dir)
     if cfg.server.resume and (run_dir / "summary.json").exists():
         log(INFO, "Run %s has already finished; nothing to resume", run_dir)
         return
@@ -227,15 +252,17 @@ def main(grid: Grid, context: Context) -> None:
         else:
             arrays, first_round = ckpt.array_record(), ckpt.round + 1
             writer.keep_until(ckpt.round)
+    log(INFO, "EdgeFleet strategy:")
+    strategy.summary()
     wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout)
-    callbacks = strategy.round_callbacks() if isinstance(strategy, LoopStrategy) else []
     loop = RoundLoop(
         strategy,
         grid,
         evaluate_fn=central.evaluate,
+        evaluate_every=cfg.server.evaluate_every,
         # The writer records what the callbacks before it add; the checkpoint comes last so
         # that a round it covers is always on record.
-        callbacks=[*callbacks, writer, Checkpointer(run_dir, strategy)],
+        callbacks=[*hooks_of(strategy).round_callbacks(), writer, Checkpointer(run_dir, strategy)],
         round_timeout=cfg.server.round_timeout,
     )
     t0 = time.monotonic()

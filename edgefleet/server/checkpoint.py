@@ -27,7 +27,8 @@ from flwr.app import ArrayRecord
 from flwr.common import log
 
 from edgefleet.arrays import to_numpy, to_record
-from edgefleet.server.loop import RoundCallback, RoundResult
+from edgefleet.strategies.hooks import hooks_of
+from edgefleet.strategies.loop import RoundCallback, RoundResult
 
 FILENAME = "checkpoint.pkl"
 FORMAT = 1
@@ -84,7 +85,7 @@ class Checkpointer(RoundCallback):
         self.strategy = strategy
 
     def after_round(self, result: RoundResult) -> str | None:
-        state = self.strategy.state_dict() if hasattr(self.strategy, "state_dict") else {}
+        state = hooks_of(self.strategy).state_dict()
         ckpt = Checkpoint(result.round, to_numpy(result.arrays), state, random.getstate())
         save_checkpoint(self.path, ckpt)
         return None
@@ -105,8 +106,7 @@ def resume_from(run_dir: Path, strategy: Any, keys: list[str]) -> Checkpoint | N
             f"checkpoint {path} is of another model: its arrays are "
             f"{sorted(ckpt.arrays)[:4]}..., this run's are {sorted(keys)[:4]}..."
         )
-    if hasattr(strategy, "load_state_dict"):
-        strategy.load_state_dict(ckpt.strategy)
+    hooks_of(strategy).load_state_dict(ckpt.strategy)
     random.setstate(ckpt.py_random)
     log(INFO, "Resuming from %s: round %d done", path, ckpt.round)
     return ckpt

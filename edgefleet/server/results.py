@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from edgefleet.config import RunConfig
-from edgefleet.server.loop import LoopOutcome, RoundCallback, RoundResult
+from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundResult
 
 
 def default_run_name(cfg: RunConfig) -> str:
@@ -51,7 +51,14 @@ def round_row(result: RoundResult) -> dict[str, Any]:
         "energy_spent": result.energy_spent,
         "wall_s": round(result.wall_s, 3),
         "train_loss": result.train_metrics.get("train-loss"),
+        # False in a round between central evaluations (evaluate-every > 1): the test
+        # figures are then None, not the last round's repeated.
+        "evaluated": result.evaluated,
     }
+    if result.federated_metrics:
+        row["federated"] = result.federated_metrics
+    if result.extra.get("round_dropped"):
+        row["round_dropped"] = result.extra["round_dropped"]
     row.update(result.extra)
     return row
 
@@ -123,12 +130,15 @@ def write_summary(
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Write ``summary.json``; ``extra`` adds keys or overrides computed ones."""
-    accs = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
+    evaluated = [r for r in rows if r["test_accuracy"] is not None]
+    accs = [r["test_accuracy"] for r in evaluated]
+    # A run stopped between central evaluations had its final model evaluated apart.
+    final = outcome.final_eval.get("test_accuracy", accs[-1] if accs else None)
     summary = {
         "run_name": run_dir.name,
-        "final_accuracy": accs[-1] if accs else None,
+        "final_accuracy": final,
         "best_accuracy": max(accs) if accs else None,
-        "best_round": rows[accs.index(max(accs))]["round"] if accs else None,
+        "best_round": evaluated[accs.index(max(accs))]["round"] if accs else None,
         "rounds_run": len(rows),
         "stop_round": outcome.stop_round,
         "stop_reason": outcome.stop_reason,

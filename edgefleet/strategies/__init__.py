@@ -1,0 +1,58 @@
+"""EdgeFleet's techniques as Flower strategies, usable in any Flower ServerApp.
+
+Each is a ``flwr.serverapp.strategy.Strategy``; wrap your own (Flower's ``FedAvg``, say)::
+
+    from edgefleet.strategies import TaskVectorStopping
+    result = TaskVectorStopping(FedAvg()).start(grid, arrays, num_rounds=500)
+
+- :class:`TaskVectorStopping`: data-free early stopping from the global task vector
+  (arXiv 2601.22669); :class:`ValidationStopping` is the validation baseline.
+- :class:`EnergyAgeSelection`: energy-aware, age-based selection of at most M devices a
+  round; :class:`FedSAG`: SAGA server memory (EH-FedSAG, arXiv 2606.18758).
+- :class:`SubmodelReconstruction`: rebuilds CA-HFP's pruned submodels into the full
+  parameter space before aggregation (arXiv 2603.12591).
+- :class:`WarmStartInitializer`: sessions over a changing device set, each warm-started from
+  the stored sessions' models (arXiv 2410.05662).
+
+They run in :class:`RoundLoop` (``start()`` does this for you), which screens every reply on
+its own, so a standard Flower reply (arrays + metrics with ``num-examples``) is valid and a
+malformed one is dropped with its reason. Nothing here imports EdgeFleet's apps or torch.
+"""
+
+from edgefleet.strategies.base import DeviceStatus, LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
+from edgefleet.strategies.hooks import StrategyHooks, hooks_of
+from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundLoop, RoundResult
+from edgefleet.strategies.pruning import SubmodelReconstruction
+from edgefleet.strategies.saga import SagaMemory
+from edgefleet.strategies.screening import RecordKeys, check_train_reply
+from edgefleet.strategies.sessions import WarmStartInitializer
+from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
+from edgefleet.strategies.tracker import SessionTracker
+from edgefleet.strategies.warmstart import SessionStore
+
+__all__ = [
+    "DeviceStatus",
+    "EnergyAgeSelection",
+    "EqualWeightFedAvg",
+    "FedSAG",
+    "LoopOutcome",
+    "LoopStrategy",
+    "RecordKeys",
+    "RoundCallback",
+    "RoundLoop",
+    "RoundResult",
+    "SagaMemory",
+    "SessionStore",
+    "SessionTracker",
+    "StatusQuery",
+    "StrategyHooks",
+    "SubmodelReconstruction",
+    "SubsetGrid",
+    "TaskVectorStopping",
+    "ValidationStopping",
+    "WarmStartInitializer",
+    "check_train_reply",
+    "hooks_of",
+]

@@ -5,26 +5,39 @@ the way Flower's ``DifferentialPrivacyServerSideFixedClipping`` wraps ``FedAvg``
 message-building and aggregation calls go to the inner strategy unless the wrapper changes
 them, and what happens *between* rounds (stopping, sessions) is a round callback. Since
 Flower's own ``Strategy.start`` has no hook between rounds, :meth:`LoopStrategy.start` runs
-EdgeFleet's :class:`~edgefleet.server.loop.RoundLoop` instead, so a Flower user can write::
+EdgeFleet's :class:`~edgefleet.strategies.loop.RoundLoop` instead, with the same arguments
+and the same :class:`~flwr.serverapp.strategy.Result`, so a Flower user can write::
 
     result = TaskVectorStopping(FedAvg()).start(grid, arrays, num_rounds=500)
 
 and EdgeFleet's own ServerApp is only the first user of that public API.
+
+The status query (:class:`StatusQuery`) is how energy-aware selection and sessions learn a
+device's battery and presence. A ClientApp that does not answer it (no ``@app.query()``, as
+in Flower's quickstart) is not an error: the node is taken as present and feasible under its
+node id (``node-<id>``), once said in the log, and never asked again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from logging import WARNING
+import io
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
-from edgefleet.server.loop import RoundCallback, RoundLoop, RoundResult, check_train_reply
+from edgefleet.strategies.hooks import StrategyHooks, hooks_of
+from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult, numbers
+from edgefleet.strategies.screening import RecordKeys, parse_device_id
+
+# What Flower's ClientApp raises for a message type it has no function for.
+_NO_QUERY_HANDLER = "No query function registered"
 
 
 @dataclass(frozen=True)
@@ -34,47 +47,94 @@ class DeviceStatus:
     device: str  # the stable device id
     feasible: bool  # its battery covers a round
     present: bool  # it takes part in the current session
-    labels: tuple[int, ...]  # classes of its data (only when asked for)
+    labels: tuple[int, ...] = ()  # classes of its data (only when asked for)
+    reported: bool = True  # False: the node does not answer status queries (assumed values)
 
 
-def query_status(
-    grid: Grid,
-    nodes: Iterable[int],
-    server_round: int,
-    slots_per_round: int,
-    timeout: float,
-    labels: bool = False,
-) -> dict[int, DeviceStatus]:
-    """Send the status query (carrying the global slot clock) to ``nodes``; the answers by
-    node. A node that does not answer, answers with an error or with a malformed status is
-    left out: unavailable this round, never an end of the run."""
-    config = ConfigRecord(
-        {
-            "slot": (server_round - 1) * slots_per_round,
-            "server-round": server_round,
-            "labels": int(labels),
-        }
-    )
-    messages = [
-        Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY)
-        for n in nodes
-    ]
-    answers: dict[int, DeviceStatus] = {}
-    for reply in grid.send_and_receive(messages, timeout=timeout):
-        node = reply.metadata.src_node_id
-        if reply.has_error() or "status" not in reply.content.metric_records:
-            continue
-        status = reply.content.metric_records["status"]
-        try:
-            answers[node] = DeviceStatus(
-                device=str(int(status["device-id"])),  # type: ignore[arg-type]
-                feasible=bool(status.get("feasible", 0)),
-                present=bool(status.get("present", 1)),
-                labels=tuple(int(c) for c in status.get("labels", [])),  # type: ignore[union-attr]
+@dataclass
+class StatusQuery:
+    """Sends the status query (carrying the global slot clock) and reads the answers.
+
+    A node that does not answer, answers with an error or with a malformed status is left
+    out: unavailable this round, never an end of the run. A node whose ClientApp has no
+    query function (Flower says so in its error), or whose query function answers without a
+    ``status`` record, cannot report: it is taken as present and feasible under
+    ``node-<id>`` from then on (logged once) and not asked again.
+    """
+
+    slots_per_round: int = 1
+    timeout: float = 60.0
+    unsupported: set[int] = field(default_factory=set)  # nodes that cannot answer
+
+    def ask(
+        self, grid: Grid, nodes: Iterable[int], server_round: int, labels: bool = False
+    ) -> dict[int, DeviceStatus]:
+        nodes = list(nodes)
+        answers = {n: _assumed(n) for n in nodes if n in self.unsupported}
+        config = ConfigRecord(
+            {
+                "slot": (server_round - 1) * self.slots_per_round,
+                "server-round": server_round,
+                "labels": int(labels),
+            }
+        )
+        messages = [
+            Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY)
+            for n in nodes
+            if n not in self.unsupported
+        ]
+        if not messages:
+            return answers
+        new: list[int] = []
+        for reply in grid.send_and_receive(messages, timeout=self.timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                if _NO_QUERY_HANDLER in (reply.error.reason or ""):
+                    new.append(node)
+                continue
+            status = reply.content.metric_records.get("status")
+            if status is None:
+                new.append(node)
+                continue
+            parsed = _parse_status(node, status)
+            if parsed is not None:
+                answers[node] = parsed
+        if new:
+            log(
+                WARNING,
+                "%d node(s) cannot answer EdgeFleet's status query (their ClientApp has no "
+                "query function, or answers without a 'status' record): taking them as "
+                "present and feasible from now on, under their node ids. Add EdgeFleet's "
+                "energy_mod and status_query to that ClientApp for battery-aware selection "
+                "(README: 'Use EdgeFleet's strategies in your own Flower app').",
+                len(new),
             )
-        except (KeyError, TypeError, ValueError) as err:
-            log(WARNING, "Ignoring a malformed status from node %d: %r", node, err)
-    return answers
+            self.unsupported.update(new)
+            answers.update({n: _assumed(n) for n in new})
+        return answers
+
+
+def _assumed(node: int) -> DeviceStatus:
+    return DeviceStatus(device=f"node-{node}", feasible=True, present=True, reported=False)
+
+
+def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
+    raw_id = status.get("device-id")
+    device = f"node-{node}" if raw_id is None else parse_device_id(raw_id)
+    labels = status.get("labels", [])
+    if device is None or not isinstance(labels, list):
+        log(WARNING, "Ignoring a malformed status from node %d: device-id %r", node, raw_id)
+        return None
+    try:
+        return DeviceStatus(
+            device=device,
+            feasible=bool(status.get("feasible", 1)),
+            present=bool(status.get("present", 1)),
+            labels=tuple(int(c) for c in labels),
+        )
+    except (TypeError, ValueError) as err:
+        log(WARNING, "Ignoring a malformed status from node %d: %r", node, err)
+        return None
 
 
 class SubsetGrid:
@@ -90,60 +150,56 @@ class SubsetGrid:
         return getattr(self._grid, name)
 
 
-class LoopStrategy(Strategy):
-    """Delegates every Strategy call to ``inner``; contributes round callbacks."""
+class LoopStrategy(StrategyHooks, Strategy):
+    """Delegates every Strategy call and every hook to ``inner``; a subclass that is also a
+    :class:`~edgefleet.strategies.loop.RoundCallback` is called after every round."""
 
     def __init__(self, inner: Strategy) -> None:
         self.inner = inner
 
+    # -- hooks: passed down to the inner strategy -----------------------------------------
+
     def round_callbacks(self) -> list[RoundCallback]:
         """Callbacks of this wrapper and of every wrapper inside it, innermost first."""
-        inner = self.inner.round_callbacks() if isinstance(self.inner, LoopStrategy) else []
-        return inner + self.own_callbacks()
+        return hooks_of(self.inner).round_callbacks() + self.own_callbacks()
 
     def own_callbacks(self) -> list[RoundCallback]:
-        return []
+        return [self] if isinstance(self, RoundCallback) else []
 
     def on_session(self, arrays: ArrayRecord | None) -> None:
-        """A session boundary, announced by the sessions wrapper to every wrapper inside it:
-        ``arrays`` is the model the session's training starts from, or None while the
-        session's auxiliary rounds run (rounds that are not the session's training)."""
-        if hasattr(self.inner, "on_session"):  # a wrapper, or a stateful strategy (FedSAG)
-            self.inner.on_session(arrays)
+        hooks_of(self.inner).on_session(arrays)
+
+    def on_status(self, server_round: int, answers: Any) -> None:
+        hooks_of(self.inner).on_status(server_round, answers)
 
     def register_devices(self, device_ids: Iterable[str]) -> None:
-        """Devices the selection has heard from, passed down to a strategy that keeps
-        per-device state (FedSAG counts them in its memory mean before their first upload)."""
-        if hasattr(self.inner, "register_devices"):
-            self.inner.register_devices(device_ids)
-
-    def on_status(self, server_round: int, answers: Mapping[int, DeviceStatus]) -> None:
-        """Status answers an outer wrapper already collected this round (same slot clock),
-        passed down so that an inner selection does not ask those nodes again."""
-        if hasattr(self.inner, "on_status"):
-            self.inner.on_status(server_round, answers)
+        hooks_of(self.inner).register_devices(device_ids)
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume, for the server checkpoint (nested per wrapper).
-        An inner strategy with state of its own (e.g. FedSAG's memory) has ``state_dict``
-        too; Flower's stateless ones have not."""
-        inner = self.inner.state_dict() if hasattr(self.inner, "state_dict") else {}
-        return {"inner": inner}
+        """Everything needed to resume (nested per wrapper)."""
+        return {"inner": hooks_of(self.inner).state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if hasattr(self.inner, "load_state_dict"):
-            self.inner.load_state_dict(state.get("inner", {}))
+        hooks_of(self.inner).load_state_dict(state.get("inner", {}))
+
+    def check_reply(self, msg: Message, reference: ArrayRecord, keys: RecordKeys) -> str | None:
+        """The innermost wrapper that knows the reply format decides (full-size arrays
+        unless a wrapper such as CA-HFP's accepts submodels)."""
+        return hooks_of(self.inner).check_reply(msg, reference, keys)
+
+    # -- Strategy -------------------------------------------------------------------------
+
+    def settings(self) -> dict[str, object]:
+        """This wrapper's own settings, for :meth:`summary`."""
+        return {}
 
     def summary(self) -> None:
+        """This wrapper's settings, then the inner strategy's (as Flower's DP wrappers do)."""
+        log(INFO, "\t├──> %s settings:", type(self).__name__)
+        items = list(self.settings().items()) or [("(none)", "")]
+        for i, (key, value) in enumerate(items):
+            log(INFO, "\t│\t%s── %s: %s", "└" if i == len(items) - 1 else "├", key, value)
         self.inner.summary()
-
-    def check_reply(self, msg: Message, reference: ArrayRecord) -> str | None:
-        """Why the round loop must drop the train reply ``msg``, or None: the innermost
-        wrapper that knows the reply format decides (full-size arrays unless a wrapper
-        such as CA-HFP's accepts submodels)."""
-        if isinstance(self.inner, LoopStrategy):
-            return self.inner.check_reply(msg, reference)
-        return check_train_reply(msg, reference)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -177,34 +233,54 @@ class LoopStrategy(Strategy):
     ) -> Result:
         """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop.
 
-        Differences: rounds may end early (a callback stops the run), and federated
-        evaluation on the ClientApps is not run (``evaluate_config`` is unused);
-        ``evaluate_fn`` is called after every round, as in Flower.
+        As in Flower: the summary is logged first; ``evaluate_fn`` is called on the initial
+        model (round 0) and after every round; federated evaluation runs when the inner
+        strategy's ``fraction_evaluate`` > 0; the returned ``Result`` holds the final arrays
+        and every round's aggregated train, federated-evaluation and central metrics. The one
+        difference: a round callback may end the run before ``num_rounds`` (a stopping rule).
         """
+        log(INFO, "Starting %s strategy:", type(self).__name__)
+        log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
+        self.summary()
+        log(INFO, "")
+        result = Result(arrays=initial_arrays)
+        central: dict[int, MetricRecord] = result.evaluate_metrics_serverapp
 
-        def central(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
+        def evaluate(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
             res = evaluate_fn(rnd, arrays) if evaluate_fn else None
-            return {k: float(v) for k, v in (res or {}).items()}  # type: ignore[arg-type]
+            if res is None:
+                return {}
+            central[rnd] = res
+            return numbers(res)
 
-        result = Result()
+        if evaluate_fn is not None:
+            log(INFO, "Initial global evaluation results: %s", evaluate(0, initial_arrays))
 
         class Collect(RoundCallback):
             def after_round(self, res: RoundResult) -> str | None:
-                for metrics, into in (
-                    (res.train_metrics, result.train_metrics_clientapp),
-                    (res.eval_metrics, result.evaluate_metrics_serverapp),
-                ):
-                    if metrics:
-                        into[res.round] = MetricRecord(dict(metrics))
+                if res.train_metrics:
+                    result.train_metrics_clientapp[res.round] = MetricRecord(
+                        dict(res.train_metrics)
+                    )
+                if res.federated_metrics:
+                    result.evaluate_metrics_clientapp[res.round] = MetricRecord(
+                        dict(res.federated_metrics)
+                    )
                 return None
 
         loop = RoundLoop(
             self,
             grid,
-            evaluate_fn=central,
+            evaluate_fn=evaluate if evaluate_fn is not None else None,
+            evaluate_config=evaluate_config,
             callbacks=[Collect(), *self.round_callbacks()],
             round_timeout=timeout,
         )
         outcome = loop.run(initial_arrays, num_rounds, train_config)
         result.arrays = outcome.arrays
+        log(INFO, "")
+        log(INFO, "Run ended after round %d (%s). Final results:", outcome.rounds_run,
+            outcome.stop_reason)  # fmt: skip
+        for line in io.StringIO(str(result)):
+            log(INFO, "\t%s", line.strip("\n"))
         return result

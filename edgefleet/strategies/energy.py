@@ -30,8 +30,8 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.server.loop import RoundCallback, RoundResult
-from edgefleet.strategies.base import DeviceStatus, LoopStrategy, SubsetGrid, query_status
+from edgefleet.strategies.base import DeviceStatus, LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.loop import RoundCallback, RoundResult
 from edgefleet.strategies.selection import AgeTracker, query_order, select_in_batches
 
 
@@ -49,7 +49,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self.max_devices = max_devices
         self.slots_per_round = slots_per_round
         self.batch_size = batch_size
-        self.query_timeout = query_timeout
+        self.query = StatusQuery(slots_per_round, query_timeout)
         self.rng = np.random.default_rng(seed)
         self.ages = AgeTracker()
         self.device_of_node: dict[int, str] = {}
@@ -63,8 +63,12 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self._heard: dict[int, DeviceStatus] = {}  # this round's answers, by node
         self._heard_round = 0
 
-    def own_callbacks(self) -> list[RoundCallback]:
-        return [self]
+    def settings(self) -> dict[str, object]:
+        return {
+            "Max devices a round (M)": self.max_devices,
+            "Slots a round": self.slots_per_round,
+            "Status queries per batch": self.batch_size or "all at once",
+        }
 
     def slot(self, server_round: int) -> int:
         return (server_round - 1) * self.slots_per_round
@@ -97,7 +101,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
 
     def _ask(self, grid: Grid, nodes: list[int], server_round: int) -> None:
         """Send the status query (battery at this round's slot) to ``nodes``."""
-        answers = query_status(grid, nodes, server_round, self.slots_per_round, self.query_timeout)
+        answers = self.query.ask(grid, nodes, server_round)
         self._queried += len(nodes)
         self._remember(server_round, answers)
 
@@ -142,6 +146,12 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         return self.inner.configure_train(server_round, arrays, config, subset)  # type: ignore[arg-type]
 
     def after_round(self, result: RoundResult) -> str | None:
+        # A node's train reply may name another device id than its status answer did (a
+        # ClientApp that reports its id when training but cannot answer status queries):
+        # the id it trains under is the one its age must follow.
+        for node, device in zip(result.participant_nodes, result.participants, strict=True):
+            if self.device_of_node.get(node) != device:
+                self._map(node, device)
         self.ages.on_round(result.participants)
         configured = self._configured == result.round  # not when an outer wrapper skipped it
         result.extra["status_queries"] = self._queried if configured else 0
@@ -154,6 +164,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             ages=self.ages.state_dict(),
             device_of_node={str(k): v for k, v in self.device_of_node.items()},
             retired=sorted(self._retired),
+            no_status=sorted(self.query.unsupported),
             rng=self.rng.bit_generator.state,
         )
         return state
@@ -164,4 +175,5 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self.device_of_node = {int(k): v for k, v in state["device_of_node"].items()}
         self._node_of_device = {v: k for k, v in self.device_of_node.items()}
         self._retired = {int(n) for n in state.get("retired", [])}
+        self.query.unsupported = {int(n) for n in state.get("no_status", [])}
         self.rng.bit_generator.state = state["rng"]

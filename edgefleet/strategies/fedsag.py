@@ -16,20 +16,25 @@ non-IID; it costs one parameter vector of server memory per device.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from logging import INFO
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
 
 from edgefleet.arrays import to_numpy, to_record
+from edgefleet.strategies.hooks import StrategyHooks
 from edgefleet.strategies.saga import SAGA_ESTIMATORS, SagaError, SagaMemory, flatten, unflatten
+from edgefleet.strategies.screening import reply_arrays, reply_device
 
 
-class FedSAG(FedAvg):
+class FedSAG(StrategyHooks, FedAvg):
     """FedAvg's messages; SAGA-corrected aggregation. Devices are keyed by the
-    ``device-id`` metric of their replies, so a node that reconnects keeps its memory."""
+    ``device-id`` metric of their replies, so a node that reconnects keeps its memory; a
+    reply without one (a standard Flower ClientApp) is keyed by its node id."""
 
     def __init__(
         self,
@@ -47,6 +52,13 @@ class FedSAG(FedAvg):
         self.memory: SagaMemory | None = None  # sized on the first aggregation
         self._known: dict[str, None] = {}  # devices seen before the memory existed
         self._global: ArrayRecord | None = None
+
+    def summary(self) -> None:
+        log(INFO, "\t├──> FedSAG settings:")
+        log(INFO, "\t│\t├── Server learning rate: %s", self.server_lr)
+        log(INFO, "\t│\t├── Memory init: %s", self.init)
+        log(INFO, "\t│\t└── Estimator: %s", self.estimator)
+        super().summary()
 
     def register_devices(self, device_ids: Iterable[str]) -> None:
         """Count devices in K before their first upload (the memory mean is over all K;
@@ -81,12 +93,9 @@ class FedSAG(FedAvg):
         if self.memory is None:
             self.memory = SagaMemory(theta.size, init=self.init)
             self.register_devices(list(self._known))
-        updates = {}
-        for msg in valid:
-            metrics = msg.content.metric_records["metrics"]
-            device = str(int(metrics["device-id"]))  # type: ignore[arg-type]
-            local = to_numpy(msg.content.array_records["arrays"])
-            updates[device] = flatten(local) - theta
+        updates = {
+            reply_device(msg): flatten(to_numpy(reply_arrays(msg.content))) - theta for msg in valid
+        }
         v = self.memory.direction(updates)  # replaces the participants' memories
         if self.estimator == "sag":
             v = self.memory.mean()

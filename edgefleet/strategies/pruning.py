@@ -48,8 +48,16 @@ from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.pruning.names import RECONSTRUCTIONS
 from edgefleet.pruning.reconstruct import elementwise_average, scatter
 from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
-from edgefleet.server.loop import RoundCallback, RoundResult, check_arrays, check_metrics
 from edgefleet.strategies.base import LoopStrategy
+from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.strategies.screening import (
+    RecordKeys,
+    check_arrays,
+    check_metrics,
+    check_records,
+    reply_arrays,
+    reply_metrics,
+)
 
 if TYPE_CHECKING:  # importing the plan imports torch and Torch-Pruning
     from edgefleet.pruning.submodel import PruningPlan
@@ -104,8 +112,11 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             self._plan = self._plan_factory()
         return self._plan
 
-    def own_callbacks(self) -> list[RoundCallback]:
-        return [self]
+    def settings(self) -> dict[str, object]:
+        s: dict[str, object] = {"Reconstruction": self.reconstruction}
+        if self.compact_download:
+            s["Compact download, full model every N rounds"] = self.refresh_rounds
+        return s
 
     # ------------------------------------------------------------------------ download
 
@@ -135,7 +146,7 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         part = compact_slice(self._sent, self.plan.index_maps(kept), self.plan.compact_shapes(kept))
         content = RecordDict(
             {
-                "arrays": to_record(part),
+                RecordKeys.of(self).arrays: to_record(part),
                 KEPT: kept_record(kept),
                 **{name: rec for name, rec in msg.content.config_records.items()},
             }
@@ -146,21 +157,13 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
 
     # ------------------------------------------------------------------------ replies
 
-    def check_reply(self, msg: Message, reference: ArrayRecord) -> str | None:
+    def check_reply(self, msg: Message, reference: ArrayRecord, keys: RecordKeys) -> str | None:
         content = msg.content
         if KEPT not in content.array_records:
-            return super().check_reply(msg, reference)
-        if set(content.array_records) != {"arrays", KEPT} or set(content.metric_records) != {
-            "metrics"
-        }:
-            return (
-                f"a submodel reply needs ArrayRecords 'arrays' and '{KEPT}' and one MetricRecord"
-                f" 'metrics', got {sorted(content.array_records)} and "
-                f"{sorted(content.metric_records)}"
-            )
-        reason = check_metrics(content.metric_records["metrics"])
+            return super().check_reply(msg, reference, keys)
+        reason = check_records(content) or check_metrics(reply_metrics(content), keys)
         if reason:
-            return reason
+            return f"a submodel reply: {reason}"
         kept = kept_from_record(content.array_records[KEPT])
         reason = self.plan.validate_kept(kept)
         if reason:
@@ -169,7 +172,7 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         if set(shapes) != set(reference):
             return "the pruning plan does not match the global model's keys"
         expected = {k: (shapes[k], ref.dtype) for k, ref in reference.items()}
-        return check_arrays(content.array_records["arrays"], expected)
+        return check_arrays(reply_arrays(content), expected)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -205,9 +208,9 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         # then): its metrics stand, its arrays are replaced by the per-entry average.
         updates = [
             (
-                to_numpy(msg.content.array_records["arrays"]),
+                to_numpy(reply_arrays(msg.content)),
                 self.plan.index_maps(self.plan.full_kept() if kept is None else kept),
-                _metric(msg, "num-examples", 0.0),
+                _metric(msg, RecordKeys.of(self).weight, 0.0),
             )
             for msg, kept in parts
         ]
@@ -215,12 +218,12 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
 
     def _full_size(self, msg: Message, kept: dict[str, np.ndarray], fill: str) -> Message:
         """A copy of the compact reply ``msg`` with its arrays scattered to full size."""
-        values = to_numpy(msg.content.array_records["arrays"])
+        values = to_numpy(reply_arrays(msg.content))
         full = scatter(self._sent, values, self.plan.index_maps(kept), fill)
         out = copy.copy(msg)  # the loop still counts the compact reply's bytes
-        out.content = RecordDict(
-            {"arrays": to_record(full), "metrics": msg.content.metric_records["metrics"]}
-        )
+        name = next(n for n in msg.content.array_records if n != KEPT)
+        metrics = dict(msg.content.metric_records)
+        out.content = RecordDict({name: to_record(full), **metrics})
         return out
 
     def after_round(self, result: RoundResult) -> str | None:
@@ -229,7 +232,7 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
 
 
 def _metric(msg: Message, key: str, default: float) -> float:
-    value = msg.content.metric_records["metrics"].get(key, default)
+    value = reply_metrics(msg.content).get(key, default)
     try:
         return float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):

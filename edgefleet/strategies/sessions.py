@@ -3,7 +3,7 @@
 :class:`WarmStartInitializer` is the outermost wrapper. Every round it asks each online
 node whether its device is present (a light ``query`` message; in simulation presence
 follows the scenario's schedule on the client, in deployment a departed device is simply
-offline), feeds the present set to a :class:`~edgefleet.server.sessions.SessionTracker`,
+offline), feeds the present set to a :class:`~edgefleet.strategies.tracker.SessionTracker`,
 and hands the inner strategy a grid of the present nodes only, with their answers
 (``on_status``), which energy-aware selection reuses instead of asking again: the query
 carries the same slot clock. That costs one message per online node per round (counted in
@@ -37,9 +37,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import State, to_numpy, to_record
-from edgefleet.server.loop import RoundCallback, RoundResult
-from edgefleet.server.sessions import SessionTracker
-from edgefleet.strategies.base import DeviceStatus, LoopStrategy, SubsetGrid, query_status
+from edgefleet.strategies.base import DeviceStatus, LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import (
     SessionStore,
     StoredSession,
@@ -75,7 +75,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.keys = distance_keys(self.initial, param_keys)
         self.mode, self.pilot_sessions = mode, pilot_sessions
         self.aux_rounds, self.temperature = aux_rounds, temperature
-        self.slots_per_round, self.query_timeout = slots_per_round, query_timeout
+        self.query = StatusQuery(slots_per_round, query_timeout)
         self.devices: dict[int, str] = {}  # node id -> device id
         self.labels: dict[str, list[int]] = {}  # device id -> classes of its data
         self.present: list[str] = []
@@ -89,8 +89,19 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self._round_info: dict[str, Any] = {}
         self._answers: dict[int, DeviceStatus] = {}  # this round's present nodes' status
 
-    def own_callbacks(self) -> list[RoundCallback]:
-        return [self]
+    def settings(self) -> dict[str, object]:
+        s = {"Mode": self.mode, "Change threshold": self.tracker.change_threshold}
+        if self.tracker.max_rounds:
+            s["Session length (rounds)"] = self.tracker.max_rounds
+        if self.mode == "pilot":
+            s.update(
+                {
+                    "Pilot sessions": self.pilot_sessions,
+                    "Auxiliary rounds": self.aux_rounds,
+                    "Softmin temperature": self.temperature,
+                }
+            )
+        return s
 
     # -- presence -----------------------------------------------------------------------
 
@@ -98,14 +109,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         """Nodes whose device is present this round (all asked in one batch)."""
         online = list(grid.get_node_ids())
         self._round_info["presence_queries"] = len(online)
-        answers = query_status(
-            grid,
-            online,
-            server_round,
-            self.slots_per_round,
-            self.query_timeout,
-            labels=True,
-        )
+        answers = self.query.ask(grid, online, server_round, labels=True)
         for node, status in answers.items():
             self.devices[node] = status.device
             self.labels[status.device] = list(status.labels)
@@ -206,6 +210,13 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.on_status(server_round, self._answers)
         return super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
 
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Federated evaluation on this round's present devices only."""
+        nodes = SubsetGrid(grid, sorted(self._answers))
+        return super().configure_evaluate(server_round, arrays, config, nodes)  # type: ignore[arg-type]
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -250,6 +261,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         state.update(
             tracker=self.tracker.state_dict(),
             devices={str(k): v for k, v in self.devices.items()},
+            no_status=sorted(self.query.unsupported),
             labels=self.labels,
             session_devices=self.session_devices,
             phase=self.phase,
@@ -265,6 +277,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         super().load_state_dict(state)
         self.tracker.load_state_dict(state["tracker"])
         self.devices = {int(k): v for k, v in state["devices"].items()}
+        self.query.unsupported = {int(n) for n in state.get("no_status", [])}
         self.labels = state["labels"]
         self.session_devices = state["session_devices"]
         self.phase, self.aux_left = state["phase"], state["aux_left"]

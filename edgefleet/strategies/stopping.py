@@ -31,8 +31,8 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import to_numpy, to_record
-from edgefleet.server.loop import RoundCallback, RoundResult
 from edgefleet.strategies.base import LoopStrategy
+from edgefleet.strategies.loop import RoundCallback, RoundResult
 
 NORMS = ("l2", "squared")
 STOP_PLATEAU = "task-vector-plateau"
@@ -163,8 +163,13 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
             return []
         return super().configure_train(server_round, arrays, config, grid)
 
-    def own_callbacks(self) -> list[RoundCallback]:
-        return [self]
+    def settings(self) -> dict[str, object]:
+        return {
+            "Growth threshold (tau)": self.rule.tau,
+            "Patience": self.rule.patience,
+            "Norm": "squared" if self.squared else "l2",
+            "Stops the run": self.enforce,
+        }
 
     def on_start(self, arrays: ArrayRecord, first_round: int) -> None:
         if self.theta0 is None:  # a resumed run keeps the theta_0 it had
@@ -232,8 +237,8 @@ class ValidationStopping(LoopStrategy, RoundCallback):
         self.best_round = 0
         self.best_arrays: ArrayRecord | None = None
 
-    def own_callbacks(self) -> list[RoundCallback]:
-        return [self]
+    def settings(self) -> dict[str, object]:
+        return {"Patience": self.patience, "Stops the run": self.enforce}
 
     def after_round(self, result: RoundResult) -> str | None:
         accuracy = float(self.validate(result.arrays))

@@ -1,0 +1,64 @@
+"""The calls EdgeFleet's wrappers make on the strategy inside them, with defaults.
+
+A wrapper (sessions, stopping, selection, reconstruction) tells the strategy it wraps about
+things Flower's ``Strategy`` has no call for: a session boundary, the status answers it
+already collected, the devices it has heard from, and it asks for state to checkpoint and for
+the check its replies must pass. :class:`StrategyHooks` declares those calls once, each with
+a default that does the right thing for a strategy that does not care (Flower's FedAvg, or
+yours): nothing to announce, no state, the standard reply check.
+
+EdgeFleet's wrappers and stateful aggregators (``FedSAG``) subclass it; :func:`hooks_of`
+gives the default hooks for any other strategy, so no caller has to ask what a strategy
+supports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from flwr.app import ArrayRecord, Message
+
+from edgefleet.strategies.screening import RecordKeys, check_train_reply
+
+if TYPE_CHECKING:
+    from edgefleet.strategies.base import DeviceStatus
+    from edgefleet.strategies.loop import RoundCallback
+
+
+class StrategyHooks:
+    """Hooks with defaults; override the ones a strategy needs."""
+
+    def round_callbacks(self) -> list[RoundCallback]:
+        """Callbacks the round loop must call after every round (innermost first)."""
+        return []
+
+    def on_session(self, arrays: ArrayRecord | None) -> None:
+        """A session boundary: ``arrays`` is the model the session's training starts from,
+        or None while the session's auxiliary rounds run."""
+
+    def on_status(self, server_round: int, answers: Mapping[int, DeviceStatus]) -> None:
+        """Status answers an outer wrapper already collected this round (same slot clock),
+        so that an inner selection does not ask those nodes again."""
+
+    def register_devices(self, device_ids: Iterable[str]) -> None:
+        """Devices heard from, for a strategy that keeps per-device state."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume, for the server checkpoint."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+
+    def check_reply(self, msg: Message, reference: ArrayRecord, keys: RecordKeys) -> str | None:
+        """Why the round loop must drop the train reply ``msg``, or None."""
+        return check_train_reply(msg, reference, keys)
+
+
+_DEFAULTS = StrategyHooks()
+
+
+def hooks_of(strategy: object) -> StrategyHooks:
+    """``strategy``'s hooks: its own if it has them, else the defaults."""
+    return strategy if isinstance(strategy, StrategyHooks) else _DEFAULTS

@@ -1,0 +1,381 @@
+"""The one round loop every EdgeFleet strategy runs in, with callbacks.
+
+Flower's ``Strategy.start`` runs a fixed number of rounds and offers no hook between them;
+stopping rules, checkpoints and metrics rows would each have to copy it. Here the loop is
+written once. Per round it:
+
+1. asks the strategy for train messages and sends them with a bounded timeout;
+2. screens every reply on its own (:mod:`edgefleet.strategies.screening`): a malformed one is
+   dropped with its reason instead of letting Flower's consistency check end the run;
+3. lets the strategy aggregate; anything it raises drops the round (model unchanged, reason
+   in the row), and a global model that comes out non-finite is rolled back;
+4. runs federated evaluation when the strategy configures it (``fraction_evaluate`` > 0),
+   and central evaluation every ``evaluate_every`` rounds and on the last;
+5. hands a :class:`RoundResult` to each callback in order; any callback may ask to stop (in
+   the style of pfl-research's ``after_central_iteration``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any, Protocol
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from edgefleet.strategies.hooks import hooks_of
+from edgefleet.strategies.screening import (
+    RecordKeys,
+    common_metrics,
+    parse_device_id,
+    reply_metrics,
+)
+
+EvaluateFn = Callable[[int, ArrayRecord], dict[str, float]]
+
+
+@dataclass
+class RoundResult:
+    """What happened in one round; callbacks read it, and may add to ``extra``."""
+
+    round: int
+    session: int
+    arrays: ArrayRecord  # global model after the round
+    participants: list[str]  # device ids whose update was aggregated
+    declined: list[str]  # devices that answered with an error
+    rejected: list[dict[str, str]]  # {"device": ..., "reason": ...} for dropped replies
+    bytes_up: int
+    bytes_down: int
+    energy_spent: float
+    train_metrics: dict[str, float]
+    eval_metrics: dict[str, float]  # central evaluation ({} in a round without one)
+    wall_s: float  # seconds since the loop started
+    participant_nodes: list[int] = field(default_factory=list)  # their Flower node ids
+    federated_metrics: dict[str, float] = field(default_factory=dict)  # ClientApps' evaluation
+    evaluated: bool = True  # whether central evaluation ran this round
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class RoundCallback:
+    """Base class of round callbacks; override what you need."""
+
+    def on_start(self, arrays: ArrayRecord, first_round: int) -> None:
+        """Called once before the first round with the model the loop starts from."""
+
+    def after_round(self, result: RoundResult) -> str | None:
+        """Called after each round; return a stop reason to end the run, else None."""
+        return None
+
+
+class NotEnoughNodes(RuntimeError):
+    """A strategy waited longer than the loop allows for nodes that are not online."""
+
+
+class BoundedGrid:
+    """The grid as the loop hands it to the strategy: waiting for nodes is bounded.
+
+    Flower's FedAvg family samples nodes with a loop that sleeps until ``min_available_nodes``
+    (or ``min_train_nodes``, ``min_evaluate_nodes``, default 2) are online, without a
+    timeout: a fleet one node short hangs the server for good. Here a strategy that keeps
+    asking for the node list for longer than ``timeout`` seconds within one ``configure_*``
+    call gets :class:`NotEnoughNodes`, and the loop skips that phase of the round.
+    """
+
+    def __init__(self, grid: Grid, timeout: float) -> None:
+        self._grid, self.timeout = grid, timeout
+        self._since: float | None = None
+
+    def restart(self) -> None:
+        self._since = None
+
+    def get_node_ids(self) -> list[int]:
+        nodes = list(self._grid.get_node_ids())
+        now = time.monotonic()
+        if self._since is None:
+            self._since = now
+        elif now - self._since > self.timeout:
+            raise NotEnoughNodes(
+                f"the strategy has waited {now - self._since:.0f} s for more nodes than the "
+                f"{len(nodes)} online (check its min_*_nodes settings)"
+            )
+        return nodes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+
+class ReplyCheck(Protocol):
+    def __call__(self, msg: Message, reference: ArrayRecord, keys: RecordKeys) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class LoopOutcome:
+    arrays: ArrayRecord
+    rounds_run: int
+    stop_round: int | None  # round at which a callback stopped the run; None = budget used
+    stop_reason: str  # "budget" or the callback's reason
+    final_eval: dict[str, float] = field(default_factory=dict)  # central figures of `arrays`
+
+
+class RoundLoop:
+    """Drive ``strategy`` for up to ``num_rounds`` rounds over ``grid``.
+
+    ``evaluate_fn`` evaluates the global model on data the server holds (None: no central
+    evaluation); ``evaluate_every`` = N runs it every N rounds and always on the last round
+    (and on the model a stopped run ends with). ``evaluate_config`` goes to the strategy's
+    ``configure_evaluate`` (federated evaluation, when its ``fraction_evaluate`` > 0).
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        grid: Grid,
+        *,
+        evaluate_fn: EvaluateFn | None = None,
+        evaluate_every: int = 1,
+        evaluate_config: ConfigRecord | None = None,
+        callbacks: Sequence[RoundCallback] = (),
+        round_timeout: float = 600.0,
+        node_wait_timeout: float = 60.0,
+    ) -> None:
+        if evaluate_every < 1:
+            raise ValueError(f"evaluate_every={evaluate_every!r} must be >= 1")
+        self.strategy = strategy
+        self.grid = BoundedGrid(grid, node_wait_timeout)
+        self.evaluate_fn = evaluate_fn
+        self.evaluate_every = evaluate_every
+        self.evaluate_config = evaluate_config
+        self.callbacks = list(callbacks)
+        self.round_timeout = round_timeout
+        self.keys = RecordKeys.of(strategy)
+        # A strategy that accepts other replies than full-size arrays (CA-HFP's compact
+        # submodels) brings its own check.
+        self.check: ReplyCheck = hooks_of(strategy).check_reply
+        self._devices: dict[int, str] = {}  # node id -> the device id its replies named
+
+    def run(
+        self,
+        initial_arrays: ArrayRecord,
+        num_rounds: int,
+        train_config: ConfigRecord | None = None,
+        first_round: int = 1,
+    ) -> LoopOutcome:
+        arrays = initial_arrays
+        for callback in self.callbacks:
+            callback.on_start(arrays, first_round)
+        t0 = time.monotonic()
+        result: RoundResult | None = None
+        for rnd in range(first_round, num_rounds + 1):
+            result = self.run_round(
+                rnd, arrays, ConfigRecord(dict(train_config or {})), t0, last=rnd == num_rounds
+            )
+            arrays = result.arrays
+            # Every callback sees every round (the metrics row must be written even when
+            # an earlier callback asks to stop); the first reason given wins.
+            reasons = [r for cb in self.callbacks if (r := cb.after_round(result))]
+            if reasons:
+                log(INFO, "Stopping after round %d: %s", rnd, reasons[0])
+                final = result.eval_metrics if result.evaluated else self.evaluate(rnd, arrays)
+                return LoopOutcome(arrays, rnd, rnd, reasons[0], final)
+        final = result.eval_metrics if result is not None else {}
+        return LoopOutcome(arrays, num_rounds, None, "budget", final)
+
+    def evaluate(self, rnd: int, arrays: ArrayRecord) -> dict[str, float]:
+        return self.evaluate_fn(rnd, arrays) if self.evaluate_fn else {}
+
+    def run_round(
+        self, rnd: int, arrays: ArrayRecord, config: ConfigRecord, t0: float, last: bool = False
+    ) -> RoundResult:
+        log(INFO, "[ROUND %d]", rnd)
+        messages = self._configure(self.strategy.configure_train, rnd, arrays, config)
+        bytes_down = sum(_payload_bytes(m) for m in messages)
+        replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
+        if len(replies) < len(messages):
+            log(WARNING, "Round %d: %d of %d replies", rnd, len(replies), len(messages))
+        accepted, declined, rejected = self._screen(replies, arrays)
+        extra: dict[str, object] = {}
+        new_arrays, train_metrics = self._aggregate(rnd, accepted, arrays, extra)
+        aggregated = accepted if new_arrays is not None else []
+        if new_arrays is not None:
+            arrays = new_arrays
+        federated = self._evaluate_federated(rnd, arrays)
+        evaluated = self.evaluate_fn is not None and (rnd % self.evaluate_every == 0 or last)
+        eval_metrics = self.evaluate(rnd, arrays) if evaluated else {}
+        shown = {k: v for k, v in {**eval_metrics, **federated}.items() if "class" not in k}
+        if shown:
+            log(INFO, "Round %d: %s", rnd, shown)
+        return RoundResult(
+            round=rnd,
+            session=0,
+            arrays=arrays,
+            participants=[self.device_of(m) for m in aggregated],
+            participant_nodes=[m.metadata.src_node_id for m in aggregated],
+            declined=declined,
+            rejected=rejected,
+            bytes_up=sum(_payload_bytes(m) for m in accepted),
+            bytes_down=bytes_down,
+            energy_spent=sum(_metric(m, "energy-spent") for m in accepted),
+            train_metrics=train_metrics,
+            eval_metrics=eval_metrics,
+            federated_metrics=federated,
+            evaluated=evaluated,
+            wall_s=time.monotonic() - t0,
+            extra=extra,
+        )
+
+    def _configure(
+        self,
+        configure: Callable[[int, ArrayRecord, ConfigRecord, Grid], Iterable[Message]],
+        rnd: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+    ) -> list[Message]:
+        self.grid.restart()
+        try:
+            return list(configure(rnd, arrays, config, self.grid))  # type: ignore[arg-type]
+        except NotEnoughNodes as err:
+            log(WARNING, "Round %d: %s: %s skipped", rnd, err, configure.__name__)
+            return []
+
+    def _aggregate(
+        self, rnd: int, accepted: list[Message], arrays: ArrayRecord, extra: dict[str, object]
+    ) -> tuple[ArrayRecord | None, dict[str, float]]:
+        """The strategy's new global model (None: unchanged) and its train metrics. Nothing
+        the strategy raises ends the run, and a non-finite model never becomes global."""
+        try:
+            new, metrics = self.strategy.aggregate_train(rnd, accepted)
+        except Exception as err:  # noqa: BLE001 - a device's reply must never end a run
+            reason = f"aggregation failed: {type(err).__name__}: {err}"
+            log(WARNING, "Round %d dropped (model unchanged): %s", rnd, reason)
+            extra["round_dropped"] = reason
+            return None, {}
+        out = numbers(metrics)
+        if new is None:
+            return None, out
+        new = keep_dtypes(new, arrays)
+        bad = [k for k, a in new.items() if a.numpy().dtype.kind == "f" and not _finite(a)]
+        if bad:
+            reason = f"aggregated model has non-finite values in {bad[:3]}: rolled back"
+            log(WARNING, "Round %d: %s", rnd, reason)
+            extra["round_dropped"] = reason
+            return None, out
+        return new, out
+
+    def _evaluate_federated(self, rnd: int, arrays: ArrayRecord) -> dict[str, float]:
+        config = ConfigRecord(dict(self.evaluate_config or {}))
+        messages = self._configure(self.strategy.configure_evaluate, rnd, arrays, config)
+        if not messages:
+            return {}
+        replies = self.grid.send_and_receive(messages, timeout=self.round_timeout)
+        good = []
+        for msg in replies:
+            if msg.has_error():
+                continue
+            records = msg.content.metric_records
+            weight = (
+                numbers(reply_metrics(msg.content)).get(self.keys.weight, 0.0) if records else 0
+            )
+            if len(records) != 1 or not weight > 0:
+                log(WARNING, "Dropping evaluation reply from %s", self.device_of(msg))
+                continue
+            good.append(msg)
+        if not good:
+            return {}
+        try:
+            metrics = self.strategy.aggregate_evaluate(rnd, common_metrics(good, self.keys))
+        except Exception as err:  # noqa: BLE001
+            log(WARNING, "Round %d: federated evaluation not aggregated: %r", rnd, err)
+            return {}
+        return numbers(metrics)
+
+    def device_of(self, msg: Message) -> str:
+        """The device id a reply speaks for: its ``device-id`` metric, else the id an earlier
+        reply of the same node named, else ``node-<node id>``."""
+        node = msg.metadata.src_node_id
+        if not msg.has_error() and msg.has_content() and msg.content.metric_records:
+            device = parse_device_id(reply_metrics(msg.content).get("device-id"))
+            if device is not None:
+                self._devices[node] = device
+        return self._devices.get(node, f"node-{node}")
+
+    def _screen(
+        self, replies: Iterable[Message], reference: ArrayRecord
+    ) -> tuple[list[Message], list[str], list[dict[str, str]]]:
+        accepted: list[Message] = []
+        declined: list[str] = []
+        rejected: list[dict[str, str]] = []
+        for msg in replies:
+            device = self.device_of(msg)
+            if msg.has_error():
+                log(INFO, "Device %s declined: %s", device, msg.error.reason)
+                declined.append(device)
+                continue
+            reason = self.check(msg, reference, self.keys)
+            if reason:
+                log(WARNING, "Dropping reply from device %s: %s", device, reason)
+                rejected.append({"device": device, "reason": reason})
+                continue
+            accepted.append(msg)
+        # Replies arrive in whatever order the devices finish; float sums depend on the
+        # order, so aggregate in device order to make a seeded run repeatable.
+        accepted.sort(key=lambda m: _order(self.device_of(m)))
+        return common_metrics(accepted, self.keys), declined, rejected
+
+
+def keep_dtypes(new: ArrayRecord, old: ArrayRecord) -> ArrayRecord:
+    """``new`` with every array in the dtype it has in ``old``.
+
+    Flower's FedAvg averages BatchNorm's int64 ``num_batches_tracked`` into a float64; the
+    next round's replies (int64 again) would then fail the dtype check. Integers are
+    rounded half to even, as every EdgeFleet aggregator does.
+    """
+    out: dict[str, Array] = {}
+    changed = False
+    for key, arr in new.items():
+        want = old[key].dtype if key in old else arr.dtype
+        if arr.dtype == want:
+            out[key] = arr
+            continue
+        value, target = arr.numpy(), np.dtype(want)
+        if np.issubdtype(target, np.integer) and not np.issubdtype(value.dtype, np.integer):
+            value = np.rint(value)
+        out[key] = Array(np.asarray(value, dtype=target))
+        changed = True
+    return ArrayRecord(out) if changed else new
+
+
+def _finite(arr: Array) -> bool:
+    return bool(np.isfinite(arr.numpy()).all())
+
+
+def numbers(record: Mapping[str, object] | None) -> dict[str, float]:
+    """The finite numeric entries of a metric record, as floats (lists and the rest left out)."""
+    return {
+        k: float(v)
+        for k, v in (record or {}).items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
+
+
+def _order(device: str) -> tuple[int, int | str]:
+    return (0, int(device)) if device.isdigit() else (1, device)
+
+
+def _payload_bytes(msg: Message) -> int:
+    if msg.has_error() or not msg.has_content():
+        return 0
+    return sum(rec.count_bytes() for rec in msg.content.array_records.values())
+
+
+def _metric(msg: Message, key: str) -> float:
+    """A numeric metric of a screened reply (0 when absent or not a finite number)."""
+    if not msg.content.metric_records:
+        return 0.0
+    return numbers(reply_metrics(msg.content)).get(key, 0.0)

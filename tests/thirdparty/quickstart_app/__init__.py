@@ -1,0 +1,1 @@
+"""A quickstart-style Flower app (see ../pyproject.toml)."""
