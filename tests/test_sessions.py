@@ -19,7 +19,7 @@ from edgefleet.simulation.runner import load_scenario, run_scenario
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping
 from edgefleet.strategies.warmstart import SessionStore
-from edgefleet.task.data import group_classes, group_partition_indices
+from edgefleet.task.partition import group_classes, group_partition_indices
 from tests.fakes import FakeGrid
 from tests.test_ehfedsag import KW, _rec
 
