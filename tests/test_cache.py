@@ -16,6 +16,7 @@ import pytest
 
 from edgefleet.task.cache import (
     CachedFile,
+    CacheUnwritableError,
     DataCorruptError,
     load_or_build,
     verify_source,
@@ -199,3 +200,12 @@ def test_verify_source_against_sha256sums(tmp_path: Path) -> None:
     unlisted = folder / "notes.txt"
     unlisted.write_text("anything")
     assert verify_source(unlisted).size == 8
+
+
+def test_an_unusable_cache_folder_says_what_to_do(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    entry = CachedFile(tmp_path / "a-file" / "cache" / "thing.bin", {"source": "a"})
+    with pytest.raises(CacheUnwritableError, match="set EDGEFLEET_CACHE_DIR") as err:
+        load_or_build(entry, _read, Builder(), lock="t")
+    assert str(tmp_path / "a-file" / "cache") in str(err.value)
+    assert isinstance(err.value, OSError)  # where the cache is only a speed-up, work goes on

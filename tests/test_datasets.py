@@ -250,7 +250,6 @@ def _write_idx_gz(folder: Path, sizes: dict[str, int]) -> None:
 
 
 def test_fashion_mnist_from_debian_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torchvision")
     monkeypatch.setenv("EDGEFLEET_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(sources, "_DEBIAN_FASHION_DIR", tmp_path / "deb")
     _write_idx_gz(tmp_path / "deb", {"train": 12, "t10k": 5})

@@ -60,6 +60,10 @@ class DataCorruptError(ValueError):
     corrupt. The message names the file and says how to get a good copy."""
 
 
+class CacheUnwritableError(OSError):
+    """The cache folder cannot be created or locked (read-only, not a folder, no space)."""
+
+
 def cache_dir() -> Path:
     """Where derived data is written: $EDGEFLEET_CACHE_DIR or ~/.cache/edgefleet."""
     env = os.environ.get("EDGEFLEET_CACHE_DIR", "")
@@ -77,9 +81,19 @@ def cache_lock(name: str, folder: Path | None = None) -> Iterator[Path]:
     from filelock import FileLock  # a dependency of its own; cheap, but only needed here
 
     folder = cache_dir() if folder is None else folder
-    folder.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(folder / f".{name}.lock")):
+    lock = FileLock(str(folder / f".{name}.lock"))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except OSError as err:
+        raise CacheUnwritableError(
+            f"cannot use the data cache folder {folder} ({err}); set EDGEFLEET_CACHE_DIR to "
+            "a folder this process can write"
+        ) from err
+    try:
         yield folder
+    finally:
+        lock.release()
 
 
 # --- file identity ----------------------------------------------------------------------------
