@@ -87,8 +87,14 @@ setup() {
         command -v apt-get >/dev/null || cannot "needs ${need[*]} and there is no apt-get"
         log "apt-get install ${need[*]}"
         export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq || true
-        apt-get install -y -qq "${need[@]}" >/dev/null || cannot "apt-get install ${need[*]} failed"
+        # CI's other preparation (.ci/docker-prep) may hold apt's locks: wait for them.
+        local try lock=(-o DPkg::Lock::Timeout=300)
+        for try in 1 2 3 4 5; do
+            apt-get "${lock[@]}" update -qq >/dev/null 2>&1 &&
+                apt-get "${lock[@]}" install -y -qq "${need[@]}" >/dev/null && break
+            ((try < 5)) || cannot "apt-get install ${need[*]} failed"
+            sleep 20
+        done
     fi
     if ! binfmt_ready; then
         if [ ! -e "$BINFMT/register" ]; then
