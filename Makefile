@@ -35,7 +35,8 @@ test-compose: install
 
 # Two emulated Raspberry Pis (a Pi 4's and a Pi 5's CPU under qemu-user) set up by
 # deploy/EDGE.md's steps join a live SuperLink (root; the first build of the boards' root file
-# system and venv takes 20-40 minutes, cached in $$EDGEFLEET_ARM64_CACHE after).
+# system and venv took 105 minutes on a loaded 2-core machine, cached in
+# $$EDGEFLEET_ARM64_CACHE after). Its run does not complete yet: see deploy/EDGE.md.
 test-arm64: install
 	EDGEFLEET_ARM64_TEST=1 $(BIN)/pytest -q -s tests/test_arm64.py
 
