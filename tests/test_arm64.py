@@ -4,8 +4,8 @@ Opt-in (``EDGEFLEET_ARM64_TEST=1``, or ``make test-arm64``): the first build of 
 root file system and venv took 105 minutes here (debootstrap 15, apt + venv + pip 90, under
 a load average of about 25 on 2 cores). CI builds them beside pytest (``.ci/arm64-prep``)
 and runs this test afterwards when time allows, only with ``EDGEFLEET_CI_ARM64=1``.
-Skips, saying why, where this host cannot emulate arm64 (not x86-64 Linux, not root, no binfmt_misc, no
-mount namespaces) or lacks openssl.
+Skips, saying why, where this host cannot emulate arm64 (not x86-64 Linux, not root, no
+binfmt_misc, no mount namespaces) or lacks openssl.
 
 ``deploy/emulated-pi.sh`` is the board: a Debian bookworm arm64 root (Raspberry Pi OS 64-bit's
 base, Python 3.11.2) under qemu-user, with the Pi 4's CPU (Cortex-A72, ARMv8.0; the
