@@ -47,7 +47,7 @@ import numpy as np
 import pytest
 
 from edgefleet.processes import TAG_VAR, FlowerFleet, FlowerProcess, config_arg, free_port
-from edgefleet.task.data import load_dataset
+from edgefleet.task.datasets import load_dataset
 from tests.flower_runs import stopped_after, submit, summary_and_rows, wait_for_summary
 
 REPO = Path(__file__).resolve().parents[1]
