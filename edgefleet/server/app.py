@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
@@ -34,12 +33,12 @@ from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
-from edgefleet.task.data import dataset_info, load_dataset, split_local
-from edgefleet.task.models import build_model
-from edgefleet.task.train import evaluate, get_arrays, set_arrays
 
 if TYPE_CHECKING:
     from edgefleet.pruning.submodel import PruningPlan
+
+# torch and the data layer are imported where the central evaluation is built, not here:
+# under the Simulation Engine this module loads in the process that is about to start Ray.
 
 app = ServerApp()
 
@@ -111,6 +110,7 @@ def build_strategy(
             e.batch_size,
             seed=cfg.seed,
             query_timeout=query_timeout(cfg),
+            first_answer_timeout=first_answer_timeout(cfg),
         )
     sc = cfg.stopping
     if (sc.mode != "off" or cfg.sessions_enabled) and central is None:
@@ -135,9 +135,21 @@ def query_timeout(cfg: RunConfig) -> float:
     return min(60.0, cfg.server.round_timeout)
 
 
+def first_answer_timeout(cfg: RunConfig) -> float:
+    """How long a status query waits for nodes that have never answered: their ClientApps
+    may still be starting (on a loaded machine a Ray actor and its first data load take
+    minutes), which must not turn into an empty round and change a seeded run's rows.
+    A node that dies meanwhile is answered for by Flower (an error once it is offline)."""
+    return max(cfg.server.round_timeout, cfg.server.node_wait_timeout)
+
+
 def pruning_plan(cfg: RunConfig) -> PruningPlan:
     """The channel groups of the run's model, for rebuilding CA-HFP submodels."""
+    import torch
+
     from edgefleet.pruning.submodel import PruningPlan  # torch-pruning only when needed
+    from edgefleet.task.data import dataset_info
+    from edgefleet.task.models import build_model
 
     info = dataset_info(cfg.data.dataset)
     model = build_model(cfg.train.model, info.input_shape, info.num_classes)
@@ -165,6 +177,7 @@ def _sessions(
         temperature=w.temperature,
         slots_per_round=cfg.energy.slots_per_round,
         query_timeout=query_timeout(cfg),
+        first_answer_timeout=first_answer_timeout(cfg),
     )
 
 
@@ -185,6 +198,15 @@ def wait_for_nodes(grid: Grid, wanted: int, timeout: float) -> int:
     return n
 
 
+def fast_polling(grid: Grid) -> None:
+    """Poll for replies every 10 ms where that is cheap: the Simulation Engine's in-memory
+    grid looks in a dict (default 100 ms, on average 50 ms lost per exchange, three
+    exchanges a round with status queries). A grid without ``pull_interval`` (the
+    Deployment Engine's, over the network) is left as it is."""
+    if isinstance(getattr(grid, "pull_interval", None), float):
+        grid.pull_interval = 0.01  # type: ignore[attr-defined]
+
+
 @dataclass
 class CentralEvaluation:
     """The seeded initial model, its trainable keys, and evaluation on data the server holds:
@@ -198,6 +220,12 @@ class CentralEvaluation:
 
 
 def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
+    import torch
+
+    from edgefleet.task.data import load_dataset, split_local
+    from edgefleet.task.models import build_model
+    from edgefleet.task.train import evaluate, get_arrays, set_arrays
+
     _, test_set, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     validation = test_set
     if cfg.stopping.mode in ("validation", "observe"):
@@ -255,6 +283,7 @@ def main(grid: Grid, context: Context) -> None:
     log(INFO, "EdgeFleet strategy:")
     strategy.summary()
     wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout)
+    fast_polling(grid)
     loop = RoundLoop(
         strategy,
         grid,
