@@ -1,11 +1,24 @@
-"""Run a named experiment (a scenario TOML) on Flower's Simulation Engine, and clean up.
+"""Run named experiments (scenario TOML files) on Flower's Simulation Engine, and clean up.
 
-``edgefleet run scenarios/X.toml`` does what ``flwr run .`` does, with three differences
-that matter for experiments: the run config is validated before any Flower process starts;
-every run gets its own SuperLink on a free port and its own ``FLWR_HOME`` (so runs, tests
-and benchmarks can go on side by side, and no SuperLink is left behind, unlike ``flwr
-run .``'s detached one: see :mod:`edgefleet.processes`); and the command waits for the run
-and prints its summary.
+``edgefleet run scenarios/X.toml`` does what ``flwr run .`` does, with differences that
+matter for experiments:
+
+- the run config, the federation values and the data set's presence are checked before any
+  Flower process starts (a bad value or a missing file is reported in seconds, not after a
+  minute of start-up);
+- every run gets its own SuperLink on a free port, its own ``FLWR_HOME`` and its own Ray
+  cluster (a private temp dir and free ports), so runs, tests and benchmarks can go on side by
+  side, and nothing is left behind (see :mod:`edgefleet.processes`);
+- the Ray cluster starts first, beside the SuperLink: by the time Flower's Simulation Engine
+  calls ``ray.init`` it only connects (``--ray-address`` uses a cluster you already have
+  instead, e.g. one spread over several machines);
+- when the run fails, the ServerApp's own error (its message and the last lines of its
+  traceback) is what the command prints, and ``flower.log`` in the run folder keeps the
+  ServerApp's log and the SuperLink's;
+- an interrupted run (Ctrl-C, SIGTERM) stops every process and says how to resume.
+
+An :class:`Engine` (one SuperLink, one Ray cluster) runs any number of runs one after the
+other: a sweep (:mod:`edgefleet.simulation.sweep`) starts it once.
 
 A scenario file has two tables::
 
@@ -19,31 +32,69 @@ A scenario file has two tables::
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
-import subprocess
+import signal
+import sys
 import tempfile
+import threading
 import time
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, TextIO
 
 from edgefleet.config import DEFAULTS, ConfigError, RunConfig, parse_run_config
-from edgefleet.processes import BIN_DIR, FleetError, FlowerFleet, config_arg
+from edgefleet.processes import FleetError, FlowerFleet, FlowerProcess, config_arg
 from edgefleet.server.results import default_run_name, prepare_run_dir
-from edgefleet.task.data import default_data_dir
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
-FEDERATION_KEYS = (
-    "num-supernodes",
-    "client-resources-num-cpus",
-    "client-resources-num-gpus",
-    "init-args-num-cpus",
-    "init-args-num-gpus",
-    "backend",
-    "verbose",
-)
+SUMMARY_GRACE = 30.0  # seconds the ServerApp may take to write its summary after the stream
+
+
+def _int_at_least(low: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= low
+        return None if ok else f"must be an integer >= {low}"
+
+    return check
+
+
+def _number_at_least_zero(v: Any) -> str | None:
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+    return None if ok else "must be a number >= 0"
+
+
+def _bool(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+def _log_level(v: Any) -> str | None:
+    levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+    return None if v in levels else f"must be one of {', '.join(levels)}"
+
+
+# Flower 1.42's simulation federation config (flwr/proto/federation_config.proto), with the
+# types its fields have there: an integer field given "1.0" or "lots" fails inside Flower,
+# about a minute into the start-up.
+FEDERATION_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "num-supernodes": _int_at_least(1),
+    "client-resources-num-cpus": _int_at_least(1),
+    "client-resources-num-gpus": _number_at_least_zero,
+    "init-args-num-cpus": _int_at_least(1),
+    "init-args-num-gpus": _int_at_least(0),
+    "init-args-logging-level": _log_level,
+    "init-args-log-to-driver": _bool,
+    "backend": lambda v: None if v == "ray" else "must be ray",
+    "verbose": _bool,
+}
+FEDERATION_KEYS = tuple(FEDERATION_CHECKS)
+# Sizes of the Ray cluster itself: they go to the cluster the runner starts, never to
+# Flower's ray.init (which refuses them when it connects to a running cluster).
+RAY_CLUSTER_KEYS = ("init-args-num-cpus", "init-args-num-gpus")
 
 
 @dataclass(frozen=True)
@@ -83,16 +134,31 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] = {}) -> Scenar
             federation[key.removeprefix("federation.")] = value
         else:
             run_config[key] = value
+    federation.setdefault("num-supernodes", 10)
+    check_federation(federation, f"scenario {path}")
+    return Scenario(path.stem, federation, run_config)
+
+
+def check_federation(federation: Mapping[str, Any], where: str = "federation") -> None:
+    """Every key known to Flower's simulation config and of the type Flower needs."""
     bad = sorted(set(federation) - set(FEDERATION_KEYS))
     if bad:
         raise ConfigError(
-            f"scenario {path}: unknown federation key(s) {bad}; valid: {', '.join(FEDERATION_KEYS)}"
+            f"{where}: unknown federation key(s) {bad}; valid: {', '.join(FEDERATION_KEYS)}"
         )
-    n = federation.get("num-supernodes", 10)
-    if not isinstance(n, int) or n < 1:
-        raise ConfigError(f"federation 'num-supernodes' = {n!r}: must be an integer >= 1")
-    federation["num-supernodes"] = n
-    return Scenario(path.stem, federation, run_config)
+    for key, value in federation.items():
+        problem = FEDERATION_CHECKS[key](value)
+        if problem:
+            raise ConfigError(f"{where}: federation {key!r} = {value!r}: {problem}")
+    cpus, per_client = (
+        federation.get("init-args-num-cpus"),
+        federation.get("client-resources-num-cpus", 1),
+    )
+    if cpus is not None and per_client > cpus:
+        raise ConfigError(
+            f"{where}: federation client-resources-num-cpus = {per_client} exceeds "
+            f"init-args-num-cpus = {cpus}: no ClientApp could ever run"
+        )
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -129,6 +195,17 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
     return parse_run_config(raw), raw
 
 
+def check_data(cfg: RunConfig) -> None:
+    """Load the run's data set here, once, as the apps will: a missing copy is reported now,
+    with every place looked in, instead of from inside the ServerApp a minute later."""
+    from edgefleet.task.data import load_dataset  # the data layer only when a run starts
+
+    try:
+        load_dataset(cfg.data.dataset, cfg.data.data_dir)
+    except FileNotFoundError as err:
+        raise ConfigError(str(err)) from None
+
+
 def app_copy(dest: Path) -> Path:
     """The app's own files (``pyproject.toml`` and the package) in a folder of their own.
 
@@ -143,45 +220,302 @@ def app_copy(dest: Path) -> Path:
     return dest
 
 
-def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = False) -> Path:
-    """Run ``scenario`` to completion on the Simulation Engine; return its run folder."""
-    cfg, raw = resolve_run_config(scenario)
-    try:
-        run_dir = prepare_run_dir(cfg)
-    except (ValueError, FileExistsError) as err:
-        raise ConfigError(str(err)) from None
-    with (
-        tempfile.TemporaryDirectory(prefix="edgefleet-flwr-") as work,
-        FlowerFleet(Path(work), connection="edgefleet-sim") as fleet,
-    ):
+class RunFailed(RuntimeError):
+    """A run ended without its summary; the message says why."""
+
+    def __init__(self, message: str, run_dir: Path | None = None) -> None:
+        super().__init__(message)
+        self.run_dir = run_dir
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a run: every process has been stopped."""
+
+    def __init__(self, run_dir: Path, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.run_dir, self.signal_name = run_dir, signal_name
+
+    @property
+    def last_round(self) -> int:
+        """The last round on record (0: none finished)."""
+        rows = self.run_dir / "metrics.jsonl"
+        if not rows.exists():
+            return 0
+        lines = [line for line in rows.read_text().splitlines() if line.strip()]
+        try:
+            return int(json.loads(lines[-1])["round"]) if lines else 0
+        except (ValueError, KeyError):
+            return len(lines) - 1
+
+
+class Engine:
+    """Flower's Simulation Engine on a SuperLink of its own and a Ray cluster, for one run or
+    many in a row (a sweep): the SuperLink, the Ray cluster and the bundled app are started
+    once and reused; each run still gets a fresh ServerApp process and fresh Ray actors.
+
+    ``ray_address`` runs the ClientApps on an existing Ray cluster instead of one started
+    here (every node must be able to import ``edgefleet``, e.g. with ``pip install``);
+    ``ray_cpus`` / ``ray_gpus`` size the cluster started here (default: Ray's, all cores).
+    """
+
+    def __init__(
+        self,
+        *,
+        ray_address: str | None = None,
+        ray_cpus: int | None = None,
+        ray_gpus: int | None = None,
+        work_dir: Path | None = None,
+    ) -> None:
+        if ray_address is not None and (ray_cpus is not None or ray_gpus is not None):
+            raise ConfigError(
+                "init-args-num-cpus / init-args-num-gpus size a Ray cluster that EdgeFleet "
+                "starts; with --ray-address the existing cluster's size applies: drop them"
+            )
+        self.ray_address = ray_address
+        self.ray_cpus, self.ray_gpus = ray_cpus, ray_gpus
+        self._tmp = None if work_dir else tempfile.TemporaryDirectory(prefix="edgefleet-flwr-")
+        self.work_dir = work_dir or Path(self._tmp.name)  # type: ignore[union-attr]
+        self.fleet = FlowerFleet(self.work_dir, connection="edgefleet-sim")
+        self.app: Path | None = None
+        self.started = False
+
+    def start(self, check: Callable[[], None] = lambda: None) -> None:
+        """Start the Ray cluster (unless one was named), then the SuperLink; ``check`` runs
+        while Ray starts (the data check) and, when it raises, stops everything."""
+        fleet = self.fleet
         # The apps run from a temporary folder: take the data search's "../shared/data"
         # from where the command was typed (an explicit data-dir or $EDGEFLEET_DATA_DIR wins).
+        from edgefleet.task.data import default_data_dir
+
         fleet.env.setdefault("EDGEFLEET_DATA_DIR", str(default_data_dir()))
         try:
+            if self.ray_address is None:
+                fleet.start_ray_head(self.ray_cpus, self.ray_gpus, wait=False)
+            else:
+                fleet.ray_address = self.ray_address
+            check()
+            self.app = app_copy(self.work_dir / "app")
             fleet.start_superlink(simulation=True)
+            if self.ray_address is None:
+                fleet.wait_for_ray()
         except FleetError as err:
-            raise RuntimeError(f"could not start a SuperLink: {err}") from None
-        cmd = [
-            str(BIN_DIR / "flwr"),
-            "run",
-            str(app_copy(Path(work) / "app")),
-            fleet.connection,
-            "--stream",
-            "--run-config",
-            config_arg(raw),
-            "--federation-config",
-            config_arg(scenario.federation),
-        ]
-        out = subprocess.DEVNULL if quiet else None
-        proc = subprocess.run(cmd, env=fleet.env, stdout=out, stderr=out, timeout=timeout)
-        # `--stream` can end a moment before the ServerApp has written its summary.
-        deadline = time.monotonic() + (30 if proc.returncode == 0 else 5)
-        while not (run_dir / "summary.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if not (run_dir / "summary.json").exists():
-            (run_dir / "flower.log").write_text(fleet.report(lines=200))
-            raise RuntimeError(
-                f"run {cfg.server.run_name} ended (flwr exit code {proc.returncode}) without a "
-                f"summary; see the log above and {run_dir / 'flower.log'}"
+            self.stop()
+            raise RunFailed(f"could not start the Simulation Engine: {err}") from None
+        except BaseException:
+            self.stop()
+            raise
+        self.started = True
+
+    def stop(self) -> None:
+        """Stop every process; a second Ctrl-C meanwhile cannot cut it short."""
+        previous = None
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self.fleet.stop()
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        self.started = False
+
+    def alive(self) -> bool:
+        """Whether a started engine's SuperLink and Ray head still run."""
+        try:
+            self.fleet.check_alive()
+        except FleetError:
+            return False
+        return True
+
+    def __enter__(self) -> Engine:
+        self.fleet.__enter__()  # SIGTERM -> SystemExit, so that __exit__ runs
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            self.stop()
+        finally:
+            self.fleet.__exit__(exc_type, exc, tb)
+
+    def run(
+        self, scenario: Scenario, *, timeout: float = 3600.0, echo: TextIO | None = None
+    ) -> Path:
+        """Run ``scenario`` to completion; its run folder. ``echo`` gets the ServerApp's log
+        as it streams (None: only ``flower.log`` does)."""
+        cfg, raw = resolve_run_config(scenario)
+        try:
+            run_dir = prepare_run_dir(cfg)
+        except (ValueError, FileExistsError) as err:
+            raise ConfigError(str(err)) from None
+        if not self.started:
+            self.start(lambda: check_data(cfg))
+        else:
+            check_data(cfg)  # cached per data set: a sweep pays it once
+        assert self.app is not None
+        federation = {k: v for k, v in scenario.federation.items() if k not in RAY_CLUSTER_KEYS}
+        link = next((p for p in self.fleet.processes if p.name == "superlink"), None)
+        link_offset = _size(link.log_path) if link else 0
+        flwr: FlowerProcess | None = None
+        try:
+            flwr = self.fleet.flwr(
+                "run",
+                str(self.app),
+                self.fleet.connection,
+                "--stream",
+                "--run-config",
+                config_arg(raw),
+                "--federation-config",
+                config_arg(federation),
+                name="flwr-run",
+                echo=echo,
             )
-    return run_dir
+            self._wait(flwr, run_dir, timeout)
+        except (KeyboardInterrupt, SystemExit) as err:
+            sig = "SIGINT" if isinstance(err, KeyboardInterrupt) else "SIGTERM"
+            _write_log(run_dir, flwr, link, link_offset, self.fleet)
+            self.stop()
+            raise Interrupted(run_dir, sig) from None
+        except RunFailed:
+            _write_log(run_dir, flwr, link, link_offset, self.fleet)
+            raise
+        _write_log(run_dir, flwr, link, link_offset, self.fleet)
+        return run_dir
+
+    def _wait(self, flwr: FlowerProcess, run_dir: Path, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        summary = run_dir / "summary.json"
+        while flwr.running():
+            if time.monotonic() > deadline:
+                raise RunFailed(
+                    f"run {run_dir.name} ran past the {timeout:.0f} s timeout "
+                    f"(--timeout); its rows so far are in {run_dir}",
+                    run_dir,
+                )
+            try:
+                self.fleet.check_alive()
+            except FleetError as err:
+                raise RunFailed(f"run {run_dir.name}: {err}", run_dir) from None
+            time.sleep(0.2)
+        # The stream ends when the run does; the summary may follow a moment later. A
+        # ServerApp that failed never writes one: say why at once.
+        stream = flwr.log_path.read_text(errors="replace")
+        cause = serverapp_error(stream)
+        grace = time.monotonic() + (0 if cause or flwr.popen.returncode else SUMMARY_GRACE)
+        while not summary.exists() and time.monotonic() < grace:
+            time.sleep(0.2)
+        if summary.exists():
+            return
+        if cause is None:
+            cause = (
+                f"`flwr run` exited with code {flwr.popen.returncode}: {_last_lines(stream, 8)}"
+                if flwr.popen.returncode
+                else "the ServerApp ended without a summary and without an error in its log"
+            )
+        raise RunFailed(f"run {run_dir.name} failed: {cause}", run_dir)
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    timeout: float = 3600.0,
+    quiet: bool = False,
+    ray_address: str | None = None,
+) -> Path:
+    """Run ``scenario`` to completion on an engine of its own; return its run folder."""
+    cpus = scenario.federation.get("init-args-num-cpus")
+    gpus = scenario.federation.get("init-args-num-gpus")
+    with Engine(ray_address=ray_address, ray_cpus=cpus, ray_gpus=gpus) as engine:
+        return engine.run(scenario, timeout=timeout, echo=None if quiet else sys.stdout)
+
+
+# -- failures ---------------------------------------------------------------------------------
+
+_TRACEBACK = "Traceback (most recent call last):"
+_CHAINED = (
+    "The above exception was the direct cause of the following exception:",
+    "During handling of the above exception, another exception occurred:",
+)
+# Flower's own wrappers around the ServerApp's exception: not the cause.
+_WRAPPERS = ("An error was encountered. Ending simulation.", "Simulation Runtime crashed.")
+
+
+def serverapp_error(log: str, frames: int = 3) -> str | None:
+    """The ServerApp's own error in a run's log: the innermost exception of the first
+    chain (Flower re-raises it wrapped), with its last ``frames`` stack frames; None when
+    the log holds no traceback."""
+    lines = [_strip_log_prefix(line) for line in log.splitlines()]
+    starts = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
+    if not starts:
+        return None
+    blocks = []
+    for start in starts:
+        end = start + 1
+        while end < len(lines) and (lines[end].startswith(" ") or not lines[end].strip()):
+            end += 1
+        if end < len(lines):
+            blocks.append((lines[start + 1 : end], lines[end].strip()))
+    useful = [b for b in blocks if not any(w in b[1] for w in _WRAPPERS)]
+    if not useful:
+        useful = blocks
+    if not useful:
+        return None
+    stack, message = useful[0]
+    where = [s.strip() for s in stack if s.strip().startswith("File ")][-frames:]
+    return "\n".join([message, *(f"  {w}" for w in where)])
+
+
+def _strip_log_prefix(line: str) -> str:
+    # Flower prefixes a logged line with its level ("ERROR :   "), continuation lines not.
+    return re.sub(r"^(?:\x1b\[[0-9;]*m)*(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:\s*", "", line)
+
+
+def _last_lines(text: str, n: int) -> str:
+    return "\n".join(text.strip().splitlines()[-n:])
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _write_log(
+    run_dir: Path,
+    flwr: FlowerProcess | None,
+    link: FlowerProcess | None,
+    link_offset: int,
+    fleet: FlowerFleet,
+) -> None:
+    """``flower.log``: the ServerApp's log (the stream), the SuperLink's log of this run,
+    and the Ray head's output."""
+    parts = []
+    if flwr is not None and flwr.log_path.exists():
+        parts.append(("ServerApp (flwr run --stream)", flwr.log_path.read_text(errors="replace")))
+    if link is not None and link.log_path.exists():
+        with link.log_path.open("rb") as f:
+            f.seek(link_offset)
+            parts.append(("SuperLink", f.read().decode(errors="replace")))
+    head = next((p for p in fleet.processes if p.name == "ray-head"), None)
+    if head is not None:
+        parts.append(("Ray head (ray start)", head.tail(60)))
+    text = "".join(f"===== {title} =====\n{body.rstrip()}\n\n" for title, body in parts)
+    if run_dir.exists():
+        (run_dir / "flower.log").write_text(text)
+
+
+def resume_hint(scenario_path: str, run_dir: Path, overrides: list[str]) -> str:
+    """The command that continues an interrupted run."""
+    keep = [o for o in overrides if o.split("=", 1)[0].strip() not in ("run-name", "resume")]
+    sets = " ".join(f"--set {o}" for o in keep)
+    return (
+        f"edgefleet run {scenario_path} {sets + ' ' if sets else ''}"
+        f"--set run-name={run_dir.name} --set output-dir={run_dir.parent} --resume"
+    )
