@@ -1,21 +1,24 @@
-"""``edgefleet`` command line: ``run`` a scenario on the Simulation Engine, ``report`` runs."""
+"""``edgefleet`` command line: ``run`` a scenario on the Simulation Engine, ``sweep`` it over a
+grid of settings and seeds, ``report`` runs."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
+from typing import Any
 
 from edgefleet.config import ConfigError
 
+COMMANDS = {
+    "run": "run a scenario",
+    "sweep": "run a scenario over a grid of settings and seeds",
+    "report": "plot and compare run folders (or sweeps)",
+}
 
-def _run(argv: list[str]) -> int:
-    from edgefleet.simulation.runner import load_scenario, parse_value, run_scenario
 
-    parser = argparse.ArgumentParser(
-        prog="edgefleet run",
-        description="Run a scenario (scenarios/*.toml) on Flower's Simulation Engine.",
-    )
+def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="scenario TOML file, e.g. scenarios/default.toml")
     parser.add_argument(
         "--set",
@@ -24,29 +27,77 @@ def _run(argv: list[str]) -> int:
         metavar="KEY=VALUE",
         help="override a run-config key (or federation.KEY); repeatable",
     )
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds (default 3600)")
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds per run (default 3600)"
+    )
     parser.add_argument("--quiet", action="store_true", help="hide Flower's log stream")
+    parser.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="run the ClientApps on this existing Ray cluster (HOST:PORT of its head) instead "
+        "of one started for the run",
+    )
+
+
+def _overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, Any]:
+    from edgefleet.simulation.runner import parse_value
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def _run(argv: list[str]) -> int:
+    from edgefleet.simulation.runner import (
+        Interrupted,
+        RunFailed,
+        load_scenario,
+        resume_hint,
+        run_scenario,
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="edgefleet run",
+        description="Run a scenario (scenarios/*.toml) on Flower's Simulation Engine.",
+    )
+    _common(parser)
     parser.add_argument("--report", action="store_true", help="draw the plots when done")
     parser.add_argument(
         "--resume", action="store_true", help="continue run-name from its last checkpoint"
     )
     args = parser.parse_args(argv)
-    overrides: dict[str, object] = {"resume": True} if args.resume else {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            parser.error(f"--set {item!r}: expected KEY=VALUE")
-        overrides[key.strip()] = parse_value(value.strip())
+    overrides = _overrides(parser, args.set)
+    if args.resume:
+        overrides["resume"] = True
     try:
         run_dir = run_scenario(
-            load_scenario(args.scenario, overrides), timeout=args.timeout, quiet=args.quiet
+            load_scenario(args.scenario, overrides),
+            timeout=args.timeout,
+            quiet=args.quiet,
+            ray_address=args.ray_address,
         )
     except ConfigError as err:
         print(f"edgefleet run: error: {err}", file=sys.stderr)
         return 2
-    except RuntimeError as err:
-        print(f"edgefleet run: failed: {err}", file=sys.stderr)
+    except RunFailed as err:
+        where = f"\n(full log: {err.run_dir / 'flower.log'})" if err.run_dir else ""
+        print(f"edgefleet run: failed: {err}{where}", file=sys.stderr)
         return 1
+    except Interrupted as err:
+        hint = resume_hint(args.scenario, err.run_dir, args.set)
+        print(
+            f"edgefleet run: {err.signal_name}: stopped {err.run_dir.name} after round "
+            f"{err.last_round}, every process ended; resume with: {hint}",
+            file=sys.stderr,
+        )
+        return 130 if err.signal_name == "SIGINT" else 143
+    except KeyboardInterrupt:
+        print("edgefleet run: interrupted before the run started", file=sys.stderr)
+        return 130
     summary = json.loads((run_dir / "summary.json").read_text())
     summary.pop("config")
     print(json.dumps(summary, indent=2))
@@ -59,15 +110,79 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
+def _sweep(argv: list[str]) -> int:
+    from edgefleet.simulation.runner import load_scenario
+    from edgefleet.simulation.sweep import Sweep, grid_points, parse_grid, parse_seeds
+
+    parser = argparse.ArgumentParser(
+        prog="edgefleet sweep",
+        description="Run a scenario over a grid of settings and seeds (one SuperLink and one "
+        "Ray cluster for all runs), skip runs that finished before, then compare the grid "
+        "points (mean and spread over the seeds) with `edgefleet report`.",
+    )
+    _common(parser)
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="values of a run-config key (or federation.KEY) to sweep; repeatable (product)",
+    )
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    parser.add_argument(
+        "--name", help="the sweep's folder under output-dir (default: SCENARIO-sweep)"
+    )
+    parser.add_argument("--no-report", action="store_true", help="skip the table and plots")
+    args = parser.parse_args(argv)
+    try:
+        base = load_scenario(args.scenario, _overrides(parser, args.set))
+        points = grid_points(parse_grid(args.grid))
+        seeds = parse_seeds(args.seeds)
+        out = Path(str(base.run_config.get("output-dir", "runs"))) / (
+            args.name or f"{base.name}-sweep"
+        )
+        sweep = Sweep(
+            base,
+            points,
+            seeds,
+            out,
+            timeout=args.timeout,
+            ray_address=args.ray_address,
+            echo=None if args.quiet else sys.stdout,
+        )
+        runs = sweep.run()
+    except ConfigError as err:
+        print(f"edgefleet sweep: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as err:
+        where = getattr(err, "run_dir", None)
+        print(
+            f"edgefleet sweep: interrupted{f' during {where.name}' if where else ''}; every "
+            f"process ended; the same command resumes the sweep "
+            f"(finished runs are skipped, the interrupted one continues from its checkpoint)",
+            file=sys.stderr,
+        )
+        return 130
+    failed = [r for r in runs if r.status == "failed"]
+    if not args.no_report:
+        from edgefleet.simulation.report import main as report_main
+
+        report_main([str(sweep.out), "--out", str(sweep.out / "report")])
+    for run in failed:
+        print(f"edgefleet sweep: {run.run_dir.name} failed: {run.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"run": "run a scenario", "report": "plot and compare run folders"}
-    if not argv or argv[0] not in commands:
-        usage = "\n".join(f"  edgefleet {c:<7} {h}" for c, h in commands.items())
+    if not argv or argv[0] not in COMMANDS:
+        usage = "\n".join(f"  edgefleet {c:<7} {h}" for c, h in COMMANDS.items())
         print(f"usage:\n{usage}", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     if argv[0] == "run":
         return _run(argv[1:])
+    if argv[0] == "sweep":
+        return _sweep(argv[1:])
     from edgefleet.simulation.report import main as report_main
 
     return report_main(argv[1:])
