@@ -1,0 +1,72 @@
+"""Seeded rows do not depend on the machine's load (issue 18, item 4).
+
+``make demo`` on a loaded machine used to spend its first rounds waiting 60 s for status and
+presence answers while the Ray actors were still starting, select nobody, and so write other
+rows than the same seed on an idle machine. Here the demo scenario's first rounds run twice:
+once as they are, once with a process burning a core beside them and every Ray actor's
+ClientApp held back ``DELAY`` seconds (``tests/slow_start/sitecustomize.py``), longer than the
+round timeout the run is given (the old status-query wait was the smaller of that and 60 s).
+The rows must be equal.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edgefleet.simulation.runner import load_scenario, run_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+DELAY = 25.0  # seconds each actor's ClientApp is held back
+ROUND_TIMEOUT = 15.0  # below DELAY: a query waiting only this long would give up
+# What may differ between the two runs: timings.
+TIMING = {"wall_s"}
+
+
+def _burn() -> None:
+    while True:
+        pass
+
+
+def _rows(tmp_path: Path, name: str) -> list[dict[str, Any]]:
+    scenario = load_scenario(
+        ROOT / "scenarios" / "default.toml",
+        {
+            # The demo's first three rounds: session 1 (group A) as in the full scenario.
+            "num-server-rounds": 3,
+            "sessions.count": 1,
+            "sessions.rounds": 3,
+            "round-timeout": ROUND_TIMEOUT,
+            "output-dir": str(tmp_path),
+            "run-name": name,
+        },
+    )
+    run_dir = run_scenario(scenario, timeout=600, quiet=True)
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+
+
+@pytest.mark.timeout(600)
+def test_demo_rows_are_the_same_on_a_loaded_machine(tmp_path: Path, monkeypatch) -> None:
+    idle = _rows(tmp_path, "idle")
+    assert [r["round"] for r in idle] == [1, 2, 3]
+    assert all(r["participants"] for r in idle), "the unloaded run itself selected nobody"
+    hook = ROOT / "tests" / "slow_start"
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")]))
+    )
+    monkeypatch.setenv("EDGEFLEET_TEST_ACTOR_DELAY_S", str(DELAY))
+    burner = mp.get_context("spawn").Process(target=_burn, daemon=True)
+    burner.start()
+    try:
+        loaded = _rows(tmp_path, "loaded")
+    finally:
+        burner.kill()
+        burner.join()
+    for a, b in zip(idle, loaded, strict=True):
+        assert a == b, f"round {a['round']} differs under load:\n{a}\n{b}"
