@@ -54,8 +54,9 @@ import torch
 
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.processes import config_arg, processes_with_env, toml_value
-from edgefleet.task.data import load_dataset, partition_indices, split_local
+from edgefleet.task.datasets import load_dataset
 from edgefleet.task.models import build_model
+from edgefleet.task.partition import partition_indices, split_local
 from edgefleet.task.train import seed_for, train_local
 
 log = logging.getLogger("sim_overhead")

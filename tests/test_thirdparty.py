@@ -51,6 +51,7 @@ def _run(tmp_path: Path, strategies: list[str], clientapp: str) -> tuple[dict[st
             cmd, env=fleet.env, capture_output=True, text=True, timeout=600, check=False
         )
         log = proc.stdout + proc.stderr
+        (tmp_path / "flwr-run.log").write_text(log)
         if not out.exists():
             pytest.fail(f"the app wrote no result (flwr exit {proc.returncode}):\n{log[-4000:]}")
     return json.loads(out.read_text()), log
@@ -113,8 +114,8 @@ def test_energy_mod_answers_status_and_charges_the_round(
 def test_without_the_mod_energy_selection_says_so_and_falls_back(tmp_path: Path) -> None:
     results, log = _run(tmp_path, ["energy"], "app")
     # Said once, clearly; every node taken as feasible; M = 3 of 6 still trained and learnt.
-    assert log.count("cannot answer EdgeFleet's status query") == 1
+    assert log.count("cannot answer EdgeFleet's status query") == 1, log[-6000:]
     assert "energy-age selection: 3 of 6 nodes selected" in log
     got = results["energy"]
-    assert sorted(got["train"]) == [str(r) for r in range(1, ROUNDS + 1)]
+    assert sorted(got["train"]) == [str(r) for r in range(1, ROUNDS + 1)], log[-6000:]
     assert _last(got["central"])["accuracy"] > 0.5

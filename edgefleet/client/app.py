@@ -26,6 +26,7 @@ from edgefleet.client.mods import (
     energy_mod,
 )
 from edgefleet.config import RunConfig
+from edgefleet.task.cache import CacheUnwritableError
 
 if TYPE_CHECKING:
     from edgefleet.client.device import DeviceProfile
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
 # What a device's configuration or battery can raise: each becomes an Error reply (the
 # server counts the device as declined or unavailable) instead of a crashed ClientApp.
-DEVICE_ERRORS = (ValueError, FileNotFoundError, SourceUnavailableError)
+DEVICE_ERRORS = (ValueError, FileNotFoundError, SourceUnavailableError, CacheUnwritableError)
 
 
 @functools.cache  # sources hold no state; a trace file is read once per process, not per message

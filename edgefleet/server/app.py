@@ -148,7 +148,7 @@ def pruning_plan(cfg: RunConfig) -> PruningPlan:
     import torch
 
     from edgefleet.pruning.submodel import PruningPlan  # torch-pruning only when needed
-    from edgefleet.task.data import dataset_info
+    from edgefleet.task.datasets import dataset_info
     from edgefleet.task.models import build_model
 
     info = dataset_info(cfg.data.dataset)
@@ -222,8 +222,9 @@ class CentralEvaluation:
 def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     import torch
 
-    from edgefleet.task.data import load_dataset, split_local
+    from edgefleet.task.datasets import load_dataset
     from edgefleet.task.models import build_model
+    from edgefleet.task.partition import split_local
     from edgefleet.task.train import evaluate, get_arrays, set_arrays
 
     _, test_set, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)

@@ -198,7 +198,7 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
 def check_data(cfg: RunConfig) -> None:
     """Load the run's data set here, once, as the apps will: a missing copy is reported now,
     with every place looked in, instead of from inside the ServerApp a minute later."""
-    from edgefleet.task.data import load_dataset  # the data layer only when a run starts
+    from edgefleet.task.datasets import load_dataset  # the data layer only when a run starts
 
     try:
         load_dataset(cfg.data.dataset, cfg.data.data_dir)
@@ -285,7 +285,7 @@ class Engine:
         fleet = self.fleet
         # The apps run from a temporary folder: take the data search's "../shared/data"
         # from where the command was typed (an explicit data-dir or $EDGEFLEET_DATA_DIR wins).
-        from edgefleet.task.data import default_data_dir
+        from edgefleet.task.datasets import default_data_dir
 
         fleet.env.setdefault("EDGEFLEET_DATA_DIR", str(default_data_dir()))
         try:
