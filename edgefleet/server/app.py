@@ -36,6 +36,7 @@ from edgefleet.strategies.warmstart import SessionStore
 
 if TYPE_CHECKING:
     from edgefleet.pruning.submodel import PruningPlan
+    from edgefleet.task.datasets import ArrayDataset
 
 # torch and the data layer are imported where the central evaluation is built, not here:
 # under the Simulation Engine this module loads in the process that is about to start Ray.
@@ -207,6 +208,14 @@ def fast_polling(grid: Grid) -> None:
         grid.pull_interval = 0.01  # type: ignore[attr-defined]
 
 
+def _channels_last(data: ArrayDataset) -> ArrayDataset:
+    """The same images, stored (N, H, W, C) but still indexed (N, C, H, W)."""
+    if data.x.ndim != 4:
+        return data
+    x = np.ascontiguousarray(data.x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    return type(data)(x, data.y)
+
+
 @dataclass
 class CentralEvaluation:
     """The seeded initial model, its trainable keys, and evaluation on data the server holds:
@@ -239,6 +248,11 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.train.model, info.input_shape, info.num_classes)
     initial = get_arrays(model)
+    # The server evaluates every round while the devices wait for the next one: channels-last
+    # convolutions took 30% less CPU here (same predictions; the loss may differ in the 8th
+    # significant digit). set_arrays copies into the parameters, keeping their layout.
+    model = model.to(memory_format=torch.channels_last)
+    test_set, validation = _channels_last(test_set), _channels_last(validation)
 
     def evaluate_fn(_: int, arrays: ArrayRecord) -> dict[str, float]:
         set_arrays(model, arrays)
