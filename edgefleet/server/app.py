@@ -189,9 +189,11 @@ def wait_for_nodes(grid: Grid, wanted: int, timeout: float) -> int:
     fleet is short of nodes.
     """
     deadline = time.monotonic() + timeout
+    pause = 0.1  # the Simulation Engine registers its nodes within a moment of starting
     while (n := len(list(grid.get_node_ids()))) < wanted and time.monotonic() < deadline:
         log(INFO, "Waiting for nodes: %d of %d online", n, wanted)
-        time.sleep(1.0)
+        time.sleep(pause)
+        pause = min(1.0, pause * 2)
     if n < wanted:
         log(WARNING, "Only %d of %d nodes online after %.0f s; going on", n, wanted, timeout)
     if n == 0:

@@ -49,7 +49,6 @@ from typing import Any, TextIO
 
 from edgefleet.config import DEFAULTS, ConfigError, RunConfig, parse_run_config
 from edgefleet.processes import FleetError, FlowerFleet, FlowerProcess, config_arg
-from edgefleet.server.results import default_run_name, prepare_run_dir
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 SUMMARY_GRACE = 30.0  # seconds the ServerApp may take to write its summary after the stream
@@ -188,7 +187,9 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
         raise ConfigError(
             "resume = true needs the run-name of the run to continue (--set run-name=...)"
         )
-    raw["run-name"] = cfg.server.run_name or f"{default_run_name(cfg)}-{scenario.name}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")  # as edgefleet.server.results names runs
+    default = f"{stamp}-{cfg.server.strategy}-{cfg.data.dataset}-s{cfg.seed}"
+    raw["run-name"] = cfg.server.run_name or f"{default}-{scenario.name}"
     n_devices = scenario.federation["num-supernodes"]
     if raw.get("min-nodes", DEFAULTS["min-nodes"]) > n_devices:
         raw["min-nodes"] = n_devices
@@ -278,6 +279,7 @@ class Engine:
         self.fleet = FlowerFleet(self.work_dir, connection="edgefleet-sim")
         self.app: Path | None = None
         self.started = False
+        self._log_mark = 0
 
     def start(self, check: Callable[[], None] = lambda: None) -> None:
         """Start the Ray cluster (unless one was named), then the SuperLink; ``check`` runs
@@ -351,6 +353,9 @@ class Engine:
         as it streams (None: only ``flower.log`` does)."""
         cfg, raw = resolve_run_config(scenario)
         try:
+            # Flower's modules come with it: imported once the run is certain to start.
+            from edgefleet.server.results import prepare_run_dir
+
             run_dir = prepare_run_dir(cfg)
         except (ValueError, FileExistsError) as err:
             raise ConfigError(str(err)) from None
@@ -361,7 +366,7 @@ class Engine:
         assert self.app is not None
         federation = {k: v for k, v in scenario.federation.items() if k not in RAY_CLUSTER_KEYS}
         link = next((p for p in self.fleet.processes if p.name == "superlink"), None)
-        link_offset = _size(link.log_path) if link else 0
+        link_offset = self._log_mark  # where this run's part of the SuperLink's log starts
         flwr: FlowerProcess | None = None
         try:
             flwr = self.fleet.flwr(
@@ -384,8 +389,10 @@ class Engine:
             raise Interrupted(run_dir, sig) from None
         except RunFailed:
             _write_log(run_dir, flwr, link, link_offset, self.fleet)
+            self._log_mark = _size(link.log_path) if link else 0
             raise
         _write_log(run_dir, flwr, link, link_offset, self.fleet)
+        self._log_mark = _size(link.log_path) if link else 0
         return run_dir
 
     def _wait(self, flwr: FlowerProcess, run_dir: Path, timeout: float) -> None:
