@@ -5,11 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import tomllib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edgefleet.config import ConfigError
+if TYPE_CHECKING:
+    from edgefleet.simulation.engine import Engine
+
+# Only the standard library at import time: `edgefleet run` starts its Ray cluster before it
+# imports the rest of EdgeFleet and Flower (about a second of CPU), so that Ray's start-up
+# overlaps those imports.
 
 COMMANDS = {
     "run": "run a scenario",
@@ -51,15 +58,33 @@ def _overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, A
     return out
 
 
-def _run(argv: list[str]) -> int:
-    from edgefleet.simulation.runner import (
-        Interrupted,
-        RunFailed,
-        load_scenario,
-        resume_hint,
-        run_scenario,
-    )
+def _early_engine(scenario: str, sets: list[str], ray_address: str | None) -> Engine | None:
+    """An engine whose Ray cluster is already starting, sized from the scenario file and the
+    ``--set federation.init-args-*`` overrides; None when those cannot be read yet (the run
+    then validates them and starts its engine itself)."""
+    from edgefleet.simulation.engine import Engine
 
+    try:
+        federation = dict(tomllib.loads(Path(scenario).read_text()).get("federation", {}))
+        for item in sets:
+            key, _, value = item.partition("=")
+            if key.strip().startswith("federation."):
+                federation[key.strip().removeprefix("federation.")] = tomllib.loads(
+                    f"v = {value.strip()}"
+                )["v"]
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        return None
+    cpus, gpus = federation.get("init-args-num-cpus"), federation.get("init-args-num-gpus")
+    if any(v is not None and (type(v) is not int or v < 0) for v in (cpus, gpus)):
+        return None
+    if ray_address is not None and (cpus is not None or gpus is not None):
+        return None
+    engine = Engine(ray_address=ray_address, ray_cpus=cpus, ray_gpus=gpus)
+    engine.launch_ray()
+    return engine
+
+
+def _run(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="edgefleet run",
         description="Run a scenario (scenarios/*.toml) on Flower's Simulation Engine.",
@@ -73,6 +98,37 @@ def _run(argv: list[str]) -> int:
         "--resume", action="store_true", help="continue run-name from its last checkpoint"
     )
     args = parser.parse_args(argv)
+    # From here on a SIGTERM must unwind (and stop the Ray cluster), not end Python at once.
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    engine = None
+    try:
+        engine = _early_engine(args.scenario, args.set, args.ray_address)
+        return _run_with(parser, args, engine)
+    except SystemExit as exc:  # SIGTERM before the run began
+        if exc.code != 143:
+            raise
+        print("edgefleet run: SIGTERM before the run started", file=sys.stderr)
+        return 143
+    finally:
+        if engine is not None:
+            engine.stop()  # (nothing left to stop after a run: it stops its engine itself)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine: Any) -> int:
+    from edgefleet.config import ConfigError
+    from edgefleet.simulation.runner import (
+        Interrupted,
+        RunFailed,
+        load_scenario,
+        resume_hint,
+        run_scenario,
+    )
+
     overrides = _overrides(parser, args.set)
     if args.resume:
         overrides["resume"] = True
@@ -82,6 +138,7 @@ def _run(argv: list[str]) -> int:
             timeout=args.timeout,
             quiet=args.quiet,
             ray_address=args.ray_address,
+            engine=engine,
         )
     except ConfigError as err:
         print(f"edgefleet run: error: {err}", file=sys.stderr)
@@ -119,6 +176,7 @@ def _run(argv: list[str]) -> int:
 
 
 def _sweep(argv: list[str]) -> int:
+    from edgefleet.config import ConfigError
     from edgefleet.simulation.runner import load_scenario
     from edgefleet.simulation.sweep import Sweep, grid_points, parse_grid, parse_seeds
 

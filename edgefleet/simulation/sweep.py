@@ -35,6 +35,7 @@ from typing import Any, TextIO
 
 from edgefleet.config import ConfigError
 from edgefleet.simulation.runner import (
+    RAY_ADDRESS_WITH_SIZES,
     RAY_CLUSTER_KEYS,
     Engine,
     RunFailed,
@@ -183,6 +184,8 @@ class Sweep:
         for run in self.runs:
             scenario = self.scenario(run)
             check_federation(scenario.federation, f"grid point {run.point.name}")
+            if self.ray_address and any(k in scenario.federation for k in RAY_CLUSTER_KEYS):
+                raise ConfigError(RAY_ADDRESS_WITH_SIZES)
             resolve_run_config(scenario)
         for run_dir in (r.run_dir for r in self.runs):
             if run_dir.exists() and not (run_dir / "metrics.jsonl").exists():
