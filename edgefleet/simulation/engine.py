@@ -8,6 +8,7 @@ See :mod:`edgefleet.simulation.runner` for what a run does.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -130,7 +131,9 @@ class Engine:
                 fleet.wait_for_ray()
         except FleetError as err:
             self.stop()
-            raise RunFailed(f"could not start the Simulation Engine: {err}") from None
+            raise RunFailed(
+                f"could not start the Simulation Engine: {err}{_ray_hint(err)}"
+            ) from None
         except BaseException:
             self.stop()
             raise
@@ -237,7 +240,7 @@ class Engine:
             try:
                 self.fleet.check_alive()
             except FleetError as err:
-                raise RunFailed(f"run {run_dir.name}: {err}", run_dir) from None
+                raise RunFailed(f"run {run_dir.name}: {err}{_ray_hint(err)}", run_dir) from None
             time.sleep(0.2)
         # The stream ends when the run does; the summary may follow a moment later. A
         # ServerApp that failed never writes one: say why at once.
@@ -291,6 +294,19 @@ def serverapp_error(log: str, frames: int = 3) -> str | None:
     stack, message = useful[0]
     where = [s.strip() for s in stack if s.strip().startswith("File ")][-frames:]
     return "\n".join([message, *(f"  {w}" for w in where)])
+
+
+def _ray_hint(err: Exception) -> str:
+    """Why Ray may not have started: it gives its own processes fixed start-up times (the
+    raylet about 15 s for its agents, `ray start` 30 s for the raylet), which a machine with
+    far more runnable processes than cores exceeds."""
+    if "ray-" not in str(err) or "timed out" not in str(err):
+        return ""
+    load = Path("/proc/loadavg").read_text().split()[0] if Path("/proc/loadavg").exists() else "?"
+    return (
+        f"\nRay did not start in its fixed start-up time; load average {load} on "
+        f"{os.cpu_count()} cores: try again on a less loaded machine"
+    )
 
 
 def _strip_log_prefix(line: str) -> str:
