@@ -137,38 +137,53 @@ def test_missing_data_fails_before_flower_starts(tmp_path: Path, capsys, monkeyp
     assert not processes_with_env(f"FLWR_HOME={marker}"), "a Flower process was started"
 
 
-# What `flwr run --stream` shows when the ServerApp raises (Flower 1.42): the simulation
-# process logs the exception with its chain, and Flower's wrapper after it.
+# What `flwr run --stream` shows when the ServerApp raises (Flower 1.42, trimmed): first a
+# ClientApp's error, which the engine turned into an error reply (not the cause), then the
+# ServerApp's exception as Flower logs it when the run ends.
 FAILED_STREAM = """\
 INFO :      Starting Flower Simulation
-INFO :      EdgeFleet run x: writing results to /tmp/runs/x
+ERROR :     An exception was raised when processing a message by RayBackend
+ERROR :     Traceback (most recent call last):
+  File "/v/flwr/simulation/ray_transport/ray_actor.py", line 60, in run
+    out_message = app(message=message, context=context)
+ValueError: a ClientApp's own trouble
 ERROR :     Simulation raised an exception
 Traceback (most recent call last):
-  File "/v/flwr/simulation/run_simulation.py", line 218, in server_th_with_start_checks
-    updated_context = _run(
-  File "/home/app/edgefleet/server/app.py", line 290, in main
+  File "/v/flwr/simulation/app.py", line 337, in run_simulation_process
+    simulation_result = _run_simulation(
+                        ^^^^^^^^^^^^^^^^
+  File "/a/edgefleet/server/app.py", line 289, in main
     ckpt = resume_from(run_dir, strategy, list(central.initial))
-  File "/home/app/edgefleet/server/checkpoint.py", line 103, in resume_from
-    ckpt = load_checkpoint(path)
+  File "/a/edgefleet/server/checkpoint.py", line 65, in load_checkpoint
+    raise CheckpointError(f"checkpoint {path} is unreadable ({err})") from None
 edgefleet.server.checkpoint.CheckpointError: checkpoint /r/x/checkpoint.pkl is unreadable (bad)
+ERROR :     Exit Code: 700
 
+An unhandled exception occurred when running the simulation.
+"""
+
+# The same cause, re-raised by Flower with a wrapper of its own.
+CHAINED = FAILED_STREAM.replace(
+    "ERROR :     Exit Code: 700",
+    """
 The above exception was the direct cause of the following exception:
 
 Traceback (most recent call last):
-  File "/v/flwr/simulation/app.py", line 336, in run_simulation_process
-    simulation_result = _run_simulation(
-RuntimeError: An error was encountered. Ending simulation.
-"""
+  File "/v/flwr/simulation/run_simulation.py", line 347, in _main_loop
+    raise RuntimeError("An error was encountered. Ending simulation.") from ex
+RuntimeError: An error was encountered. Ending simulation.""",
+)
 
 
-def test_serverapp_error_is_the_innermost_exception_of_the_chain() -> None:
-    cause = serverapp_error(FAILED_STREAM)
+@pytest.mark.parametrize("log", [FAILED_STREAM, CHAINED])
+def test_serverapp_error_is_the_exception_that_ended_the_run(log: str) -> None:
+    cause = serverapp_error(log)
     assert cause is not None
     lines = cause.splitlines()
     assert lines[0].startswith("edgefleet.server.checkpoint.CheckpointError: checkpoint")
     assert "unreadable" in lines[0]
-    assert lines[-1].strip().startswith('File "/home/app/edgefleet/server/checkpoint.py"')
-    assert "Ending simulation" not in cause
+    assert lines[-1].strip().startswith('File "/a/edgefleet/server/checkpoint.py"')
+    assert "Ending simulation" not in cause and "ClientApp's own" not in cause
     assert serverapp_error("INFO : all fine\n") is None
 
 

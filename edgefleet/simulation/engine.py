@@ -245,12 +245,13 @@ class Engine:
         # The stream ends when the run does; the summary may follow a moment later. A
         # ServerApp that failed never writes one: say why at once.
         stream = flwr.log_path.read_text(errors="replace")
-        cause = serverapp_error(stream)
-        grace = time.monotonic() + (0 if cause or flwr.popen.returncode else SUMMARY_GRACE)
+        failed = _FAILED in stream or flwr.popen.returncode
+        grace = time.monotonic() + (3.0 if failed else SUMMARY_GRACE)
         while not summary.exists() and time.monotonic() < grace:
             time.sleep(0.2)
         if summary.exists():
             return
+        cause = serverapp_error(stream)
         if cause is None:
             cause = (
                 f"`flwr run` exited with code {flwr.popen.returncode}: {_last_lines(stream, 8)}"
@@ -263,34 +264,34 @@ class Engine:
 # -- failures ---------------------------------------------------------------------------------
 
 _TRACEBACK = "Traceback (most recent call last):"
-_CHAINED = (
-    "The above exception was the direct cause of the following exception:",
-    "During handling of the above exception, another exception occurred:",
-)
+# What Flower's simulation process logs when the ServerApp (or the engine) raised; tracebacks
+# before it are ClientApp errors the engine turned into error replies.
+_FAILED = "Simulation raised an exception"
 # Flower's own wrappers around the ServerApp's exception: not the cause.
 _WRAPPERS = ("An error was encountered. Ending simulation.", "Simulation Runtime crashed.")
 
 
 def serverapp_error(log: str, frames: int = 3) -> str | None:
-    """The ServerApp's own error in a run's log: the innermost exception of the first
-    chain (Flower re-raises it wrapped), with its last ``frames`` stack frames; None when
-    the log holds no traceback."""
+    """The ServerApp's own error in a run's log: the exception Flower logged as ending the
+    run (the first of its chain that is not Flower's wrapper), with its last ``frames``
+    stack frames; without Flower's line, the log's last traceback; None without any."""
     lines = [_strip_log_prefix(line) for line in log.splitlines()]
-    starts = [i for i, line in enumerate(lines) if line.strip() == _TRACEBACK]
-    if not starts:
-        return None
+    marks = [i for i, line in enumerate(lines) if _FAILED in line]
+    start_at = marks[-1] if marks else 0
     blocks = []
-    for start in starts:
+    for start, line in enumerate(lines):
+        if start < start_at or line.strip() != _TRACEBACK:
+            continue
         end = start + 1
         while end < len(lines) and (lines[end].startswith(" ") or not lines[end].strip()):
             end += 1
         if end < len(lines):
             blocks.append((lines[start + 1 : end], lines[end].strip()))
-    useful = [b for b in blocks if not any(w in b[1] for w in _WRAPPERS)]
-    if not useful:
-        useful = blocks
-    if not useful:
+    if not blocks:
         return None
+    if not marks:
+        blocks = blocks[-1:]
+    useful = [b for b in blocks if not any(w in b[1] for w in _WRAPPERS)] or blocks
     stack, message = useful[0]
     where = [s.strip() for s in stack if s.strip().startswith("File ")][-frames:]
     return "\n".join([message, *(f"  {w}" for w in where)])
