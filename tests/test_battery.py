@@ -137,17 +137,31 @@ def test_make_source_kinds_and_bad_parameters(tmp_path: Path) -> None:
         make_source("sysfs", path=str(tmp_path))
 
 
+def _supply(root: Path, name: str, kind: str = "Battery", **attrs: str | bytes) -> Path:
+    """A fake ``/sys/class/power_supply/<name>`` folder: ``type`` and the given attributes
+    (text as sysfs prints it, with a trailing newline)."""
+    entry = root / name
+    entry.mkdir(parents=True)
+    (entry / "type").write_text(f"{kind}\n")
+    for key, value in attrs.items():
+        path = entry / key
+        if isinstance(value, bytes):
+            path.write_bytes(value)
+        else:
+            path.write_text(f"{value}\n")
+    return entry
+
+
 def _fake_power_supply(root: Path) -> Path:
-    ac = root / "AC"
-    ac.mkdir(parents=True)
-    (ac / "type").write_text("Mains\n")
-    (ac / "online").write_text("1\n")
-    bat = root / "BAT0"
-    bat.mkdir()
-    (bat / "type").write_text("Battery\n")
-    (bat / "capacity").write_text("42\n")
-    (bat / "status").write_text("Discharging\n")
-    return bat
+    _supply(root, "AC", "Mains", online="1")
+    return _supply(root, "BAT0", capacity="42", status="Discharging")
+
+
+def _unreadable(path: Path) -> None:
+    """Make ``path`` answer reads with EIO, as a fuel-gauge driver does when it has no value
+    (root reads files whatever their mode, so permissions cannot fake this)."""
+    path.unlink(missing_ok=True)
+    path.symlink_to("/proc/self/mem")  # reading it from offset 0 fails with EIO
 
 
 def test_sysfs_reads_level(tmp_path: Path) -> None:
@@ -170,11 +184,152 @@ def test_sysfs_reads_level(tmp_path: Path) -> None:
         src.arrivals(0, 1)
 
 
+@pytest.mark.parametrize(
+    ("attrs", "fraction"),
+    [
+        ({"capacity": "42"}, 0.42),
+        ({"capacity": "0"}, 0.0),
+        ({"capacity": "100"}, 1.0),
+        ({"capacity": "104"}, 1.0),  # some gauges overshoot while charging
+        ({"capacity": "-3"}, 0.0),
+        # µWh: energy_full, else the design value
+        ({"energy_now": "30000000", "energy_full": "40000000"}, 0.75),
+        ({"energy_now": "30000000", "energy_full_design": "60000000"}, 0.5),
+        ({"energy_now": "45000000", "energy_full": "40000000"}, 1.0),  # aged cell
+        ({"energy_now": "1", "energy_full": "0", "energy_full_design": "4"}, 0.25),
+        # µAh
+        ({"charge_now": "1500000", "charge_full": "2000000"}, 0.75),
+        ({"charge_now": "500000", "charge_full_design": "2000000"}, 0.25),
+        # capacity wins over energy/charge when both are there
+        ({"capacity": "10", "energy_now": "3", "energy_full": "4"}, 0.1),
+        # energy before charge
+        ({"energy_now": "1", "energy_full": "4", "charge_now": "3", "charge_full": "4"}, 0.25),
+        # not-a-number capacity: fall back to the next rule
+        ({"capacity": "N/A", "charge_now": "1", "charge_full": "2"}, 0.5),
+        ({"capacity": "nan", "charge_now": "1", "charge_full": "2"}, 0.5),
+        ({"capacity": "inf", "charge_now": "1", "charge_full": "4"}, 0.25),
+        ({"capacity": b"\xff\xfe", "charge_now": "1", "charge_full": "4"}, 0.25),
+        ({"capacity": "", "charge_now": "3", "charge_full": "4"}, 0.75),
+        ({"energy_now": "3", "charge_now": "1", "charge_full": "2"}, 0.5),  # no energy_full
+    ],
+)
+def test_sysfs_fraction_rules(tmp_path: Path, attrs: dict[str, str], fraction: float) -> None:
+    _supply(tmp_path, "BAT0", **attrs)
+    reading = SysfsSource(tmp_path).read()
+    assert reading is not None
+    assert reading.fraction == pytest.approx(fraction)
+    assert reading.status == "Unknown"  # no status file
+    # battery units: the fraction of the device's capacity
+    assert Battery(8.0, SysfsSource(tmp_path), level=0.0).advance(1) == pytest.approx(8 * fraction)
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        {},
+        {"capacity": "N/A"},
+        {"capacity": "nan"},
+        {"capacity_level": "Normal"},  # a level word alone is not a fraction
+        {"energy_now": "3"},
+        {"energy_now": "3", "energy_full": "0"},
+        {"charge_now": "3", "charge_full": "-1"},
+        {"charge_full": "4"},
+    ],
+)
+def test_sysfs_battery_without_a_reading_is_unavailable(
+    tmp_path: Path, attrs: dict[str, str]
+) -> None:
+    _supply(tmp_path, "BAT0", status="Charging", **attrs)
+    src = SysfsSource(tmp_path)
+    assert src.read() is None and not src.available()
+    with pytest.raises(SourceUnavailableError, match="no readable battery"):
+        src.level_fraction()
+    with pytest.raises(EnergyConfigError, match=r"found: BAT0 \(Battery\)"):
+        make_source("sysfs", path=str(tmp_path))
+
+
+def test_sysfs_unreadable_file_falls_back(tmp_path: Path) -> None:
+    bat = _supply(tmp_path, "BAT0", capacity="42", charge_now="1", charge_full="4")
+    _unreadable(bat / "capacity")
+    with pytest.raises(OSError):
+        (bat / "capacity").read_text()
+    assert SysfsSource(tmp_path).level_fraction() == pytest.approx(0.25)
+    _unreadable(bat / "charge_now")
+    assert not SysfsSource(tmp_path).available()
+    # an attribute that is a folder (not a file) is no reading either
+    (bat / "charge_now").unlink()
+    (bat / "charge_now").mkdir()
+    assert SysfsSource(tmp_path).read() is None
+
+
+def test_sysfs_chooses_the_battery(tmp_path: Path) -> None:
+    _supply(tmp_path, "AC", "Mains", online="1", capacity="99")  # not a battery
+    _supply(tmp_path, "usb", "USB", online="1", capacity="98")
+    _supply(tmp_path, "BAT0", present="0", capacity="0")  # an empty bay
+    _supply(tmp_path, "BAT1", capacity="N/A")  # no reading: the next one
+    _supply(tmp_path, "BAT2", capacity="61", status="Charging")
+    _supply(tmp_path, "BAT3", capacity="5")
+    reading = SysfsSource(tmp_path).read()
+    assert reading is not None
+    assert (reading.name, reading.fraction, reading.status) == ("BAT2", 0.61, "Charging")
+    # a named entry is read whatever its type, and only it
+    named = SysfsSource(tmp_path, name="BAT3").read()
+    assert named is not None and (named.name, named.fraction) == ("BAT3", 0.05)
+    assert SysfsSource(tmp_path, name="AC").level_fraction() == pytest.approx(0.99)
+    with pytest.raises(SourceUnavailableError, match="BAT9"):
+        SysfsSource(tmp_path, name="BAT9").level_fraction()
+
+
+def test_sysfs_ups_hat(tmp_path: Path) -> None:
+    # A UPS HAT driver may register its cells as type UPS (POWER_SUPPLY_TYPE_UPS).
+    _supply(tmp_path, "AC", "Mains", online="0")
+    _supply(tmp_path, "ups", "UPS", capacity="73", status="Discharging")
+    reading = SysfsSource(tmp_path).read()
+    assert reading is not None and (reading.name, reading.fraction) == ("ups", 0.73)
+
+
+def test_sysfs_mains_only_board(tmp_path: Path) -> None:
+    # A Pi on a plain power supply: only the firmware's mains/USB entries.
+    _supply(tmp_path, "rpi-usb", "USB", online="1")
+    with pytest.raises(EnergyConfigError, match=r"found: rpi-usb \(USB\).*always-on"):
+        make_source("sysfs", path=str(tmp_path))
+    with pytest.raises(EnergyConfigError, match="found: no such folder"):
+        make_source("sysfs", path=str(tmp_path / "nothing"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(EnergyConfigError, match="found: nothing"):
+        make_source("sysfs", path=str(tmp_path / "empty"))
+
+
+def test_sysfs_battery_follows_the_hardware(tmp_path: Path) -> None:
+    # Spending lowers the level until the next reading; the reading always wins, and a
+    # battery that stops reading mid-run raises at the next advance.
+    bat = _supply(tmp_path, "BAT0", capacity="50")
+    b = Battery(10.0, make_source("sysfs", path=str(tmp_path)))
+    cost = Battery.round_cost(train_slots=3)
+    assert b.advance(1) == pytest.approx(5.0) and b.can_afford(cost)
+    b.spend(cost)
+    assert b.level == pytest.approx(1.0) and not b.can_afford(cost)
+    assert b.advance(2) == pytest.approx(5.0)  # the gauge has not moved yet
+    (bat / "capacity").write_text("39\n")
+    assert b.advance(3) == pytest.approx(3.9) and not b.can_afford(cost)
+    (bat / "capacity").write_text("40\n")
+    assert b.advance(4) == pytest.approx(4.0) and b.can_afford(cost)  # exactly enough
+    restored = Battery(10.0, SysfsSource(tmp_path))
+    restored.load_state_dict(b.state_dict())
+    assert restored.advance(5) == pytest.approx(4.0)
+    _unreadable(bat / "capacity")
+    with pytest.raises(SourceUnavailableError, match="no readable battery"):
+        b.advance(6)
+    assert b.slot == 4  # nothing advanced
+
+
 def test_sysfs_unavailable(tmp_path: Path) -> None:
     src = SysfsSource(tmp_path / "nothing")
     assert not src.available() and src.read() is None
     with pytest.raises(SourceUnavailableError):
         src.level_fraction()
+    (tmp_path / "file").write_text("x")
+    assert SysfsSource(tmp_path / "file").read() is None  # a path that is not a folder
 
 
 # --- battery ---------------------------------------------------------------------------

@@ -18,6 +18,29 @@ Energy sources (choose with :func:`make_source`):
   *level*, not arrivals: the battery then takes the measured level (scaled to its capacity)
   at each :meth:`Battery.advance`, and only the real hardware knows what arrived.
 
+From a board's reading to battery units (``sysfs``). The kernel's power-supply class
+(Documentation/ABI/testing/sysfs-class-power) gives each supply a folder with a ``type``;
+the source reads the first folder, in name order, whose ``type`` is ``Battery`` or ``UPS``
+(a UPS HAT may register as either; ``Mains`` and ``USB`` are skipped) and whose ``present``
+is not ``0`` - or the one folder named by ``name``. Its charge as a fraction f of full, from
+the first of these that reads as a finite number:
+
+1. ``capacity`` (percent): f = capacity / 100;
+2. ``energy_now / energy_full`` (µWh), then ``energy_now / energy_full_design``;
+3. ``charge_now / charge_full`` (µAh), then ``charge_now / charge_full_design``;
+
+clipped to [0, 1] (an aged cell's ``energy_now`` can exceed its last ``energy_full``). The
+battery's level is then f x ``capacity`` battery units, the same units as the round cost
+(``energy.train-slots`` + 1): with ``capacity = 10`` and a round costing 4 units, a board
+takes part while it reads 40 % or more. Spending lowers the level until the next reading
+replaces it; the hardware's reading always wins. A file that cannot be read (a driver's
+``EIO``/``ENODATA``, a missing file, text that is not a number, not UTF-8, ``nan``/``inf``)
+counts as absent and the next rule is tried; ``capacity_level`` (``Low``, ``Normal``, ...)
+alone is not enough. With no readable battery the source is unavailable: building it
+fails with :class:`EnergyConfigError`, and a battery that stops reading mid-run makes
+:meth:`Battery.advance` raise :class:`SourceUnavailableError` (the ClientApp answers that
+round with an error, and selection counts the device as unavailable).
+
 Battery state (``level``, ``slot``, ``spent_total``) round-trips through
 :meth:`Battery.state_dict` as plain ints and floats, what a Flower ``ConfigRecord`` in
 ``Context.state`` can hold. The source itself is rebuilt from the device profile.
@@ -200,9 +223,8 @@ class SysfsSource(EnergySource):
     """The battery of a Linux board under ``/sys/class/power_supply``.
 
     It reports a *level*, not arrivals: :class:`Battery` with this source sets its level to
-    the measured fraction times its capacity at every advance. Reads ``capacity`` (percent)
-    or, where a driver has none, ``energy_now/energy_full`` or ``charge_now/charge_full``
-    of the first entry of type ``Battery`` (or of ``name``).
+    the measured fraction times its capacity at every advance. Which folder and file it
+    reads, and how the reading maps to a fraction, is in the module docstring.
     """
 
     kind = "sysfs"
@@ -213,11 +235,15 @@ class SysfsSource(EnergySource):
         self.name = name
 
     def _entries(self) -> list[Path]:
-        if not self.path.is_dir():
-            return []
         if self.name:
             return [self.path / self.name]
-        return sorted(p for p in self.path.iterdir() if _read(p / "type") == "Battery")
+        try:
+            folders = sorted(self.path.iterdir())
+        except OSError:  # no such folder, or not a folder
+            return []
+        return [
+            p for p in folders if _read(p / "type") in BATTERY_TYPES and _read(p / "present") != "0"
+        ]
 
     def read(self) -> SysfsReading | None:
         """The current reading, or None where no battery can be read."""
@@ -234,33 +260,46 @@ class SysfsSource(EnergySource):
     def level_fraction(self) -> float:
         reading = self.read()
         if reading is None:
-            raise SourceUnavailableError(f"no readable battery under {self.path}")
+            where = self.path / self.name if self.name else self.path
+            raise SourceUnavailableError(f"no readable battery under {where}")
         return reading.fraction
 
 
+# power_supply ``type`` values that hold a charge (the kernel also has Mains, USB, Wireless).
+BATTERY_TYPES = ("Battery", "UPS")
+
+
 def _read(path: Path) -> str | None:
+    """A sysfs attribute's text, or None: missing, unreadable (drivers answer EIO or ENODATA
+    when the gauge has no value) or not text."""
     try:
-        return path.read_text().strip()
-    except OSError:
+        return path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
         return None
 
 
 def _read_float(path: Path) -> float | None:
     text = _read(path)
     try:
-        return None if text is None else float(text)
+        value = None if text is None else float(text)
     except ValueError:
         return None
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _sysfs_fraction(entry: Path) -> float | None:
+    """The charge of one power_supply folder as a fraction in [0, 1] (rules: module docstring)."""
     pct = _read_float(entry / "capacity")
     if pct is not None:
         return min(1.0, max(0.0, pct / 100.0))
-    for now, full in (("energy_now", "energy_full"), ("charge_now", "charge_full")):
-        a, b = _read_float(entry / now), _read_float(entry / full)
-        if a is not None and b is not None and b > 0:
-            return min(1.0, max(0.0, a / b))
+    for quantity in ("energy", "charge"):
+        now = _read_float(entry / f"{quantity}_now")
+        if now is None:
+            continue
+        for full_name in (f"{quantity}_full", f"{quantity}_full_design"):
+            full = _read_float(entry / full_name)
+            if full is not None and full > 0:
+                return min(1.0, max(0.0, now / full))
     return None
 
 
@@ -300,10 +339,21 @@ def _make_sysfs(path: str | Path = "/sys/class/power_supply", name: str = "") ->
     source = SysfsSource(path, name)
     if not source.available():
         raise EnergyConfigError(
-            f"sysfs source: path={str(path)!r} (name={name!r}) has no readable battery; "
-            f"valid sources elsewhere: {', '.join(s for s in SOURCES if s != 'sysfs')}"
+            f"sysfs source: path={str(path)!r} (name={name!r}) has no readable battery "
+            f"(found: {_describe_supplies(Path(path))}); a battery needs type Battery or UPS "
+            "and a readable capacity, energy_now or charge_now; valid sources elsewhere: "
+            f"{', '.join(s for s in SOURCES if s != 'sysfs')}"
         )
     return source
+
+
+def _describe_supplies(path: Path) -> str:
+    """``"AC (Mains), BAT0 (Battery)"``: what a power_supply folder holds, for an error."""
+    try:
+        folders = sorted(path.iterdir())
+    except OSError:
+        return "no such folder"
+    return ", ".join(f"{p.name} ({_read(p / 'type') or 'no type'})" for p in folders) or "nothing"
 
 
 class Battery:

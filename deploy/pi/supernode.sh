@@ -1,0 +1,22 @@
+#!/bin/sh
+# Starts this board's EdgeFleet SuperNode, by hand or as the edgefleet-supernode service.
+# Everything lives beside this script (~/edgefleet on a Pi): venv/, ca.crt (the fleet's CA),
+# node.key (this board's key, registered with `flwr supernode register`) and node.env:
+#   SUPERLINK     the SuperLink's address as the board dials it, host:port
+#   NODE_CONFIG   the --node-config string (device-id, data-path, keep-ratio, energy-source)
+#   RUNTIME_PORT  the SuperNode's local Runtime API port (optional, default 9094)
+set -eu
+here="$(cd "$(dirname "$0")" && pwd)"
+set -a
+. "$here/node.env"
+set +a
+# The SuperNode starts `flower-superexec` (which starts each ClientApp) by name from PATH:
+# without the venv there, it cannot run any ClientApp.
+PATH="$here/venv/bin:$PATH"
+export PATH FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
+exec flower-supernode \
+    --superlink "$SUPERLINK" \
+    --root-certificates "$here/ca.crt" \
+    --auth-supernode-private-key "$here/node.key" \
+    --port "${RUNTIME_PORT:-9094}" \
+    --node-config "$NODE_CONFIG"
