@@ -195,6 +195,8 @@ def run_edgefleet(args: argparse.Namespace, raw: dict[str, Any], work: Path) -> 
     )  # fmt: skip
     trace, tag = work / f"{name}.trace.jsonl", uuid.uuid4().hex
     env = {**os.environ, "EDGEFLEET_BENCH_TRACE": str(trace), "EDGEFLEET_BENCH_TAG": tag}
+    if args.cold_cache:  # an empty data and partition cache, as on a machine's first run
+        env["EDGEFLEET_CACHE_DIR"] = str(Path(tempfile.mkdtemp(prefix="cache-", dir=work)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK_DIR), env.get("PYTHONPATH")]))
     cmd = [str(Path(sys.executable).parent / "edgefleet"), "run", str(scenario), "--quiet"]
     t_cmd = time.time()
@@ -263,6 +265,11 @@ def main() -> None:
     p.add_argument("--plain-procs", type=int, default=2)
     p.add_argument("--evaluate-every-also", type=int, default=5, help="0: skip that figure")
     p.add_argument("--repeat", type=int, default=1, help="interleaved repetitions")
+    p.add_argument(
+        "--cold-cache",
+        action="store_true",
+        help="EdgeFleet runs on an empty data/partition cache (default: the one the floor filled)",
+    )
     p.add_argument("--timeout", type=float, default=3600.0)
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -319,6 +326,7 @@ def main() -> None:
     sizes |= {
         "cpus": os.cpu_count(),
         "repeat": args.repeat,
+        "cold_cache": args.cold_cache,
         "federation": config_arg({"client-resources-num-cpus": 1}),
     }
     print(json.dumps({"benchmark": "sim_overhead", "sizes": sizes, **headline, "repeats": reps}))
