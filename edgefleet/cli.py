@@ -220,15 +220,20 @@ def _sweep(argv: list[str]) -> int:
     except ConfigError as err:
         print(f"edgefleet sweep: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt as err:
+    except (KeyboardInterrupt, SystemExit) as err:
+        if isinstance(err, SystemExit) and err.code != 143:
+            raise
         where = getattr(err, "run_dir", None)
+        signal_name = getattr(
+            err, "signal_name", "SIGTERM" if isinstance(err, SystemExit) else "SIGINT"
+        )
         print(
-            f"edgefleet sweep: interrupted{f' during {where.name}' if where else ''}; every "
-            f"process ended; the same command resumes the sweep "
-            f"(finished runs are skipped, the interrupted one continues from its checkpoint)",
+            f"edgefleet sweep: {signal_name}{f' during {where.name}' if where else ''}; every "
+            "process ended; the same command resumes the sweep (finished runs are skipped, "
+            "the interrupted one continues from its checkpoint)",
             file=sys.stderr,
         )
-        return 130
+        return 130 if signal_name == "SIGINT" else 143
     failed = [r for r in runs if r.status == "failed"]
     if not args.no_report:
         from edgefleet.simulation.report import main as report_main

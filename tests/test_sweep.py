@@ -220,3 +220,19 @@ def test_finished_run_with_other_settings_is_an_error(
     with pytest.raises(ConfigError, match=r"other settings \(lr\)"):
         Sweep(_base(tmp_path), grid_points({"alpha": [0.1]}), [0], out).run()
     assert parse_run_config(data["config"]).train.lr == 0.5
+
+
+def test_an_interrupted_sweep_command_says_the_same_command_resumes(
+    tmp_path: Path, fake_engine: type[FakeEngine], capsys: pytest.CaptureFixture[str]
+) -> None:
+    scenario = tmp_path / "s.toml"
+    scenario.write_text("[federation]\nnum-supernodes = 3\n[run-config]\nnum-server-rounds = 3\n")
+    argv = ["sweep", str(scenario), "--grid", "alpha=0.1,1.0", "--seeds", "0", "--quiet",
+            "--set", f"output-dir={tmp_path / 'runs'}"]  # fmt: skip
+    fake_engine.kill = {"alpha=1,seed=0"}
+    assert cli_main(argv) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the same command resumes the sweep" in err[0]
+    assert "during alpha=1,seed=0" in err[0]
+    assert cli_main(argv) == 0
+    assert fake_engine.runs[-1] == ("alpha=1,seed=0", True)
