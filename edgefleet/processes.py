@@ -296,8 +296,10 @@ class FlowerFleet:
         # Unix socket paths live under the temp dir and may not exceed 107 bytes.
         temp_dir = Path(tempfile.mkdtemp(prefix="efray-", dir="/tmp"))
         self.ray_temp_dirs.append(temp_dir)
-        args = ["ray", "start", *role, "--block", "--disable-usage-stats"]
-        args += [f"--temp-dir={temp_dir}", "--include-dashboard=false"]
+        head = "--head" in role
+        args = ["ray", "start", *role, "--block", "--disable-usage-stats", f"--temp-dir={temp_dir}"]
+        if head:  # no dashboard: its API needs ray[default]
+            args += ["--include-dashboard=false", f"--dashboard-port={free_port()}"]
         args += [f"{flag}={free_port()}" for flag in _RAY_PORT_FLAGS]
         if num_cpus is not None:
             args.append(f"--num-cpus={num_cpus}")
@@ -544,10 +546,9 @@ def _stop_groups(processes: Sequence[FlowerProcess]) -> None:
             proc.popen.wait(timeout=5.0)
 
 
-# Every port `ray start --head` would otherwise take at a fixed default (the dashboard's 8265,
-# the agent's 52365, ...), shared with any other Ray on the machine.
+# Every port `ray start` would otherwise take at a fixed default (the agent's 52365, ...),
+# shared with any other Ray on the machine; the head's dashboard port is set apart.
 _RAY_PORT_FLAGS = (
-    "--dashboard-port",
     "--dashboard-agent-listen-port",
     "--dashboard-agent-grpc-port",
     "--runtime-env-agent-port",
