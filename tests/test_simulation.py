@@ -366,7 +366,7 @@ def test_an_interrupted_run_stops_everything_and_says_how_to_resume(
         done = len(metrics.read_text().splitlines())
         hint = lines[0].split("resume with: ", 1)[1].split()
         assert hint[:2] == ["edgefleet", "run"]
-        code = cli_main([*hint[2:], "--quiet", "--set", f"num-server-rounds={done + 2}"])
+        code = cli_main([*hint[1:], "--quiet", "--set", f"num-server-rounds={done + 2}"])
         assert code == 0
         rows = [json.loads(x) for x in metrics.read_text().splitlines()]
         assert [r["round"] for r in rows] == list(range(1, done + 3))
