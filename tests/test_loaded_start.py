@@ -7,6 +7,10 @@ once as they are, once with two processes burning the cores beside them and ever
 ClientApp held back ``DELAY`` seconds (``tests/slow_start/sitecustomize.py``), longer than the
 round timeout the run is given (the old status-query wait was the smaller of that and 60 s).
 The rows must be equal.
+
+Opt-in (``EDGEFLEET_LOAD_TEST=1``): it holds the actors back 50 s and burns both cores for a
+minute or two (about 2 minutes in all on 2 idle cores, 6 at a load average of 15), which
+would slow everything else ``make test`` and the machine's other users run.
 """
 
 from __future__ import annotations
@@ -56,6 +60,10 @@ def _rows(tmp_path: Path, name: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.skipif(
+    os.environ.get("EDGEFLEET_LOAD_TEST") != "1",
+    reason="opt-in (EDGEFLEET_LOAD_TEST=1): burns both cores for minutes",
+)
 def test_demo_rows_are_the_same_on_a_loaded_machine(tmp_path: Path, monkeypatch) -> None:
     idle = _rows(tmp_path, "idle")
     assert [r["round"] for r in idle] == [1, 2, 3]
