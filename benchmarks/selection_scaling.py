@@ -17,6 +17,10 @@ store once per node every 0.1 s (``vce_api.add_messages_to_queue`` calling
 ratio is the part of the growth that no selection rule can remove; ``selection_s`` is each
 mode's round time minus the engine floor at the same K.
 
+The runs are one sweep (``benchmarks/_common.py``): one engine for all of them, finished runs
+reused from ``--out``, an interrupted one resumed. With several ``--seeds`` the figures are
+the mean over them.
+
     python benchmarks/selection_scaling.py                      # mnist, 8 rounds: ~15 min
     python benchmarks/selection_scaling.py --fleets 20,200 --dataset mnist-5k --rounds 4
 """
@@ -24,82 +28,72 @@ mode's round time minus the engine floor at the same K.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 import statistics
-import time
-from pathlib import Path
 from typing import Any
 
-from _runs import run_once
+from _common import add_common_args, emit, run_grid
 
-ROOT = Path(__file__).resolve().parents[1]
+from edgefleet.simulation.sweep import Point
+
+MODES = ("batched", "all", "flower")
 
 
-def round_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+def round_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
     walls = [r["wall_s"] for r in rows]
     per_round = [b - a for a, b in zip(walls, walls[1:], strict=False)]  # rounds 2..R
     return {
-        "round_s_median": round(statistics.median(per_round), 3),
-        "round_1_s": round(walls[0], 3),
+        "round_s_median": statistics.median(per_round),
+        "round_1_s": walls[0],
         # rounds 2..: round 1 asks every node once for its device id
-        "status_queries_per_round": round(
-            statistics.fmean(r.get("status_queries", 0) for r in rows[1:]), 1
-        ),
+        "status_queries_per_round": statistics.fmean(r.get("status_queries", 0) for r in rows[1:]),
         "status_queries_round_1": rows[0].get("status_queries", 0),
-        "participants_per_round": round(statistics.fmean(len(r["participants"]) for r in rows), 1),
+        "participants_per_round": statistics.fmean(len(r["participants"]) for r in rows),
     }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--fleets", default="100,1000", help="small,large K")
+    add_common_args(p, out="bench-selection", local_steps=5, seeds="0")
+    p.add_argument("--fleets", default="100,1000", help="small,large K (replaces --devices)")
     p.add_argument("--max-devices", type=int, default=25)
     p.add_argument("--query-batch", type=int, default=40)
     p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--local-steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=10)
     p.add_argument("--dataset", default="mnist")
-    p.add_argument("--model", default="smallcnn")
     p.add_argument("--harvest-prob", type=float, default=0.5)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--modes", default="batched,all,flower")
-    p.add_argument("--data-dir", default="", help="default: EdgeFleet's data search")
-    p.add_argument("--out", default=str(ROOT / "runs" / "bench-selection"))
-    p.add_argument("--fresh", action="store_true", help="rerun instead of reusing finished runs")
+    p.add_argument("--modes", default=",".join(MODES))
     args = p.parse_args()
     small, large = (int(k) for k in args.fleets.split(","))
     modes = args.modes.split(",")
-    if unknown := sorted(set(modes) - {"batched", "all", "flower"}):
-        p.error(f"unknown --modes {unknown}; choose from batched, all, flower")
-    out = Path(args.out).resolve()
-    if args.fresh and out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    results: dict[str, dict[str, Any]] = {}
+    if unknown := sorted(set(modes) - set(MODES)):
+        p.error(f"unknown --modes {unknown}; choose from {', '.join(MODES)}")
+    points = []
     for mode in modes:
         for k in (small, large):
-            run_config = {
-                "num-server-rounds": args.rounds,
-                "dataset": args.dataset,
-                "data-dir": str(Path(args.data_dir).resolve()) if args.data_dir else "",
-                "partition": "iid",
-                "model": args.model,
-                "local-steps": args.local_steps,
-                "batch-size": args.batch_size,
-                "seed": args.seed,
-                "selection.mode": "energy-age",
-                "selection.max-devices": args.max_devices,
-                "selection.batch-size": args.query_batch if mode == "batched" else 0,
-                "energy.harvest-prob": args.harvest_prob,
+            overrides: dict[str, Any] = {
+                "federation.num-supernodes": k,
                 "min-nodes": k,
+                "selection.batch-size": args.query_batch if mode == "batched" else 0,
             }
             if mode == "flower":  # Flower's FedAvg samples M nodes itself: the engine floor
-                run_config.update({"selection.mode": "all", "fraction-train": args.max_devices / k})
-            federation = {"num-supernodes": k, "client-resources-num-cpus": 1}
-            rows = run_once(out, f"{mode}-k{k}", federation, run_config, timeout=3 * 3600)
-            results[f"{mode}-k{k}"] = round_figures(rows)
+                overrides.update({"selection.mode": "all", "fraction-train": args.max_devices / k})
+            points.append(Point(f"{mode}-k{k}", overrides))
+    run_config = {
+        "num-server-rounds": args.rounds,
+        "dataset": args.dataset,
+        "partition": "iid",
+        "batch-size": args.batch_size,
+        "selection.mode": "energy-age",
+        "selection.max-devices": args.max_devices,
+        "energy.harvest-prob": args.harvest_prob,
+    }
+    rows = run_grid(args, points, run_config, name="selection-scaling")
+    results: dict[str, dict[str, float]] = {}
+    for point in points:
+        per_seed = [round_figures(r) for (name, _), r in rows.items() if name == point.name]
+        results[point.name] = {
+            key: round(statistics.fmean(f[key] for f in per_seed), 3) for key in per_seed[0]
+        }
     ratios = {
         mode: round(
             results[f"{mode}-k{large}"]["round_s_median"]
@@ -112,21 +106,12 @@ def main() -> None:
         for key, figures in results.items():
             floor = results[f"flower-k{key.rsplit('-k', 1)[1]}"]["round_s_median"]
             figures["selection_s"] = round(figures["round_s_median"] - floor, 3)
-    print(
-        json.dumps(
-            {
-                "benchmark": "selection_scaling",
-                "sizes": {
-                    k: getattr(args, k)
-                    for k in ("fleets", "max_devices", "query_batch", "rounds", "local_steps")
-                    + ("batch_size", "dataset", "model", "harvest_prob", "seed")
-                },
-                "runs": results,
-                "large_over_small": ratios,
-                "target_batched_ratio": 1.3,
-                "wall_s": round(time.monotonic() - t0, 1),
-            }
-        )
+    emit(
+        "selection_scaling",
+        args,
+        {"runs": results, "large_over_small": ratios, "target_batched_ratio": 1.3},
+        sizes=("fleets", "max_devices", "query_batch", "rounds", "batch_size", "dataset")
+        + ("harvest_prob",),
     )
 
 

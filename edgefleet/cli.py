@@ -1,21 +1,31 @@
-"""``edgefleet`` command line: ``run`` a scenario on the Simulation Engine, ``report`` runs."""
+"""``edgefleet`` command line: ``run`` a scenario on the Simulation Engine, ``sweep`` it over a
+grid of settings and seeds, ``report`` runs."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import tomllib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from edgefleet.config import ConfigError
+if TYPE_CHECKING:
+    from edgefleet.simulation.engine import Engine
+
+# Only the standard library at import time: `edgefleet run` starts its Ray cluster before it
+# imports the rest of EdgeFleet and Flower (about a second of CPU), so that Ray's start-up
+# overlaps those imports.
+
+COMMANDS = {
+    "run": "run a scenario",
+    "sweep": "run a scenario over a grid of settings and seeds",
+    "report": "plot and compare run folders (or sweeps)",
+}
 
 
-def _run(argv: list[str]) -> int:
-    from edgefleet.simulation.runner import load_scenario, parse_value, run_scenario
-
-    parser = argparse.ArgumentParser(
-        prog="edgefleet run",
-        description="Run a scenario (scenarios/*.toml) on Flower's Simulation Engine.",
-    )
+def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="scenario TOML file, e.g. scenarios/default.toml")
     parser.add_argument(
         "--set",
@@ -24,8 +34,62 @@ def _run(argv: list[str]) -> int:
         metavar="KEY=VALUE",
         help="override a run-config key (or federation.KEY); repeatable",
     )
-    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds (default 3600)")
+    parser.add_argument(
+        "--timeout", type=float, default=3600.0, help="seconds per run (default 3600)"
+    )
     parser.add_argument("--quiet", action="store_true", help="hide Flower's log stream")
+    parser.add_argument(
+        "--ray-address",
+        metavar="ADDR",
+        help="run the ClientApps on this existing Ray cluster (HOST:PORT of its head) instead "
+        "of one started for the run",
+    )
+
+
+def _overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, Any]:
+    from edgefleet.simulation.runner import parse_value
+
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            parser.error(f"--set {item!r}: expected KEY=VALUE")
+        out[key.strip()] = parse_value(value.strip())
+    return out
+
+
+def _early_engine(scenario: str, sets: list[str], ray_address: str | None) -> Engine | None:
+    """An engine whose Ray cluster is already starting, sized from the scenario file and the
+    ``--set federation.init-args-*`` overrides; None when those cannot be read yet (the run
+    then validates them and starts its engine itself)."""
+    from edgefleet.simulation.engine import Engine
+
+    try:
+        federation = dict(tomllib.loads(Path(scenario).read_text()).get("federation", {}))
+        for item in sets:
+            key, _, value = item.partition("=")
+            if key.strip().startswith("federation."):
+                federation[key.strip().removeprefix("federation.")] = tomllib.loads(
+                    f"v = {value.strip()}"
+                )["v"]
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        return None
+    cpus, gpus = federation.get("init-args-num-cpus"), federation.get("init-args-num-gpus")
+    if any(v is not None and (type(v) is not int or v < 0) for v in (cpus, gpus)):
+        return None
+    if ray_address is not None and (cpus is not None or gpus is not None):
+        return None
+    engine = Engine(ray_address=ray_address, ray_cpus=cpus, ray_gpus=gpus)
+    engine.launch_ray()
+    return engine
+
+
+def _run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="edgefleet run",
+        description="Run a scenario (scenarios/*.toml) on Flower's Simulation Engine.",
+    )
+    _common(parser)
     parser.add_argument("--report", action="store_true", help="draw the plots when done")
     parser.add_argument(
         "--json", action="store_true", help="print summary.json instead of the run's story"
@@ -34,22 +98,66 @@ def _run(argv: list[str]) -> int:
         "--resume", action="store_true", help="continue run-name from its last checkpoint"
     )
     args = parser.parse_args(argv)
-    overrides: dict[str, object] = {"resume": True} if args.resume else {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            parser.error(f"--set {item!r}: expected KEY=VALUE")
-        overrides[key.strip()] = parse_value(value.strip())
+    # From here on a SIGTERM must unwind (and stop the Ray cluster), not end Python at once.
+    previous = signal.signal(signal.SIGTERM, _sigterm)
+    engine = None
+    try:
+        engine = _early_engine(args.scenario, args.set, args.ray_address)
+        return _run_with(parser, args, engine)
+    except SystemExit as exc:  # SIGTERM before the run began
+        if exc.code != 143:
+            raise
+        print("edgefleet run: SIGTERM before the run started", file=sys.stderr)
+        return 143
+    finally:
+        if engine is not None:
+            engine.stop()  # (nothing left to stop after a run: it stops its engine itself)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
+def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine: Any) -> int:
+    from edgefleet.config import ConfigError
+    from edgefleet.simulation.runner import (
+        Interrupted,
+        RunFailed,
+        load_scenario,
+        resume_hint,
+        run_scenario,
+    )
+
+    overrides = _overrides(parser, args.set)
+    if args.resume:
+        overrides["resume"] = True
     try:
         run_dir = run_scenario(
-            load_scenario(args.scenario, overrides), timeout=args.timeout, quiet=args.quiet
+            load_scenario(args.scenario, overrides),
+            timeout=args.timeout,
+            quiet=args.quiet,
+            ray_address=args.ray_address,
+            engine=engine,
         )
     except ConfigError as err:
         print(f"edgefleet run: error: {err}", file=sys.stderr)
         return 2
-    except RuntimeError as err:
-        print(f"edgefleet run: failed: {err}", file=sys.stderr)
+    except RunFailed as err:
+        where = f"\n(full log: {err.run_dir / 'flower.log'})" if err.run_dir else ""
+        print(f"edgefleet run: failed: {err}{where}", file=sys.stderr)
         return 1
+    except Interrupted as err:
+        hint = resume_hint(args.scenario, err.run_dir, args.set)
+        print(
+            f"edgefleet run: {err.signal_name}: stopped {err.run_dir.name} after round "
+            f"{err.last_round}, every process ended; resume with: {hint}",
+            file=sys.stderr,
+        )
+        return 130 if err.signal_name == "SIGINT" else 143
+    except KeyboardInterrupt:
+        print("edgefleet run: interrupted before the run started", file=sys.stderr)
+        return 130
     if args.json:
         summary = json.loads((run_dir / "summary.json").read_text())
         summary.pop("config")
@@ -67,15 +175,85 @@ def _run(argv: list[str]) -> int:
     return 0
 
 
+def _sweep(argv: list[str]) -> int:
+    from edgefleet.config import ConfigError
+    from edgefleet.simulation.runner import load_scenario
+    from edgefleet.simulation.sweep import Sweep, grid_points, parse_grid, parse_seeds
+
+    parser = argparse.ArgumentParser(
+        prog="edgefleet sweep",
+        description="Run a scenario over a grid of settings and seeds (one SuperLink and one "
+        "Ray cluster for all runs), skip runs that finished before, then compare the grid "
+        "points (mean and spread over the seeds) with `edgefleet report`.",
+    )
+    _common(parser)
+    parser.add_argument(
+        "--grid",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="values of a run-config key (or federation.KEY) to sweep; repeatable (product)",
+    )
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    parser.add_argument(
+        "--name", help="the sweep's folder under output-dir (default: SCENARIO-sweep)"
+    )
+    parser.add_argument("--no-report", action="store_true", help="skip the table and plots")
+    args = parser.parse_args(argv)
+    try:
+        base = load_scenario(args.scenario, _overrides(parser, args.set))
+        points = grid_points(parse_grid(args.grid))
+        seeds = parse_seeds(args.seeds)
+        out = Path(str(base.run_config.get("output-dir", "runs"))) / (
+            args.name or f"{base.name}-sweep"
+        )
+        sweep = Sweep(
+            base,
+            points,
+            seeds,
+            out,
+            timeout=args.timeout,
+            ray_address=args.ray_address,
+            echo=None if args.quiet else sys.stdout,
+        )
+        runs = sweep.run()
+    except ConfigError as err:
+        print(f"edgefleet sweep: error: {err}", file=sys.stderr)
+        return 2
+    except (KeyboardInterrupt, SystemExit) as err:
+        if isinstance(err, SystemExit) and err.code != 143:
+            raise
+        where = getattr(err, "run_dir", None)
+        signal_name = getattr(
+            err, "signal_name", "SIGTERM" if isinstance(err, SystemExit) else "SIGINT"
+        )
+        print(
+            f"edgefleet sweep: {signal_name}{f' during {where.name}' if where else ''}; every "
+            "process ended; the same command resumes the sweep (finished runs are skipped, "
+            "the interrupted one continues from its checkpoint)",
+            file=sys.stderr,
+        )
+        return 130 if signal_name == "SIGINT" else 143
+    failed = [r for r in runs if r.status == "failed"]
+    if not args.no_report:
+        from edgefleet.simulation.report import main as report_main
+
+        report_main([str(sweep.out), "--out", str(sweep.out / "report")])
+    for run in failed:
+        print(f"edgefleet sweep: {run.run_dir.name} failed: {run.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"run": "run a scenario", "report": "plot and compare run folders"}
-    if not argv or argv[0] not in commands:
-        usage = "\n".join(f"  edgefleet {c:<7} {h}" for c, h in commands.items())
+    if not argv or argv[0] not in COMMANDS:
+        usage = "\n".join(f"  edgefleet {c:<7} {h}" for c, h in COMMANDS.items())
         print(f"usage:\n{usage}", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     if argv[0] == "run":
         return _run(argv[1:])
+    if argv[0] == "sweep":
+        return _sweep(argv[1:])
     from edgefleet.simulation.report import main as report_main
 
     return report_main(argv[1:])

@@ -1,7 +1,8 @@
 """Real Flower processes on loopback: a SuperLink, SuperNodes and the ``flwr`` CLI.
 
-Used by ``edgefleet run`` (a simulation SuperLink of its own per run) and by the tests that
-run the Deployment Engine. ``FlowerFleet`` owns every process of one run or test. Each
+Used by ``edgefleet run`` (a simulation SuperLink of its own per run, and a Ray head of its
+own) and by the tests that run the Deployment Engine. ``FlowerFleet`` owns every process of
+one run or test. Each
 process runs in a session of its own (``start_new_session=True``), with its own log file,
 from the fleet's work folder, and with an environment that carries
 
@@ -34,11 +35,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -47,7 +50,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 BIN_DIR = Path(sys.executable).parent
 QUIET_FLOWER_ENV = {
@@ -164,13 +167,25 @@ class FlowerFleet:
         self._previous_sigterm: Any = None
         self.superlink_address: str | None = None
         self.root_certificates: Path | None = None
+        self.ray_address: str | None = None
+        self.ray_temp_dirs: list[Path] = []
+        self._ray_head: FlowerProcess | None = None
+        self._ray_timeout = 120.0
         self._count: dict[str, int] = {}
 
     # -- starting -------------------------------------------------------------------------
 
-    def start(self, name: str, args: Sequence[str]) -> FlowerProcess:
+    def start(
+        self,
+        name: str,
+        args: Sequence[str],
+        *,
+        echo: TextIO | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> FlowerProcess:
         """Start ``args`` (``args[0]`` an executable next to ``sys.executable``) in its own
-        session, stdout and stderr into ``<workdir>/<name>.log``."""
+        session, stdout and stderr into ``<workdir>/<name>.log`` (and, line by line, to
+        ``echo`` too when given). ``env`` replaces the fleet's environment for this one."""
         n = self._count[name] = self._count.get(name, 0) + 1
         log_path = self.workdir / (f"{name}.log" if n == 1 else f"{name}-{n}.log")
         cmd = [str(BIN_DIR / args[0]), *args[1:]]
@@ -180,12 +195,14 @@ class FlowerFleet:
             popen = subprocess.Popen(
                 cmd,
                 cwd=self.workdir,
-                env=self.env,
+                env=dict(env) if env is not None else self.env,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=log if echo is None else subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        if echo is not None:
+            threading.Thread(target=_tee, args=(popen, log_path, echo), daemon=True).start()
         proc = FlowerProcess(name, popen, log_path, cmd)
         self.processes.append(proc)
         return proc
@@ -213,9 +230,10 @@ class FlowerFleet:
         if simulation:
             args.append("--simulation")
             # Ray's init connects to the cluster named in /tmp/ray/ray_current_cluster when
-            # there is one, and waits forever if that cluster was killed. Always start a
-            # fresh local one.
-            self.env["RAY_ADDRESS"] = "local"
+            # there is one, and waits forever if that cluster was killed. Without a cluster
+            # of our own (start_ray_head) or one the caller named (``ray_address``), start a
+            # fresh one.
+            self.env["RAY_ADDRESS"] = self.ray_address or "local"
         args += [
             "--isolation",
             "subprocess",
@@ -232,6 +250,83 @@ class FlowerFleet:
         self.write_connection()
         self.wait_for_health(proc, timeout)
         return proc
+
+    def start_ray_head(
+        self,
+        num_cpus: int | None = None,
+        num_gpus: int | None = None,
+        timeout: float = 120.0,
+        *,
+        wait: bool = True,
+    ) -> str:
+        """A Ray cluster of our own (``ray start --head --block``, a fleet process like any
+        other): its own temp dir (so it never reads or writes ``/tmp/ray``, which every
+        other local Ray on the machine shares) and free ports. Returns its address, now in
+        ``self.env["RAY_ADDRESS"]``, once its GCS accepts connections (at once with
+        ``wait=False``: then call :meth:`wait_for_ray` before a driver needs it). A driver's
+        ``ray.init`` then waits for the node itself (``RAY_gcs_server_request_timeout_seconds``,
+        set here to ``timeout``), so the rest of the start-up overlaps Ray's.
+
+        Started before the SuperLink, the cluster is up by the time the Simulation Engine
+        calls ``ray.init``, which then connects (under a second) instead of starting one
+        (about 5 s on 2 idle cores); a sweep reuses it for every run.
+        """
+        port = free_port()
+        self._ray_head = self._start_ray(
+            "ray-head", ["--head", f"--port={port}"], num_cpus, num_gpus
+        )
+        self._ray_timeout = timeout
+        self.ray_address = f"127.0.0.1:{port}"
+        self.env["RAY_ADDRESS"] = self.ray_address
+        self.env["RAY_gcs_server_request_timeout_seconds"] = str(int(timeout))
+        if wait:
+            self.wait_for_ray()
+        return self.ray_address
+
+    def start_ray_node(
+        self, address: str, num_cpus: int | None = None, num_gpus: int | None = None
+    ) -> FlowerProcess:
+        """Another node (``ray start --address``) joining the cluster at ``address``, with
+        its own temp dir and ports: a second machine, on this one."""
+        return self._start_ray("ray-node", [f"--address={address}"], num_cpus, num_gpus)
+
+    def _start_ray(
+        self, name: str, role: list[str], num_cpus: int | None, num_gpus: int | None
+    ) -> FlowerProcess:
+        # Unix socket paths live under the temp dir and may not exceed 107 bytes.
+        temp_dir = Path(tempfile.mkdtemp(prefix="efray-", dir="/tmp"))
+        self.ray_temp_dirs.append(temp_dir)
+        head = "--head" in role
+        args = ["ray", "start", *role, "--block", "--disable-usage-stats", f"--temp-dir={temp_dir}"]
+        if head:  # no dashboard: its API needs ray[default]
+            args += ["--include-dashboard=false", f"--dashboard-port={free_port()}"]
+        args += [f"{flag}={free_port()}" for flag in _RAY_PORT_FLAGS]
+        if num_cpus is not None:
+            args.append(f"--num-cpus={num_cpus}")
+        if num_gpus is not None:
+            args.append(f"--num-gpus={num_gpus}")
+        env = {k: v for k, v in self.env.items() if k != "RAY_ADDRESS"}
+        env["RAY_USAGE_STATS_ENABLED"] = "0"
+        return self.start(name, args, env=env)
+
+    def wait_for_log(self, proc: FlowerProcess, text: str, timeout: float) -> None:
+        """Until ``text`` appears in ``proc``'s log; fail early if it exits."""
+        deadline = time.monotonic() + timeout
+        while text not in proc.log_path.read_text(errors="replace"):
+            if not proc.running():
+                raise FleetError(
+                    f"{proc.name} exited with code {proc.popen.returncode}; log:\n{proc.tail()}"
+                )
+            if time.monotonic() > deadline:
+                raise FleetError(f"{proc.name}: no {text!r} within {timeout:.0f} s")
+            time.sleep(0.2)
+
+    def wait_for_ray(self) -> None:
+        """Until the Ray head started by :meth:`start_ray_head` accepts connections."""
+        if self._ray_head is None or self.ray_address is None:
+            raise FleetError("no Ray head started")
+        host, port = self.ray_address.rsplit(":", 1)
+        wait_for_port(host, int(port), self._ray_timeout, self._ray_head)
 
     def write_connection(self) -> Path:
         """``$FLWR_HOME/config.toml`` with one connection, the default, to our SuperLink."""
@@ -309,9 +404,9 @@ class FlowerFleet:
 
     # -- the flwr CLI ---------------------------------------------------------------------
 
-    def flwr(self, *args: str, name: str = "flwr") -> FlowerProcess:
+    def flwr(self, *args: str, name: str = "flwr", echo: TextIO | None = None) -> FlowerProcess:
         """Start ``flwr ARGS`` (the CLI) like any other fleet process; returns at once."""
-        return self.start(name, ["flwr", *args])
+        return self.start(name, ["flwr", *args], echo=echo)
 
     def flwr_output(self, *args: str, timeout: float = 60.0) -> str:
         """Run ``flwr ARGS`` to completion (bounded); its output, or ``FleetError``."""
@@ -350,7 +445,7 @@ class FlowerFleet:
             time.sleep(1.0)
 
     def check_alive(self) -> None:
-        """Raise if a SuperLink or SuperNode has exited."""
+        """Raise if a SuperLink, SuperNode or Ray head has exited."""
         for proc in self.processes:
             if _is_server(proc) and not proc.running():
                 raise FleetError(
@@ -387,6 +482,10 @@ class FlowerFleet:
         for proc in self.processes:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=1.0)
+        if not self.members():
+            for temp_dir in self.ray_temp_dirs:
+                shutil.rmtree(temp_dir, ignore_errors=True)
+            self.ray_temp_dirs = []
 
     def survivors(self) -> list[str]:
         """``"pid (group g): command"`` for each of our processes still alive."""
@@ -424,7 +523,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 def _is_server(proc: FlowerProcess) -> bool:
-    return Path(proc.args[0]).name in ("flower-superlink", "flower-supernode")
+    return Path(proc.args[0]).name in ("flower-superlink", "flower-supernode", "ray")
 
 
 def _signal_all(processes: Sequence[FlowerProcess], members: Sequence[_ProcInfo], sig: int) -> None:
@@ -445,3 +544,42 @@ def _stop_groups(processes: Sequence[FlowerProcess]) -> None:
         except subprocess.TimeoutExpired:
             _signal_all([proc], [], signal.SIGKILL)
             proc.popen.wait(timeout=5.0)
+
+
+# Every port `ray start` would otherwise take at a fixed default (the agent's 52365, ...),
+# shared with any other Ray on the machine; the head's dashboard port is set apart.
+_RAY_PORT_FLAGS = (
+    "--dashboard-agent-listen-port",
+    "--dashboard-agent-grpc-port",
+    "--runtime-env-agent-port",
+    "--metrics-export-port",
+    "--node-manager-port",
+    "--object-manager-port",
+)
+
+
+def wait_for_port(host: str, port: int, timeout: float, proc: FlowerProcess | None = None) -> None:
+    """Until ``host:port`` accepts a TCP connection; fail early if ``proc`` exits."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and not proc.running():
+            raise FleetError(
+                f"{proc.name} exited with code {proc.popen.returncode}; log:\n{proc.tail()}"
+            )
+        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
+            return
+        if time.monotonic() > deadline:
+            raise FleetError(f"{host}:{port} did not accept connections within {timeout:.0f} s")
+        time.sleep(0.1)
+
+
+def _tee(popen: subprocess.Popen[bytes], log_path: Path, echo: TextIO) -> None:
+    """Copy a process's output to its log file and to ``echo``, line by line."""
+    assert popen.stdout is not None
+    with log_path.open("ab") as log:
+        for line in popen.stdout:
+            log.write(line)
+            log.flush()
+            with contextlib.suppress(ValueError, OSError):  # echo closed under us
+                echo.write(line.decode(errors="replace"))
+                echo.flush()

@@ -348,3 +348,67 @@ def test_unreadable_energy_trace_is_an_error_reply_not_a_crash(tmp_path) -> None
     assert reply.has_error() and reply.error.code == 10
     reply = app(_ins(MessageType.TRAIN, {"slot": 0, "server-round": 1}, rec(w=np.zeros(1))), ctx)
     assert reply.has_error() and reply.error.code == 10
+
+
+class SlowStartGrid(FakeGrid):
+    """Nodes whose ClientApps are still starting: a message whose wait is shorter than
+    ``startup`` gets no answer (its first answer needs that long); records every wait."""
+
+    def __init__(self, handlers, startup: float) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(handlers)
+        self.startup, self.waits, self.started = startup, [], False
+
+    def send_and_receive(self, messages, *, timeout=None):  # type: ignore[no-untyped-def]
+        messages = list(messages)
+        self.waits.append(timeout)
+        if not self.started and (timeout or 0) < self.startup:
+            self.sent.extend(messages)
+            return []
+        self.started = True
+        return super().send_and_receive(messages, timeout=timeout)
+
+
+def test_a_status_query_waits_for_a_starting_node_then_uses_its_normal_timeout() -> None:
+    """A node's first answer waits for its ClientApp to start (``first_timeout``), later
+    ones use the normal timeout: a loaded machine must not empty the first rounds."""
+    devices = {1: FakeDevice(0, 1.0), 2: FakeDevice(1, 1.0)}
+    grid = SlowStartGrid(devices, startup=100.0)
+    query = StatusQuery(4, timeout=60.0, first_timeout=600.0)
+    assert set(query.ask(grid, [1, 2], 1)) == {1, 2}  # type: ignore[arg-type]
+    assert set(query.ask(grid, [1, 2], 2)) == {1, 2}  # type: ignore[arg-type]
+    assert grid.waits == [600.0, 60.0]
+    # Without first_timeout (the earlier behaviour) the starting nodes are given up on.
+    late = SlowStartGrid(dict(devices), startup=100.0)
+    assert StatusQuery(4, timeout=60.0).ask(late, [1, 2], 1) == {}  # type: ignore[arg-type]
+
+
+def test_a_round_that_selects_nobody_says_why_in_its_row() -> None:
+    # Every device answers but none can afford a round; then none answers at all.
+    devices = {n: FakeDevice(n - 1, 1.0, feasible=False) for n in (1, 2, 3)}
+    strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4)
+    callbacks = strategy.round_callbacks()
+    loop = RoundLoop(strategy, FakeGrid(devices), evaluate_fn=no_eval, callbacks=callbacks)  # type: ignore[arg-type]
+    result = loop.run_round(1, rec(w=np.zeros(1)), ConfigRecord(), 0.0)
+    for cb in callbacks:
+        cb.after_round(result)
+    assert result.participants == []
+    assert "none of the 3 devices that answered can afford a round" in str(
+        result.extra["no_participants"]
+    )
+    silent = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4)
+    grid = FakeGrid({n: (lambda m: None) for n in (1, 2)})
+    loop = RoundLoop(silent, grid, evaluate_fn=no_eval, callbacks=silent.round_callbacks())  # type: ignore[arg-type]
+    result = loop.run_round(1, rec(w=np.zeros(1)), ConfigRecord(), 0.0)
+    silent.after_round(result)
+    assert "none of the 2 nodes answered the status query" in str(result.extra["no_participants"])
+
+
+def test_a_round_whose_replies_all_decline_says_so() -> None:
+    def decline(msg: Message) -> Message:
+        return Message(Error(11, "no battery"), reply_to=msg)
+
+    loop = RoundLoop(FedAvg(**KW), FakeGrid({1: decline, 2: decline}), evaluate_fn=no_eval)  # type: ignore[arg-type]
+    result = loop.run_round(1, rec(w=np.zeros(1)), ConfigRecord(), 0.0)
+    assert (
+        result.extra["no_participants"] == "none of the 2 replies was usable (declined or rejected)"
+    )

@@ -118,11 +118,37 @@ def test_load_run_missing_metrics(tmp_path: Path) -> None:
 def test_load_run_malformed_line_names_file_and_line(tmp_path: Path) -> None:
     run = tmp_path / "bad"
     run.mkdir()
-    lines = [json.dumps(_row(1, 0.1)), json.dumps(_row(2, 0.2)), "{not json"]
+    lines = [json.dumps(_row(1, 0.1)), "{not json", json.dumps(_row(3, 0.3))]
     (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-    with pytest.raises(ReportError, match=r"metrics\.jsonl:3"):
+    with pytest.raises(ReportError, match=r"metrics\.jsonl:2"):
         load_run(run)
     assert issubclass(ReportError, ValueError)
+
+
+def test_truncated_last_row_keeps_the_others_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run killed while writing a row: the rows before it are reported."""
+    run = tmp_path / "killed"
+    run.mkdir()
+    full = json.dumps(_row(3, 0.3))
+    lines = [json.dumps(_row(1, 0.1)), json.dumps(_row(2, 0.2)), full[: len(full) // 2]]
+    (run / "metrics.jsonl").write_text("\n".join(lines))  # no newline: cut mid-write
+    data = load_run(run)
+    assert [r["round"] for r in data.rows] == [1, 2]
+    assert len(data.warnings) == 1 and "truncated last row" in data.warnings[0]
+    assert main([str(run)]) == 0
+    captured = capsys.readouterr()
+    assert "warning" in captured.err and "metrics.jsonl:3" in captured.err
+    assert "killed" in captured.out
+
+
+def test_duplicate_rounds_are_flagged_and_the_last_row_used(tmp_path: Path) -> None:
+    rows = [_row(1, 0.1), _row(2, 0.2), _row(2, 0.25), _row(3, 0.3)]
+    data = load_run(_write_run(tmp_path / "dup", rows, _summary(rows)))
+    assert [(r["round"], r["test_accuracy"]) for r in data.rows] == [(1, 0.1), (2, 0.25), (3, 0.3)]
+    assert data.warnings == [f"{tmp_path / 'dup' / 'metrics.jsonl'}: round 2 recorded 2 times; "
+                             "the last row is used"]  # fmt: skip
 
 
 def test_load_run_non_object_line(tmp_path: Path) -> None:

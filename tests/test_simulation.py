@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,14 @@ import pytest
 from edgefleet.cli import main as cli_main
 from edgefleet.config import ConfigError
 from edgefleet.processes import processes_with_env
-from edgefleet.simulation.runner import load_scenario, parse_value, run_scenario
+from edgefleet.simulation.runner import (
+    check_federation,
+    load_scenario,
+    parse_value,
+    resume_hint,
+    run_scenario,
+    serverapp_error,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,6 +77,122 @@ def test_scenario_errors(tmp_path: Path) -> None:
     bad.write_text("[federation]\nnum-supernodes = 0\n")
     with pytest.raises(ConfigError, match="num-supernodes"):
         load_scenario(bad)
+
+
+@pytest.mark.parametrize(
+    ("federation", "match"),
+    [
+        (
+            {"client-resources-num-cpus": "lots"},
+            "'client-resources-num-cpus' = 'lots': must be an integer >= 1",
+        ),
+        ({"client-resources-num-cpus": 1.0}, "must be an integer"),
+        ({"num-supernodes": 0}, "'num-supernodes' = 0"),
+        ({"client-resources-num-gpus": -1}, "must be a number >= 0"),
+        ({"verbose": "yes"}, "must be true or false"),
+        ({"backend": "dask"}, "must be ray"),
+        ({"init-args-num-cpus": 2, "client-resources-num-cpus": 4}, "no ClientApp could ever run"),
+    ],
+)
+def test_bad_federation_values_are_named(federation: dict[str, object], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        check_federation({"num-supernodes": 2, **federation})
+
+
+def test_bad_federation_value_fails_before_any_process(capsys) -> None:
+    code = cli_main(
+        [
+            "run",
+            str(ROOT / "scenarios" / "fedavg.toml"),
+            "--quiet",
+            "--set",
+            'federation.client-resources-num-cpus="lots"',
+        ]  # fmt: skip
+    )
+    assert code == 2
+    assert "'client-resources-num-cpus' = 'lots'" in capsys.readouterr().err
+
+
+def test_missing_data_fails_before_flower_starts(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("EDGEFLEET_CACHE_DIR", str(tmp_path / "cache"))
+    marker = tmp_path / "tmp"
+    marker.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(marker))
+    code = cli_main(
+        [
+            "run",
+            str(ROOT / "scenarios" / "fedavg.toml"),
+            "--quiet",
+            "--set",
+            "dataset=pneumonia",
+            "--set",
+            f"data-dir={tmp_path / 'nothing-here'}",
+            "--set",
+            f"output-dir={tmp_path / 'runs'}",
+        ]  # fmt: skip
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "data set 'pneumonia' not found" in err and "nothing-here" in err
+    assert not processes_with_env(f"FLWR_HOME={marker}"), "a Flower process was started"
+
+
+# What `flwr run --stream` shows when the ServerApp raises (Flower 1.42, trimmed): first a
+# ClientApp's error, which the engine turned into an error reply (not the cause), then the
+# ServerApp's exception as Flower logs it when the run ends.
+FAILED_STREAM = """\
+INFO :      Starting Flower Simulation
+ERROR :     An exception was raised when processing a message by RayBackend
+ERROR :     Traceback (most recent call last):
+  File "/v/flwr/simulation/ray_transport/ray_actor.py", line 60, in run
+    out_message = app(message=message, context=context)
+ValueError: a ClientApp's own trouble
+ERROR :     Simulation raised an exception
+Traceback (most recent call last):
+  File "/v/flwr/simulation/app.py", line 337, in run_simulation_process
+    simulation_result = _run_simulation(
+                        ^^^^^^^^^^^^^^^^
+  File "/a/edgefleet/server/app.py", line 289, in main
+    ckpt = resume_from(run_dir, strategy, list(central.initial))
+  File "/a/edgefleet/server/checkpoint.py", line 65, in load_checkpoint
+    raise CheckpointError(f"checkpoint {path} is unreadable ({err})") from None
+edgefleet.server.checkpoint.CheckpointError: checkpoint /r/x/checkpoint.pkl is unreadable (bad)
+ERROR :     Exit Code: 700
+
+An unhandled exception occurred when running the simulation.
+"""
+
+# The same cause, re-raised by Flower with a wrapper of its own.
+CHAINED = FAILED_STREAM.replace(
+    "ERROR :     Exit Code: 700",
+    """
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "/v/flwr/simulation/run_simulation.py", line 347, in _main_loop
+    raise RuntimeError("An error was encountered. Ending simulation.") from ex
+RuntimeError: An error was encountered. Ending simulation.""",
+)
+
+
+@pytest.mark.parametrize("log", [FAILED_STREAM, CHAINED])
+def test_serverapp_error_is_the_exception_that_ended_the_run(log: str) -> None:
+    cause = serverapp_error(log)
+    assert cause is not None
+    lines = cause.splitlines()
+    assert lines[0].startswith("edgefleet.server.checkpoint.CheckpointError: checkpoint")
+    assert "unreadable" in lines[0]
+    assert lines[-1].strip().startswith('File "/a/edgefleet/server/checkpoint.py"')
+    assert "Ending simulation" not in cause and "ClientApp's own" not in cause
+    assert serverapp_error("INFO : all fine\n") is None
+
+
+def test_resume_hint_names_the_run_and_keeps_the_overrides(tmp_path: Path) -> None:
+    hint = resume_hint("scenarios/default.toml", tmp_path / "r1", ["lr=0.1", "run-name=old"])
+    assert hint == (
+        f"edgefleet run scenarios/default.toml --set lr=0.1 --set run-name=r1 "
+        f"--set output-dir={tmp_path} --resume"
+    )
 
 
 def test_nested_tables_flatten_and_overrides(tmp_path: Path) -> None:
@@ -164,3 +290,83 @@ def test_runner_finds_shared_data_without_data_dir(tmp_path: Path, monkeypatch) 
     }
     run_dir = run_scenario(load_scenario(ROOT / "scenarios" / "fedavg.toml", overrides), quiet=True)
     assert json.loads((run_dir / "summary.json").read_text())["final_accuracy"] > 0.3
+
+
+@pytest.mark.timeout(300)
+def test_a_serverapp_failure_reaches_the_user(tmp_path: Path, capsys) -> None:
+    """The ServerApp's own error (here: an unreadable checkpoint on resume) is what the
+    command prints, never "exit code 0"; flower.log keeps the ServerApp's log."""
+    run_dir = tmp_path / "broken"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"round": 1}\n')
+    (run_dir / "checkpoint.pkl").write_bytes(b"not a checkpoint")
+    code = cli_main(
+        [
+            "run",
+            str(ROOT / "scenarios" / "fedavg.toml"),
+            "--quiet",
+            "--resume",
+            "--set",
+            "federation.num-supernodes=2",
+            "--set",
+            f"output-dir={tmp_path}",
+            "--set",
+            "run-name=broken",
+            "--timeout",
+            "240",
+        ]  # fmt: skip
+    )
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert "CheckpointError" in err and "checkpoint.pkl" in err, err
+    assert "exit code 0" not in err
+    log = (run_dir / "flower.log").read_text()
+    assert "===== ServerApp" in log and "CheckpointError" in log
+    assert "===== SuperLink" in log
+
+
+def _start_run(tmp_path: Path, name: str, rounds: int) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "edgefleet.cli", "run", str(ROOT / "scenarios" / "fedavg.toml"),
+         "--quiet", "--set", "federation.num-supernodes=2", "--set", f"num-server-rounds={rounds}",
+         "--set", "local-steps=2", "--set", f"output-dir={tmp_path}", "--set", f"run-name={name}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+    )  # fmt: skip
+
+
+def _wait_for_rows(path: Path, n: int, proc: subprocess.Popen[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists() and len(path.read_text().splitlines()) >= n:
+            return
+        time.sleep(0.2)
+    proc.kill()
+    pytest.fail(f"no {n} rows in {path} (exit {proc.poll()}): {proc.communicate()[1][-2000:]}")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupted_run_stops_everything_and_says_how_to_resume(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    (tmp_path / "tmp").mkdir()
+    proc = _start_run(tmp_path, "cut", rounds=40)
+    _wait_for_rows(tmp_path / "cut" / "metrics.jsonl", 1, proc, timeout=400)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == (130 if sig == signal.SIGINT else 143), err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "resume with: edgefleet run" in lines[0] and "--set run-name=cut" in lines[0]
+    left = processes_with_env(f"TMPDIR={tmp_path / 'tmp'}")
+    assert not left, f"processes outlived the interrupted run: {left}"
+    if sig == signal.SIGINT:  # the hinted command continues the run to its end
+        metrics = tmp_path / "cut" / "metrics.jsonl"
+        done = len(metrics.read_text().splitlines())
+        hint = lines[0].split("resume with: ", 1)[1].split()
+        assert hint[:2] == ["edgefleet", "run"]
+        code = cli_main([*hint[1:], "--quiet", "--set", f"num-server-rounds={done + 2}"])
+        assert code == 0
+        rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+        assert [r["round"] for r in rows] == list(range(1, done + 3))

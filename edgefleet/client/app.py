@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import functools
 import time
+from typing import TYPE_CHECKING
 
 from flwr.app import Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from edgefleet.client.battery import EnergySource, SourceUnavailableError, make_source
-from edgefleet.client.device import DeviceProfile, get_device, get_profile, is_present
-from edgefleet.client.faults import NODE_CONFIG_KEY, corrupt
 from edgefleet.client.mods import (
     ERR_ABSENT,
     ERR_BAD_CONFIG,
@@ -26,12 +25,15 @@ from edgefleet.client.mods import (
     BatterySettings,
     energy_mod,
 )
-from edgefleet.client.pruning import parameter_fraction, round_model
 from edgefleet.config import RunConfig
-from edgefleet.pruning.wire import KEPT, kept_record
 from edgefleet.task.cache import CacheUnwritableError
-from edgefleet.task.train import evaluate as evaluate_model
-from edgefleet.task.train import get_arrays, seed_for, set_arrays, train_local
+
+if TYPE_CHECKING:
+    from edgefleet.client.device import DeviceProfile
+
+# torch, the data layer and the pruning code are imported by the handlers, not here: the
+# Simulation Engine loads this module in its own process before it starts Ray (to check
+# that the app loads), and every second spent here delays the first round.
 
 # What a device's configuration or battery can raise: each becomes an Error reply (the
 # server counts the device as declined or unavailable) instead of a crashed ClientApp.
@@ -40,6 +42,8 @@ DEVICE_ERRORS = (ValueError, FileNotFoundError, SourceUnavailableError, CacheUnw
 
 @functools.cache  # sources hold no state; a trace file is read once per process, not per message
 def energy_source(p: DeviceProfile, cfg: RunConfig) -> EnergySource:
+    from edgefleet.task.train import seed_for
+
     e = cfg.energy
     if p.energy_source == "bernoulli":
         seed = seed_for(cfg.seed, p.device_id, 0xE4E)
@@ -52,6 +56,8 @@ def energy_source(p: DeviceProfile, cfg: RunConfig) -> EnergySource:
 def battery_settings(context: Context) -> BatterySettings:
     """The device's battery from the run config (``energy.*``) and its node config
     (``capacity``, ``harvest-prob``, ``energy-source``, ``trace-path``)."""
+    from edgefleet.client.device import get_profile
+
     cfg, profile = get_profile(context.run_config, context.node_config)
     return BatterySettings(profile.capacity, energy_source(profile, cfg), cfg.energy.round_cost)
 
@@ -65,6 +71,8 @@ def status(msg: Message, context: Context) -> Message:
     """The light status query (energy-aware selection, sessions): the device id, presence
     and, when asked (``labels`` in the config), the classes of the local data. The energy
     mod adds the battery level and whether it covers a round."""
+    from edgefleet.client.device import get_device, get_profile, is_present
+
     config = msg.content.config_records["config"]
     try:
         cfg, profile = get_profile(context.run_config, context.node_config)
@@ -86,6 +94,12 @@ def status(msg: Message, context: Context) -> Message:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
+    from edgefleet.client.device import get_device, is_present
+    from edgefleet.client.faults import NODE_CONFIG_KEY, corrupt
+    from edgefleet.client.pruning import parameter_fraction, round_model
+    from edgefleet.pruning.wire import KEPT, kept_record
+    from edgefleet.task.train import get_arrays, seed_for, train_local
+
     try:
         device = get_device(context.run_config, context.node_config)
     except DEVICE_ERRORS as err:
@@ -141,6 +155,10 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
+    from edgefleet.client.device import get_device
+    from edgefleet.task.train import evaluate as evaluate_model
+    from edgefleet.task.train import set_arrays
+
     try:
         device = get_device(context.run_config, context.node_config)
     except DEVICE_ERRORS as err:

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
@@ -24,6 +23,7 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.server.checkpoint import Checkpointer, resume_from
+from edgefleet.server.polling import fast_dispatch, fast_grid
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
@@ -34,15 +34,18 @@ from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
-from edgefleet.task.datasets import dataset_info, load_dataset
-from edgefleet.task.models import build_model
-from edgefleet.task.partition import split_local
-from edgefleet.task.train import evaluate, get_arrays, set_arrays
 
 if TYPE_CHECKING:
     from edgefleet.pruning.submodel import PruningPlan
+    from edgefleet.task.datasets import ArrayDataset
+
+# torch and the data layer are imported where the central evaluation is built, not here:
+# under the Simulation Engine this module loads in the process that is about to start Ray.
 
 app = ServerApp()
+# In the Simulation Engine's process this module loads before the engine starts dispatching
+# messages to its actors: shorten that loop's pause now (a no-op anywhere else).
+fast_dispatch()
 
 
 def build_strategy(
@@ -112,6 +115,7 @@ def build_strategy(
             e.batch_size,
             seed=cfg.seed,
             query_timeout=query_timeout(cfg),
+            first_answer_timeout=first_answer_timeout(cfg),
         )
     sc = cfg.stopping
     if (sc.mode != "off" or cfg.sessions_enabled) and central is None:
@@ -136,9 +140,21 @@ def query_timeout(cfg: RunConfig) -> float:
     return min(60.0, cfg.server.round_timeout)
 
 
+def first_answer_timeout(cfg: RunConfig) -> float:
+    """How long a status query waits for nodes that have never answered: their ClientApps
+    may still be starting (on a loaded machine a Ray actor and its first data load take
+    minutes), which must not turn into an empty round and change a seeded run's rows.
+    A node that dies meanwhile is answered for by Flower (an error once it is offline)."""
+    return max(cfg.server.round_timeout, cfg.server.node_wait_timeout)
+
+
 def pruning_plan(cfg: RunConfig) -> PruningPlan:
     """The channel groups of the run's model, for rebuilding CA-HFP submodels."""
+    import torch
+
     from edgefleet.pruning.submodel import PruningPlan  # torch-pruning only when needed
+    from edgefleet.task.datasets import dataset_info
+    from edgefleet.task.models import build_model
 
     info = dataset_info(cfg.data.dataset)
     model = build_model(cfg.train.model, info.input_shape, info.num_classes)
@@ -166,6 +182,7 @@ def _sessions(
         temperature=w.temperature,
         slots_per_round=cfg.energy.slots_per_round,
         query_timeout=query_timeout(cfg),
+        first_answer_timeout=first_answer_timeout(cfg),
     )
 
 
@@ -176,14 +193,24 @@ def wait_for_nodes(grid: Grid, wanted: int, timeout: float) -> int:
     fleet is short of nodes.
     """
     deadline = time.monotonic() + timeout
+    pause = 0.1  # the Simulation Engine registers its nodes within a moment of starting
     while (n := len(list(grid.get_node_ids()))) < wanted and time.monotonic() < deadline:
         log(INFO, "Waiting for nodes: %d of %d online", n, wanted)
-        time.sleep(1.0)
+        time.sleep(pause)
+        pause = min(1.0, pause * 2)
     if n < wanted:
         log(WARNING, "Only %d of %d nodes online after %.0f s; going on", n, wanted, timeout)
     if n == 0:
         raise RuntimeError(f"no node came online within {timeout:.0f} s")
     return n
+
+
+def _channels_last(data: ArrayDataset) -> ArrayDataset:
+    """The same images, stored (N, H, W, C) but still indexed (N, C, H, W)."""
+    if data.x.ndim != 4:
+        return data
+    x = np.ascontiguousarray(data.x.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2)
+    return type(data)(x, data.y)
 
 
 @dataclass
@@ -199,6 +226,13 @@ class CentralEvaluation:
 
 
 def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
+    import torch
+
+    from edgefleet.task.datasets import load_dataset
+    from edgefleet.task.models import build_model
+    from edgefleet.task.partition import split_local
+    from edgefleet.task.train import evaluate, get_arrays, set_arrays
+
     _, test_set, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     validation = test_set
     if cfg.stopping.mode in ("validation", "observe"):
@@ -211,6 +245,11 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.train.model, info.input_shape, info.num_classes)
     initial = get_arrays(model)
+    # The server evaluates every round while the devices wait for the next one: channels-last
+    # convolutions took 30% less CPU here (same predictions; the loss may differ in the 8th
+    # significant digit). set_arrays copies into the parameters, keeping their layout.
+    model = model.to(memory_format=torch.channels_last)
+    test_set, validation = _channels_last(test_set), _channels_last(validation)
 
     def evaluate_fn(_: int, arrays: ArrayRecord) -> dict[str, float]:
         set_arrays(model, arrays)
@@ -256,6 +295,7 @@ def main(grid: Grid, context: Context) -> None:
     log(INFO, "EdgeFleet strategy:")
     strategy.summary()
     wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout)
+    fast_grid(grid)
     loop = RoundLoop(
         strategy,
         grid,

@@ -1,17 +1,27 @@
 """Turn EdgeFleet run folders into a text summary and a few PNG plots.
 
 A run folder holds ``metrics.jsonl`` (one JSON object per round) and ``summary.json``.
-Usage: ``edgefleet report RUN_DIR [RUN_DIR ...] [--out DIR]``.
+Usage: ``edgefleet report RUN_DIR [RUN_DIR ...] [--out DIR] [--group]``.
+
+A sweep folder (``edgefleet sweep``, it holds ``sweep.json``) stands for its runs, grouped by
+grid point: the table gives each point's mean and standard deviation over its seeds, and
+``accuracy.png`` its mean accuracy per round with the seeds' range shaded. ``--group`` groups
+any runs the same way (runs whose configs differ only in the seed).
+
+A run killed mid-write may end in a truncated row: the rows before it are kept, with a
+warning; a round recorded twice is flagged (the later row is used).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
+import statistics
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +46,7 @@ class RunData:
     name: str
     rows: list[dict[str, Any]]
     summary: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
 
 
 def load_run(run_dir: str | Path) -> RunData:
@@ -46,16 +57,28 @@ def load_run(run_dir: str | Path) -> RunData:
     if not metrics.is_file():
         raise ReportError(f"{metrics}: missing metrics file")
     rows: list[dict[str, Any]] = []
-    for lineno, line in enumerate(metrics.read_text(encoding="utf-8").splitlines(), start=1):
+    warnings: list[str] = []
+    lines = metrics.read_text(encoding="utf-8").splitlines()
+    last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
+    for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
+            if lineno == last:  # a run killed while writing its last row
+                warnings.append(
+                    f"{metrics}:{lineno}: truncated last row ({exc.msg}) left out; "
+                    f"the {len(rows)} rows before it are kept"
+                )
+                break
             raise ReportError(f"{metrics}:{lineno}: malformed JSON ({exc.msg})") from exc
         if not isinstance(row, dict):
             raise ReportError(f"{metrics}:{lineno}: expected a JSON object per line")
         rows.append(row)
+    rows, duplicates = _dedupe_rounds(rows)
+    for rnd, count in duplicates.items():
+        warnings.append(f"{metrics}: round {rnd} recorded {count} times; the last row is used")
     # A run that crashed may have rounds but no summary; report what it has.
     summary: dict[str, Any] = {}
     summary_file = path / "summary.json"
@@ -68,7 +91,24 @@ def load_run(run_dir: str | Path) -> RunData:
             raise ReportError(f"{summary_file}: expected a JSON object")
         summary = loaded
     name = str(summary.get("run_name") or path.resolve().name)
-    return RunData(path=path, name=name, rows=rows, summary=summary)
+    return RunData(path=path, name=name, rows=rows, summary=summary, warnings=warnings)
+
+
+def _dedupe_rounds(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[int, int]]:
+    """Rows with one row per round (the last of each), in file order, and the rounds that
+    appeared more than once with their counts. Rows without a round number are kept as
+    they are."""
+    counts = Counter(r["round"] for r in rows if isinstance(r.get("round"), int))
+    duplicates = {rnd: n for rnd, n in sorted(counts.items()) if n > 1}
+    if not duplicates:
+        return rows, {}
+    last = {r["round"]: i for i, r in enumerate(rows) if isinstance(r.get("round"), int)}
+    kept = [
+        r
+        for i, r in enumerate(rows)
+        if not isinstance(r.get("round"), int) or last[r["round"]] == i
+    ]
+    return kept, duplicates
 
 
 # ---------------------------------------------------------------- table
@@ -126,6 +166,147 @@ def summary_table(runs: list[RunData]) -> str:
 
     rule = "  ".join("-" * w for w in widths)
     return "\n".join([line(table[0]), rule] + [line(row) for row in table[1:]])
+
+
+# ---------------------------------------------------------------- groups of seeds
+
+# Keys that name or place a run, or that a group averages over: not what tells points apart.
+_NOT_SETTINGS = ("seed", "run-name", "output-dir", "data-dir", "resume")
+
+
+@dataclass
+class Group:
+    """Runs of one setting with different seeds (a sweep's grid point)."""
+
+    label: str
+    runs: list[RunData]
+
+
+def _settings(run: RunData) -> dict[str, Any]:
+    config = run.summary.get("config")
+    if not isinstance(config, dict):
+        return {"run": run.name}  # no summary: a group of its own
+    return {k: v for k, v in config.items() if k not in _NOT_SETTINGS}
+
+
+def group_runs(runs: list[RunData], labels: dict[Path, str] | None = None) -> list[Group]:
+    """Runs grouped by setting, in first-seen order. ``labels`` (run folder -> name, e.g. a
+    sweep's grid points) decides the groups when given; otherwise runs whose configs differ
+    only in the seed form a group, labelled by the settings that tell the groups apart."""
+    keyed: dict[str, list[RunData]] = {}
+    settings: dict[str, dict[str, Any]] = {}
+    for run in runs:
+        if labels is not None:
+            key = labels.get(run.path.resolve(), run.name)
+        else:
+            key = json.dumps(_settings(run), sort_keys=True, default=str)
+        keyed.setdefault(key, []).append(run)
+        settings.setdefault(key, _settings(run))
+    if labels is not None:
+        return [Group(k, v) for k, v in keyed.items()]
+    differ = sorted(
+        {
+            k
+            for s in settings.values()
+            for k in s
+            if len({repr(t.get(k)) for t in settings.values()}) > 1
+        }
+    )
+    out = []
+    for key, members in keyed.items():
+        label = ",".join(f"{k}={settings[key].get(k)}" for k in differ) or members[0].name
+        out.append(Group(label, members))
+    return out
+
+
+def _final(run: RunData) -> float | None:
+    accs = [r["test_accuracy"] for r in run.rows if r.get("test_accuracy") is not None]
+    value = run.summary.get("final_accuracy", accs[-1] if accs else None)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _best(run: RunData) -> float | None:
+    accs = [r["test_accuracy"] for r in run.rows if r.get("test_accuracy") is not None]
+    value = run.summary.get("best_accuracy", max(accs) if accs else None)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _spread(values: list[float | None]) -> dict[str, Any]:
+    """Mean, sample standard deviation (0 for one value), min, max and n of the known values."""
+    xs = [v for v in values if v is not None and math.isfinite(v)]
+    if not xs:
+        return {"mean": None, "sd": None, "min": None, "max": None, "n": 0}
+    return {
+        "mean": statistics.fmean(xs),
+        "sd": statistics.stdev(xs) if len(xs) > 1 else 0.0,
+        "min": min(xs),
+        "max": max(xs),
+        "n": len(xs),
+    }
+
+
+def group_figures(group: Group) -> dict[str, Any]:
+    """A group's figures over its seeds (each a :func:`_spread`), for tables and benchmarks."""
+    runs = group.runs
+
+    def total(run: RunData, key: str) -> float:
+        value = run.summary.get(f"total_{key}", sum(r.get(key, 0) for r in run.rows))
+        return float(value)
+
+    return {
+        "label": group.label,
+        "runs": [run.name for run in runs],
+        "seeds": [run.summary.get("config", {}).get("seed") for run in runs],
+        "final_accuracy": _spread([_final(r) for r in runs]),
+        "best_accuracy": _spread([_best(r) for r in runs]),
+        "rounds_run": _spread([float(r.summary.get("rounds_run", len(r.rows))) for r in runs]),
+        "mb_up": _spread([total(r, "bytes_up") / MB for r in runs]),
+        "mb_down": _spread([total(r, "bytes_down") / MB for r in runs]),
+        "wall_s": _spread(
+            [float(r.summary["wall_s"]) if "wall_s" in r.summary else None for r in runs]
+        ),
+    }
+
+
+def _pm(spread: dict[str, Any], spec: str) -> str:
+    if spread["mean"] is None:
+        return "-"
+    if spread["n"] < 2:
+        return format(spread["mean"], spec)
+    return f"{spread['mean']:{spec}} ± {spread['sd']:{spec}}"
+
+
+_GROUP_HEADERS = ["setting", "seeds", "final acc", "best acc", "rounds", "MB up", "MB down"]
+_GROUP_HEADERS += ["wall s"]
+
+
+def group_table(groups: list[Group]) -> str:
+    """One line per group: mean ± sample standard deviation over its seeds."""
+    table = [_GROUP_HEADERS]
+    for group in groups:
+        f = group_figures(group)
+        table.append(
+            [
+                group.label,
+                str(len(group.runs)),
+                _pm(f["final_accuracy"], ".4f"),
+                _pm(f["best_accuracy"], ".4f"),
+                _pm(f["rounds_run"], ".1f"),
+                _pm(f["mb_up"], ".2f"),
+                _pm(f["mb_down"], ".2f"),
+                _pm(f["wall_s"], ".1f"),
+            ]
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(_GROUP_HEADERS))]
+    lines = [
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+        for row in table
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- plots
@@ -290,6 +471,49 @@ def draw_plots(runs: list[RunData], out_dir: str | Path) -> list[Path]:
     ]
 
 
+def _plot_group_accuracy(groups: list[Group], path: Path) -> Path:
+    """Each group's mean test accuracy per round, its seeds' range shaded."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for group in groups:
+        by_round: dict[int, list[float]] = {}
+        for run in group.runs:
+            for rnd, acc in zip(*_series(run.rows, "test_accuracy"), strict=True):
+                by_round.setdefault(int(rnd), []).append(acc)
+        xs = sorted(by_round)
+        if not xs:
+            continue
+        mean = [statistics.fmean(by_round[x]) for x in xs]
+        (line,) = ax.plot(xs, mean, marker=".", label=f"{group.label} ({len(group.runs)} seeds)")
+        ax.fill_between(
+            xs,
+            [min(by_round[x]) for x in xs],
+            [max(by_round[x]) for x in xs],
+            color=line.get_color(),
+            alpha=0.2,
+            lw=0,
+        )
+    ax.set(
+        xlabel="round",
+        ylabel="test accuracy",
+        title="Test accuracy per round (mean, range over seeds)",
+    )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(alpha=0.3)
+    if groups:
+        ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def draw_group_plots(groups: list[Group], out_dir: str | Path) -> list[Path]:
+    """``accuracy.png`` by group (mean and range over seeds); the other plots per run."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [run for group in groups for run in group.runs]
+    paths = draw_plots(runs, out)
+    paths[0] = _plot_group_accuracy(groups, out / "accuracy.png")
+    return paths
+
+
 # ---------------------------------------------------------------- CLI
 
 
@@ -298,23 +522,68 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="edgefleet report", description="Summarise and plot EdgeFleet run folders."
     )
-    parser.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folder(s)")
+    parser.add_argument(
+        "run_dirs", nargs="+", metavar="RUN_DIR", help="run folder(s) or sweep folder(s)"
+    )
     parser.add_argument(
         "--out", help="where to write the PNGs (default: the run folder for one run, else ./report)"
+    )
+    parser.add_argument(
+        "--group",
+        action="store_true",
+        help="group runs that differ only in the seed: mean and spread per group",
     )
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits; callers of main() expect a return code
         return exc.code if isinstance(exc.code, int) else 2
+    labels: dict[Path, str] | None = None
+    dirs: list[Path] = []
+    for d in map(Path, args.run_dirs):
+        manifest = d / "sweep.json"
+        if manifest.is_file():
+            labels = labels or {}
+            for entry in json.loads(manifest.read_text())["runs"]:
+                if (d / entry["run"]).is_dir():
+                    dirs.append(d / entry["run"])
+                    labels[(d / entry["run"]).resolve()] = entry["point"]
+        else:
+            dirs.append(d)
     try:
-        runs = [load_run(d) for d in args.run_dirs]
+        runs = [load_run(d) for d in dirs]
     except ReportError as exc:
         print(f"edgefleet report: error: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else runs[0].path if len(runs) == 1 else Path("report")
+    if not runs:
+        print("edgefleet report: error: no run folders found", file=sys.stderr)
+        return 2
+    for run in runs:
+        for warning in run.warnings:
+            print(f"edgefleet report: warning: {warning}", file=sys.stderr)
+    grouped = labels is not None or args.group
+    default_out = (
+        runs[0].path
+        if len(runs) == 1
+        else Path(args.run_dirs[0]) / "report"
+        if (len(args.run_dirs) == 1 and labels is not None)
+        else Path("report")
+    )
+    out = Path(args.out) if args.out else default_out
     print(summary_table(runs))
     print()
-    for path in draw_plots(runs, out):
+    if grouped:
+        if labels is not None:
+            # Runs outside the sweep folders (given beside them) group by their own name.
+            labels.update(
+                {r.path.resolve(): r.name for r in runs if r.path.resolve() not in labels}
+            )
+        groups = group_runs(runs, labels)
+        print(group_table(groups))
+        print()
+        paths = draw_group_plots(groups, out)
+    else:
+        paths = draw_plots(runs, out)
+    for path in paths:
         print(f"wrote {path}")
     return 0
 

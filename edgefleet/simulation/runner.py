@@ -1,11 +1,24 @@
-"""Run a named experiment (a scenario TOML) on Flower's Simulation Engine, and clean up.
+"""Run named experiments (scenario TOML files) on Flower's Simulation Engine, and clean up.
 
-``edgefleet run scenarios/X.toml`` does what ``flwr run .`` does, with three differences
-that matter for experiments: the run config is validated before any Flower process starts;
-every run gets its own SuperLink on a free port and its own ``FLWR_HOME`` (so runs, tests
-and benchmarks can go on side by side, and no SuperLink is left behind, unlike ``flwr
-run .``'s detached one: see :mod:`edgefleet.processes`); and the command waits for the run
-and prints its summary.
+``edgefleet run scenarios/X.toml`` does what ``flwr run .`` does, with differences that
+matter for experiments:
+
+- the run config, the federation values and the data set's presence are checked before any
+  Flower process starts (a bad value or a missing file is reported in seconds, not after a
+  minute of start-up);
+- every run gets its own SuperLink on a free port, its own ``FLWR_HOME`` and its own Ray
+  cluster (a private temp dir and free ports), so runs, tests and benchmarks can go on side by
+  side, and nothing is left behind (see :mod:`edgefleet.processes`);
+- the Ray cluster starts first, beside the SuperLink: by the time Flower's Simulation Engine
+  calls ``ray.init`` it only connects (``--ray-address`` uses a cluster you already have
+  instead, e.g. one spread over several machines);
+- when the run fails, the ServerApp's own error (its message and the last lines of its
+  traceback) is what the command prints, and ``flower.log`` in the run folder keeps the
+  ServerApp's log and the SuperLink's;
+- an interrupted run (Ctrl-C, SIGTERM) stops every process and says how to resume.
+
+An :class:`Engine` (one SuperLink, one Ray cluster) runs any number of runs one after the
+other: a sweep (:mod:`edgefleet.simulation.sweep`) starts it once.
 
 A scenario file has two tables::
 
@@ -19,31 +32,66 @@ A scenario file has two tables::
 
 from __future__ import annotations
 
-import shutil
-import subprocess
-import tempfile
+import sys
 import time
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edgefleet.config import DEFAULTS, ConfigError, RunConfig, parse_run_config
-from edgefleet.processes import BIN_DIR, FleetError, FlowerFleet, config_arg
-from edgefleet.server.results import default_run_name, prepare_run_dir
-from edgefleet.task.datasets import default_data_dir
-
-PROJECT_DIR = Path(__file__).resolve().parents[2]
-FEDERATION_KEYS = (
-    "num-supernodes",
-    "client-resources-num-cpus",
-    "client-resources-num-gpus",
-    "init-args-num-cpus",
-    "init-args-num-gpus",
-    "backend",
-    "verbose",
+from edgefleet.simulation.engine import (  # noqa: F401 - the runner's public names
+    RAY_ADDRESS_WITH_SIZES,
+    Engine,
+    Interrupted,
+    RunFailed,
+    app_copy,
+    resume_hint,
+    serverapp_error,
 )
+
+
+def _int_at_least(low: int) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        ok = isinstance(v, int) and not isinstance(v, bool) and v >= low
+        return None if ok else f"must be an integer >= {low}"
+
+    return check
+
+
+def _number_at_least_zero(v: Any) -> str | None:
+    ok = isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
+    return None if ok else "must be a number >= 0"
+
+
+def _bool(v: Any) -> str | None:
+    return None if isinstance(v, bool) else "must be true or false"
+
+
+def _log_level(v: Any) -> str | None:
+    levels = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+    return None if v in levels else f"must be one of {', '.join(levels)}"
+
+
+# Flower 1.42's simulation federation config (flwr/proto/federation_config.proto), with the
+# types its fields have there: an integer field given "1.0" or "lots" fails inside Flower,
+# about a minute into the start-up.
+FEDERATION_CHECKS: dict[str, Callable[[Any], str | None]] = {
+    "num-supernodes": _int_at_least(1),
+    "client-resources-num-cpus": _int_at_least(1),
+    "client-resources-num-gpus": _number_at_least_zero,
+    "init-args-num-cpus": _int_at_least(1),
+    "init-args-num-gpus": _int_at_least(0),
+    "init-args-logging-level": _log_level,
+    "init-args-log-to-driver": _bool,
+    "backend": lambda v: None if v == "ray" else "must be ray",
+    "verbose": _bool,
+}
+FEDERATION_KEYS = tuple(FEDERATION_CHECKS)
+# Sizes of the Ray cluster itself: they go to the cluster the runner starts, never to
+# Flower's ray.init (which refuses them when it connects to a running cluster).
+RAY_CLUSTER_KEYS = ("init-args-num-cpus", "init-args-num-gpus")
 
 
 @dataclass(frozen=True)
@@ -83,16 +131,31 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] = {}) -> Scenar
             federation[key.removeprefix("federation.")] = value
         else:
             run_config[key] = value
+    federation.setdefault("num-supernodes", 10)
+    check_federation(federation, f"scenario {path}")
+    return Scenario(path.stem, federation, run_config)
+
+
+def check_federation(federation: Mapping[str, Any], where: str = "federation") -> None:
+    """Every key known to Flower's simulation config and of the type Flower needs."""
     bad = sorted(set(federation) - set(FEDERATION_KEYS))
     if bad:
         raise ConfigError(
-            f"scenario {path}: unknown federation key(s) {bad}; valid: {', '.join(FEDERATION_KEYS)}"
+            f"{where}: unknown federation key(s) {bad}; valid: {', '.join(FEDERATION_KEYS)}"
         )
-    n = federation.get("num-supernodes", 10)
-    if not isinstance(n, int) or n < 1:
-        raise ConfigError(f"federation 'num-supernodes' = {n!r}: must be an integer >= 1")
-    federation["num-supernodes"] = n
-    return Scenario(path.stem, federation, run_config)
+    for key, value in federation.items():
+        problem = FEDERATION_CHECKS[key](value)
+        if problem:
+            raise ConfigError(f"{where}: federation {key!r} = {value!r}: {problem}")
+    cpus, per_client = (
+        federation.get("init-args-num-cpus"),
+        federation.get("client-resources-num-cpus", 1),
+    )
+    if cpus is not None and per_client > cpus:
+        raise ConfigError(
+            f"{where}: federation client-resources-num-cpus = {per_client} exceeds "
+            f"init-args-num-cpus = {cpus}: no ClientApp could ever run"
+        )
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -122,66 +185,41 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
         raise ConfigError(
             "resume = true needs the run-name of the run to continue (--set run-name=...)"
         )
-    raw["run-name"] = cfg.server.run_name or f"{default_run_name(cfg)}-{scenario.name}"
+    stamp = time.strftime("%Y%m%d-%H%M%S")  # as edgefleet.server.results names runs
+    default = f"{stamp}-{cfg.server.strategy}-{cfg.data.dataset}-s{cfg.seed}"
+    raw["run-name"] = cfg.server.run_name or f"{default}-{scenario.name}"
     n_devices = scenario.federation["num-supernodes"]
     if raw.get("min-nodes", DEFAULTS["min-nodes"]) > n_devices:
         raw["min-nodes"] = n_devices
     return parse_run_config(raw), raw
 
 
-def app_copy(dest: Path) -> Path:
-    """The app's own files (``pyproject.toml`` and the package) in a folder of their own.
+def check_data(cfg: RunConfig) -> None:
+    """Load the run's data set here, once, as the apps will: a missing copy is reported now,
+    with every place looked in, instead of from inside the ServerApp a minute later."""
+    from edgefleet.task.datasets import load_dataset  # the data layer only when a run starts
 
-    ``flwr run DIR`` walks every file under DIR before applying ``.gitignore``; from the
-    project root that includes ``.venv`` (50,000 files, about 5 s). The copy takes 30 ms.
-    """
-    dest.mkdir()
-    shutil.copy2(PROJECT_DIR / "pyproject.toml", dest / "pyproject.toml")
-    shutil.copytree(
-        PROJECT_DIR / "edgefleet", dest / "edgefleet", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    return dest
-
-
-def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = False) -> Path:
-    """Run ``scenario`` to completion on the Simulation Engine; return its run folder."""
-    cfg, raw = resolve_run_config(scenario)
     try:
-        run_dir = prepare_run_dir(cfg)
-    except (ValueError, FileExistsError) as err:
+        load_dataset(cfg.data.dataset, cfg.data.data_dir)
+    except FileNotFoundError as err:
         raise ConfigError(str(err)) from None
-    with (
-        tempfile.TemporaryDirectory(prefix="edgefleet-flwr-") as work,
-        FlowerFleet(Path(work), connection="edgefleet-sim") as fleet,
-    ):
-        # The apps run from a temporary folder: take the data search's "../shared/data"
-        # from where the command was typed (an explicit data-dir or $EDGEFLEET_DATA_DIR wins).
-        fleet.env.setdefault("EDGEFLEET_DATA_DIR", str(default_data_dir()))
-        try:
-            fleet.start_superlink(simulation=True)
-        except FleetError as err:
-            raise RuntimeError(f"could not start a SuperLink: {err}") from None
-        cmd = [
-            str(BIN_DIR / "flwr"),
-            "run",
-            str(app_copy(Path(work) / "app")),
-            fleet.connection,
-            "--stream",
-            "--run-config",
-            config_arg(raw),
-            "--federation-config",
-            config_arg(scenario.federation),
-        ]
-        out = subprocess.DEVNULL if quiet else None
-        proc = subprocess.run(cmd, env=fleet.env, stdout=out, stderr=out, timeout=timeout)
-        # `--stream` can end a moment before the ServerApp has written its summary.
-        deadline = time.monotonic() + (30 if proc.returncode == 0 else 5)
-        while not (run_dir / "summary.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.5)
-        if not (run_dir / "summary.json").exists():
-            (run_dir / "flower.log").write_text(fleet.report(lines=200))
-            raise RuntimeError(
-                f"run {cfg.server.run_name} ended (flwr exit code {proc.returncode}) without a "
-                f"summary; see the log above and {run_dir / 'flower.log'}"
-            )
-    return run_dir
+
+
+def run_scenario(
+    scenario: Scenario,
+    *,
+    timeout: float = 3600.0,
+    quiet: bool = False,
+    ray_address: str | None = None,
+    engine: Engine | None = None,
+) -> Path:
+    """Run ``scenario`` to completion on an engine of its own (``engine``: one made, and
+    maybe launched, beforehand); return its run folder."""
+    cpus = scenario.federation.get("init-args-num-cpus")
+    gpus = scenario.federation.get("init-args-num-gpus")
+    if engine is None:
+        if ray_address is not None and (cpus is not None or gpus is not None):
+            raise ConfigError(RAY_ADDRESS_WITH_SIZES)
+        engine = Engine(ray_address=ray_address, ray_cpus=cpus, ray_gpus=gpus)
+    with engine:
+        return engine.run(scenario, timeout=timeout, echo=None if quiet else sys.stdout)

@@ -60,11 +60,20 @@ class StatusQuery:
     query function (Flower says so in its error), or whose query function answers without a
     ``status`` record, cannot report: it is taken as present and feasible under
     ``node-<id>`` from then on (logged once) and not asked again.
+
+    How long to wait: ``timeout`` for nodes that have answered before; for a batch with a node
+    that never has, ``first_timeout`` (when larger). A node's first answer waits for its
+    ClientApp to start (a Ray actor on a loaded machine, a device loading its data), and a
+    run whose first rounds gave up on starting nodes selected nobody and so depended on the
+    machine's load. The wait is not what detects a dead node: Flower answers a message to a
+    node that stopped heartbeating with an error once it counts as offline.
     """
 
     slots_per_round: int = 1
     timeout: float = 60.0
+    first_timeout: float | None = None
     unsupported: set[int] = field(default_factory=set)  # nodes that cannot answer
+    heard: set[int] = field(default_factory=set)  # nodes that have answered (anything)
 
     def ask(
         self, grid: Grid, nodes: Iterable[int], server_round: int, labels: bool = False
@@ -85,9 +94,15 @@ class StatusQuery:
         ]
         if not messages:
             return answers
+        wait = self.timeout
+        if self.first_timeout is not None and any(
+            m.metadata.dst_node_id not in self.heard for m in messages
+        ):
+            wait = max(wait, self.first_timeout)
         new: list[int] = []
-        for reply in grid.send_and_receive(messages, timeout=self.timeout):
+        for reply in grid.send_and_receive(messages, timeout=wait):
             node = reply.metadata.src_node_id
+            self.heard.add(node)
             if reply.has_error():
                 if _NO_QUERY_HANDLER in (reply.error.reason or ""):
                     new.append(node)

@@ -21,7 +21,7 @@ EH-FedAvg, around :class:`~edgefleet.strategies.fedsag.FedSAG` it is EH-FedSAG.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -44,12 +44,13 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         batch_size: int = 0,
         seed: int = 0,
         query_timeout: float = 60.0,
+        first_answer_timeout: float | None = None,
     ) -> None:
         super().__init__(inner)
         self.max_devices = max_devices
         self.slots_per_round = slots_per_round
         self.batch_size = batch_size
-        self.query = StatusQuery(slots_per_round, query_timeout)
+        self.query = StatusQuery(slots_per_round, query_timeout, first_answer_timeout)
         self.rng = np.random.default_rng(seed)
         self.ages = AgeTracker()
         self.device_of_node: dict[int, str] = {}
@@ -62,6 +63,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self._selected: list[str] = []
         self._heard: dict[int, DeviceStatus] = {}  # this round's answers, by node
         self._heard_round = 0
+        self._nobody = ""  # why the last configured round selected nobody
 
     def settings(self) -> dict[str, object]:
         return {
@@ -140,10 +142,27 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             self._queried,
         )
         if not self._selected:
+            self._nobody = self._why_nobody(nodes)
+            log(WARNING, "Round %d: nobody selected: %s", server_round, self._nobody)
             return []
         config = ConfigRecord({**dict(config), "slot": self.slot(server_round)})
         subset = SubsetGrid(grid, [node_of[d] for d in self._selected])
         return self.inner.configure_train(server_round, arrays, config, subset)  # type: ignore[arg-type]
+
+    def _why_nobody(self, nodes: list[int]) -> str:
+        """Why this round's selection is empty, for the row and the log."""
+        answered = [n for n in nodes if n in self._heard]
+        if not nodes:
+            return "energy-age selection: no node online"
+        if not answered:
+            return (
+                f"energy-age selection: none of the {len(nodes)} nodes answered the status "
+                "query in time"
+            )
+        return (
+            f"energy-age selection: none of the {len(answered)} devices that answered can "
+            "afford a round (battery below its cost)"
+        )
 
     def after_round(self, result: RoundResult) -> str | None:
         # A node's train reply may name another device id than its status answer did (a
@@ -156,6 +175,8 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         configured = self._configured == result.round  # not when an outer wrapper skipped it
         result.extra["status_queries"] = self._queried if configured else 0
         result.extra["selected"] = self._selected if configured else []
+        if configured and not self._selected:
+            result.extra["no_participants"] = self._nobody
         return None
 
     def state_dict(self) -> dict[str, Any]:

@@ -205,6 +205,9 @@ class RoundLoop:
         aggregated = accepted if new_arrays is not None else []
         if new_arrays is not None:
             arrays = new_arrays
+        if not aggregated:
+            why = self._why_empty(len(messages), len(replies), len(accepted), extra)
+            extra.setdefault("no_participants", why)
         federated = self._evaluate_federated(rnd, arrays)
         evaluated = self.evaluate_fn is not None and (rnd % self.evaluate_every == 0 or last)
         eval_metrics = self.evaluate(rnd, arrays) if evaluated else {}
@@ -229,6 +232,21 @@ class RoundLoop:
             wall_s=time.monotonic() - t0,
             extra=extra,
         )
+
+    def _why_empty(self, sent: int, replies: int, accepted: int, extra: dict[str, object]) -> str:
+        """Why a round aggregated nobody (a wrapper that chose nobody says more itself)."""
+        if not sent:
+            return "the strategy sent no train messages"
+        if "round_dropped" in extra:
+            why = str(extra["round_dropped"])
+        elif not replies:
+            why = f"no reply to {sent} train messages within {self.round_timeout:.0f} s"
+        elif not accepted:
+            why = f"none of the {replies} replies was usable (declined or rejected)"
+        else:
+            why = f"the strategy aggregated none of the {accepted} accepted replies"
+        log(WARNING, "No participants: %s", why)
+        return why
 
     def _configure(
         self,

@@ -28,7 +28,7 @@ devices until the next session instead of ending the run).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -68,6 +68,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         temperature: float = 10.0,
         slots_per_round: int = 1,
         query_timeout: float = 60.0,
+        first_answer_timeout: float | None = None,
     ) -> None:
         super().__init__(inner)
         self.store, self.tracker = store, tracker
@@ -75,7 +76,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.keys = distance_keys(self.initial, param_keys)
         self.mode, self.pilot_sessions = mode, pilot_sessions
         self.aux_rounds, self.temperature = aux_rounds, temperature
-        self.query = StatusQuery(slots_per_round, query_timeout)
+        self.query = StatusQuery(slots_per_round, query_timeout, first_answer_timeout)
         self.devices: dict[int, str] = {}  # node id -> device id
         self.labels: dict[str, list[int]] = {}  # device id -> classes of its data
         self.present: list[str] = []
@@ -88,6 +89,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.previous: ArrayRecord | None = None  # the model when the session opened
         self._round_info: dict[str, Any] = {}
         self._answers: dict[int, DeviceStatus] = {}  # this round's present nodes' status
+        self._answered = 0  # nodes that answered this round's presence query
 
     def settings(self) -> dict[str, object]:
         s = {"Mode": self.mode, "Change threshold": self.tracker.change_threshold}
@@ -110,6 +112,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         online = list(grid.get_node_ids())
         self._round_info["presence_queries"] = len(online)
         answers = self.query.ask(grid, online, server_round, labels=True)
+        self._answered = len(answers)
         for node, status in answers.items():
             self.devices[node] = status.device
             self.labels[status.device] = list(status.labels)
@@ -203,6 +206,10 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             super().on_session(start)
             self._round_info.update(arrived=sorted(change.arrived), left=sorted(change.left))
         if not nodes:
+            asked = self._round_info["presence_queries"]
+            why = f"sessions: no device present ({self._answered} of {asked} nodes answered)"
+            log(WARNING, "Round %d: nobody selected: %s", server_round, why)
+            self._round_info["no_participants"] = why
             return []
         send = arrays if self.start_from is None else self.start_from
         # After on_session (FedSAG forgets its devices there): the present devices' answers
