@@ -434,3 +434,43 @@ def test_a_nan_or_failing_aggregation_is_rolled_back_and_never_checkpointed(tmp_
     for ckpt in checkpoints:
         assert all(np.isfinite(v).all() for v in ckpt.arrays.values())
     assert all(np.isfinite(v.numpy()).all() for v in out.arrays.values())
+
+
+def test_serverapp_extends_a_finished_run_only_when_told(tmp_path: Path) -> None:
+    """EdgeFleet's ServerApp main(), in-process over the real ClientApp: a finished 2-round
+    run resumed as it was is refused, with 3 rounds it is refused until resume-changes
+    names num-server-rounds, then round 3 runs and the rows read 1, 2, 3."""
+    from flwr.app import Context, RecordDict
+
+    from edgefleet.client.app import train
+    from edgefleet.server.app import main
+
+    def serve(**config: object) -> list[int]:
+        run_config = {
+            "output-dir": str(tmp_path), "run-name": "main", "local-steps": 2,
+            "batch-size": 16, "min-nodes": 3, "eval-samples": 200, **config,
+        }  # fmt: skip
+
+        def device(p: int):
+            node = {"partition-id": p, "num-partitions": 3}
+            ctx = Context(run_id=1, node_id=p + 1, node_config=node, state=RecordDict(),
+                          run_config=run_config)  # fmt: skip
+            return lambda msg: train(msg, ctx)
+
+        grid = FakeGrid({p + 1: device(p) for p in range(3)})
+        server = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                         run_config=run_config)  # fmt: skip
+        main(grid, server)  # type: ignore[arg-type]
+        rows = (tmp_path / "main" / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x)["round"] for x in rows]
+
+    assert serve(**{"num-server-rounds": 2}) == [1, 2]
+    with pytest.raises(ResumeError, match="has finished"):
+        serve(**{"num-server-rounds": 2, "resume": True})
+    with pytest.raises(ResumeError, match="num-server-rounds: 2 -> 3"):
+        serve(**{"num-server-rounds": 3, "resume": True})
+    more = {"num-server-rounds": 3, "resume": True, "resume-changes": "num-server-rounds"}
+    assert serve(**more) == [1, 2, 3]
+    summary = json.loads((tmp_path / "main" / "summary.json").read_text())
+    assert summary["rounds_run"] == 3
+    assert load_checkpoint(tmp_path / "main" / FILENAME).round == 3
