@@ -299,7 +299,7 @@ class RoundLoop:
         replies = self.grid.send_and_receive(messages, timeout=self.round_timeout)
         good = []
         for msg in replies:
-            if msg.has_error():
+            if msg.has_error() or not msg.has_content():
                 continue
             records = msg.content.metric_records
             weight = (
