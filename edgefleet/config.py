@@ -18,8 +18,10 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from edgefleet.client.battery import SOURCES
+from edgefleet.client.faults import KINDS as FAULT_KINDS
 from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS, RECONSTRUCTIONS
 from edgefleet.strategies.saga import SAGA_ESTIMATORS, SAGA_INITS
+from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.datasets import DATASETS
 from edgefleet.task.names import MODELS
@@ -109,6 +111,62 @@ def _run_name(v: str) -> str | None:
     return "must not be '.' or '..'" if v in (".", "..") else None
 
 
+def _norm_factor(v: float) -> str | None:
+    return None if v == 0 or v >= 1 else "must be 0 (off) or >= 1"
+
+
+# Keys a resumed run may change when `resume-changes` names them: they change how much is
+# run or measured, not what the rounds already on record did.
+RESUME_CHANGEABLE: tuple[str, ...] = (
+    "num-server-rounds",
+    "evaluate-every",
+    "eval-samples",
+    "fraction-evaluate",
+)
+# Keys that say where and how long to wait, never what the run is: never compared on resume.
+RESUME_OPERATIONAL: tuple[str, ...] = (
+    "output-dir",
+    "run-name",
+    "resume",
+    "resume-changes",
+    "data-dir",
+    "round-timeout",
+    "node-wait-timeout",
+    "min-nodes",
+    "client-threads",
+)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _resume_changes(v: str) -> str | None:
+    bad = [k for k in _names(v) if k not in RESUME_CHANGEABLE]
+    if bad:
+        return f"names {', '.join(bad)}; only these may change on resume: " + ", ".join(
+            RESUME_CHANGEABLE
+        )
+    return None
+
+
+def _fault(v: str) -> str | None:
+    ok = ("", "cycle", *FAULT_KINDS)
+    return None if v in ok else f"must be empty or one of {', '.join(ok[1:])}"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _int_list(v: str) -> str | None:
+    try:
+        values = _ints(v)
+    except ValueError:
+        return "must be comma-separated integers, e.g. '0,5'"
+    return None if all(x >= 0 for x in values) else "each value must be >= 0"
+
+
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(",") if x.strip())
 
@@ -173,6 +231,15 @@ class ServerConfig:
         "run-name", "", _run_name, "the run's folder name (made up from time and config if empty)"
     )
     resume: bool = key("resume", False, _any, "continue `run-name` from its last checkpoint")
+    resume_changes: tuple[str, ...] = key(
+        "resume-changes",
+        "",
+        _resume_changes,
+        "keys a resumed run may change (comma-separated; of "
+        + ", ".join(f"`{k}`" for k in RESUME_CHANGEABLE)
+        + "); any other change is refused",
+        _names,
+    )
     server_lr: float = key("server-lr", 1.0, _positive, "FedSAG's server step")
     saga_init: str = key(
         "saga.init", "zeros", _choice(SAGA_INITS), "FedSAG's memory start: `zeros`, `first-update`"
@@ -436,6 +503,57 @@ class WarmStartConfig:
 
 
 @dataclass(frozen=True)
+class ScreeningConfig:
+    """``screening.*``: what one device's reply may do (README "Hostile devices")."""
+
+    max_examples: int = key(
+        "screening.max-examples",
+        0,
+        _at_least(0),
+        "the most `num-examples` a reply may claim (0 = `local-steps` x `batch-size`, the "
+        "most a device of EdgeFleet's ClientApp sees in a round)",
+    )
+    norm_factor: float = key(
+        "screening.norm-factor",
+        NORM_FACTOR,
+        _norm_factor,
+        "reject an update whose norm is above this many times the round's median (0 = off)",
+    )
+    device_binding: str = key(
+        "screening.device-binding",
+        "reconnect",
+        _choice(BINDINGS),
+        "`reconnect` (a device id moves to a new node once its node is offline) or `strict` "
+        "(never; with SuperNode authentication)",
+    )
+
+
+@dataclass(frozen=True)
+class TestConfig:
+    """``test.*``: make simulated devices lie, for tests and the fault campaign only.
+
+    In simulation a node's config holds only its partition, so this is how partition i is
+    made hostile (a SuperNode's ``--node-config test-corrupt=KIND`` does it on a fleet)."""
+
+    __test__ = False  # not a pytest test class
+
+    corrupt: str = key(
+        "test.corrupt",
+        "",
+        _fault,
+        "TEST ONLY: the partitions in `test.corrupt-partitions` spoil every train reply so "
+        "(a kind of `edgefleet/client/faults.py`)",
+    )
+    corrupt_partitions: tuple[int, ...] = key(
+        "test.corrupt-partitions",
+        "",
+        _int_list,
+        "TEST ONLY: comma-separated partition ids that lie as `test.corrupt` says",
+        _ints,
+    )
+
+
+@dataclass(frozen=True)
 class RunConfig:
     server: ServerConfig
     data: DataConfig
@@ -445,6 +563,8 @@ class RunConfig:
     pruning: PruningConfig
     sessions: SessionsConfig
     warmstart: WarmStartConfig
+    screening: ScreeningConfig
+    test: TestConfig
     seed: int = key("seed", 0, _at_least(0), "seeds partitions, initial model, sampling, batches")
 
     @property
@@ -485,6 +605,8 @@ _SECTIONS: dict[str, type] = {
         PruningConfig,
         SessionsConfig,
         WarmStartConfig,
+        ScreeningConfig,
+        TestConfig,
     )
 }
 

@@ -2,32 +2,46 @@
 
 from __future__ import annotations
 
+import io
 import json
+import math
+import os
+import pickle
 import random
 import tempfile
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
+from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.server.app import build_strategy
 from edgefleet.server.checkpoint import (
     FILENAME,
+    LEGACY_FILENAME,
     Checkpoint,
     Checkpointer,
     CheckpointError,
+    ResumeError,
+    check_resumable,
+    dumps,
     load_checkpoint,
+    loads,
     resume_from,
+    run_identity,
     save_checkpoint,
 )
-from edgefleet.server.results import MetricsWriter
+from edgefleet.server.results import MetricsWriter, RunDirError, prepare_run_dir
 from edgefleet.simulation.runner import load_scenario, run_scenario
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
-from edgefleet.strategies.loop import RoundLoop
+from edgefleet.strategies.loop import RoundCallback, RoundLoop
 from edgefleet.strategies.stopping import TaskVectorStopping
 from tests.fakes import FakeGrid, no_eval, rec
 from tests.test_ehfedsag import KW, FakeDevice
+from tests.test_hostile_replies import W0, honest_reply
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -40,12 +54,136 @@ def test_round_trip_and_errors(tmp_path: Path) -> None:
     assert back.round == 3 and back.strategy == {"a": [1, 2]}
     np.testing.assert_array_equal(back.arrays["w"], ckpt.arrays["w"])
     assert back.arrays["w"].dtype == np.float32
-    assert not (tmp_path / (FILENAME + ".tmp")).exists()
-    path.write_bytes(b"not a pickle")
-    with pytest.raises(CheckpointError, match="unreadable"):
+    assert back.py_random == random.getstate()  # a tuple again, as random.setstate needs
+    assert [p.name for p in tmp_path.iterdir()] == [FILENAME]  # no temporary file left
+    path.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="not an EdgeFleet checkpoint"):
         load_checkpoint(path)
     with pytest.raises(CheckpointError, match="no checkpoint"):
-        load_checkpoint(tmp_path / "missing.pkl")
+        load_checkpoint(tmp_path / "missing.npz")
+
+
+def test_every_kind_of_state_value_round_trips() -> None:
+    """What strategies put in their state: nested dicts and lists, tuples (Python's RNG),
+    NumPy arrays of every dtype, NumPy scalars, None, -inf (ValidationStopping's start),
+    big ints (NumPy's PCG64 state)."""
+    rng = np.random.default_rng(3)
+    state = {
+        "table": rng.normal(size=(3, 5)).astype(np.float32),
+        "sum": rng.normal(size=5),
+        "counts": np.arange(4, dtype=np.int64),
+        "mask": np.array([True, False]),
+        "ids": np.array(["a", "bc"]),
+        "nested": {"theta0": {"w": np.ones((2, 2))}, "none": None, "list": [1, 2.5, "x"]},
+        "best": -math.inf,
+        "scalar": np.float64(0.25),
+        "rng": rng.bit_generator.state,
+        "tuple": (1, (2, 3), None),
+    }
+    back = loads(dumps(Checkpoint(1, {}, state, random.getstate()))).strategy
+    assert (
+        back["best"] == -math.inf and back["scalar"] == 0.25 and back["tuple"] == (1, (2, 3), None)
+    )
+    assert back["nested"]["none"] is None and back["nested"]["list"] == [1, 2.5, "x"]
+    assert back["rng"] == rng.bit_generator.state
+    for key in ("table", "sum", "counts", "mask", "ids"):
+        np.testing.assert_array_equal(back[key], state[key])
+        assert back[key].dtype == state[key].dtype, key
+    np.testing.assert_array_equal(back["nested"]["theta0"]["w"], np.ones((2, 2)))
+
+
+def test_state_that_cannot_be_stored_without_pickle_is_refused_at_save() -> None:
+    for bad in ({"x": object()}, {1: "int key"}, {"x": np.array([object()])}):
+        with pytest.raises(CheckpointError, match="cannot store"):
+            dumps(Checkpoint(1, {}, bad, None))  # type: ignore[arg-type]
+
+
+def _saved(tmp_path: Path) -> Path:
+    path = tmp_path / FILENAME
+    arrays = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.zeros(3, np.float32)}
+    save_checkpoint(path, Checkpoint(4, arrays, {"m": np.ones(3)}, random.getstate()))
+    return path
+
+
+def _rewrite(path: Path, change) -> None:
+    """Rewrite one member of the checkpoint archive, keeping the others as they were."""
+    with zipfile.ZipFile(path) as z:
+        members = {name: z.read(name) for name in z.namelist()}
+    change(members)
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+
+
+def _npy(value: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, value, allow_pickle=False)
+    return buf.getvalue()
+
+
+def test_an_altered_checkpoint_fails_its_checksum(tmp_path: Path) -> None:
+    path = _saved(tmp_path)
+
+    def model(members):  # a weight changed, its npy header intact
+        members["m0.npy"] = _npy(np.full((2, 3), 9.0, np.float32))
+
+    def meta(members):  # the round number edited in the JSON
+        raw = (
+            np.load(io.BytesIO(members["meta.npy"])).tobytes().replace(b'"round": 4', b'"round": 9')
+        )
+        members["meta.npy"] = _npy(np.frombuffer(raw, np.uint8))
+
+    for change in (model, meta):
+        original = path.read_bytes()
+        _rewrite(path, change)
+        with pytest.raises(CheckpointError, match="fails its checksum"):
+            load_checkpoint(path)
+        path.write_bytes(original)
+    load_checkpoint(path)  # the original still loads
+    path.write_bytes(path.read_bytes()[:-100])  # truncated
+    with pytest.raises(CheckpointError):
+        load_checkpoint(path)
+
+
+class _Payload:
+    """What an attacker plants in a pickle: unpickling it runs a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_loading_never_unpickles_a_crafted_payload(tmp_path: Path) -> None:
+    """A pickle that runs a shell command when loaded: as the old checkpoint.pkl, renamed
+    to checkpoint.npz, and hidden inside the archive as an object array. Nothing runs."""
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps({"format": 1, "checkpoint": _Payload(marker)})
+    pickle.loads(pickle.dumps(_Payload(tmp_path / "control")))  # the payload is live:
+    assert (tmp_path / "control").exists()  # unpickling it does run the command
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LEGACY_FILENAME).write_bytes(payload)
+    cfg = parse_run_config({"output-dir": str(tmp_path), "run-name": "run", "resume": True})
+    with pytest.raises(ResumeError, match="not loaded, because unpickling"):
+        check_resumable(cfg, run)
+    (run / FILENAME).write_bytes(payload)
+    with pytest.raises(CheckpointError, match="not an EdgeFleet checkpoint"):
+        load_checkpoint(run / FILENAME)
+    path = _saved(tmp_path)
+    obj = np.empty(1, dtype=object)
+    obj[0] = _Payload(marker)
+    buf = io.BytesIO()
+    np.save(buf, obj, allow_pickle=True)
+
+    def plant(members):
+        members["s0.npy"] = buf.getvalue()
+
+    _rewrite(path, plant)
+    with pytest.raises(CheckpointError, match="not an EdgeFleet checkpoint"):
+        load_checkpoint(path)
+    assert not marker.exists()
 
 
 def test_checkpoint_of_another_model_is_refused(tmp_path: Path) -> None:
@@ -121,6 +259,8 @@ def test_resumed_simulation_ends_with_the_same_model(tmp_path: Path, monkeypatch
             "output-dir": str(tmp_path),
             "run-name": name,
             "resume": resume,
+            # the resumed run asks for 3 rounds where the killed one had 2
+            "resume-changes": "num-server-rounds" if resume else "",
         }
         scenario = load_scenario(ROOT / "scenarios" / "fedavg.toml", overrides)
         return run_scenario(scenario, timeout=200, quiet=True)
@@ -142,3 +282,197 @@ def test_array_record_from_checkpoint() -> None:
     ckpt = Checkpoint(1, {"w": np.ones(2, dtype=np.float32)}, {}, None)
     rec = ckpt.array_record()
     assert isinstance(rec["w"], Array) and rec["w"].numpy().tolist() == [1.0, 1.0]
+
+
+# -- resume: the same run or a clear refusal ------------------------------------------------
+
+
+def _checkpointed_run(tmp_path: Path, rounds_done: int = 2, **config) -> Path:
+    """A run folder as a killed server leaves it: rows and a checkpoint of round 2."""
+    cfg = parse_run_config({"output-dir": str(tmp_path), "run-name": "r", **config})
+    run_dir = prepare_run_dir(cfg)
+    writer = MetricsWriter(run_dir)
+    grid = FakeGrid({d + 1: (lambda m, d=d: honest_reply(m, d)) for d in range(3)})
+    strategy = build_strategy(cfg)
+    checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
+    loop = RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=[writer, checkpointer])  # type: ignore[arg-type]
+    checkpointer.loop_state = loop.state_dict
+    loop.run(rec(W0), rounds_done)
+    return run_dir
+
+
+def _resume(tmp_path: Path, **config):
+    cfg = parse_run_config({"output-dir": str(tmp_path), "run-name": "r", "resume": True, **config})
+    return check_resumable(cfg, tmp_path / "r")
+
+
+def test_resume_refuses_another_run_naming_the_keys(tmp_path: Path) -> None:
+    _checkpointed_run(tmp_path, **{"num-server-rounds": 4})
+    assert _resume(tmp_path, **{"num-server-rounds": 4}).round == 2
+    # Where results go and how long to wait are not the run's identity.
+    _resume(tmp_path, **{"num-server-rounds": 4, "round-timeout": 5.0, "min-nodes": 1})
+    with pytest.raises(ResumeError, match="dataset: 'mnist-5k' -> 'mnist'; seed: 0 -> 1"):
+        _resume(tmp_path, **{"num-server-rounds": 4, "dataset": "mnist", "seed": 1})
+    with pytest.raises(ResumeError, match="strategy: 'fedavg' -> 'fedsag'"):
+        _resume(tmp_path, **{"num-server-rounds": 4, "strategy": "fedsag"})
+    with pytest.raises(ResumeError, match="num-server-rounds: 4 -> 6.*name it in resume-changes"):
+        _resume(tmp_path, **{"num-server-rounds": 6})
+    ok = _resume(tmp_path, **{"num-server-rounds": 6, "resume-changes": "num-server-rounds"})
+    assert ok.round == 2
+    with pytest.raises(ConfigError, match="only these may change on resume"):
+        parse_run_config({"resume-changes": "dataset"})
+
+
+def test_resume_of_a_finished_run_needs_more_rounds(tmp_path: Path) -> None:
+    run_dir = _checkpointed_run(tmp_path, **{"num-server-rounds": 2})
+    (run_dir / "summary.json").write_text("{}")
+    with pytest.raises(ResumeError, match=r"has finished \(round 2 of 2\).*num-server-rounds > 2"):
+        _resume(tmp_path, **{"num-server-rounds": 2})
+    more = {"num-server-rounds": 3, "resume-changes": "num-server-rounds"}
+    assert _resume(tmp_path, **more).round == 2
+
+
+def test_resume_refuses_rows_without_checkpoint_and_a_missing_run(tmp_path: Path) -> None:
+    run_dir = _checkpointed_run(tmp_path)
+    (run_dir / FILENAME).unlink()
+    with pytest.raises(ResumeError, match="rows in .* but no checkpoint: continuing would repeat"):
+        _resume(tmp_path)
+    (tmp_path / "other").mkdir()
+    cfg = parse_run_config({"output-dir": str(tmp_path), "run-name": "typo", "resume": True})
+    with pytest.raises(
+        ResumeError, match="no run 'typo' with a finished round .*runs there: other, r"
+    ):
+        prepare_run_dir(cfg)
+    assert not (tmp_path / "typo").exists()  # a refused resume creates nothing
+
+
+def test_a_cut_short_last_row_is_dropped_with_a_warning(tmp_path: Path, caplog) -> None:
+    run_dir = _checkpointed_run(tmp_path, **{"num-server-rounds": 4})
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write('{"round": 3, "test_acc')  # the server died while writing round 3's row
+    writer = MetricsWriter(run_dir)
+    writer.keep_until(_resume(tmp_path, **{"num-server-rounds": 4}).round)
+    assert [r["round"] for r in writer.rows] == [1, 2]
+    assert "dropping its last row, which is incomplete" in caplog.text
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["round"] for x in lines] == [1, 2]
+    (run_dir / "metrics.jsonl").write_text('{"round": 1}\nnot json\n{"round": 2}\n')
+    with pytest.raises(ValueError, match="line 2 is not a metrics row"):
+        MetricsWriter(run_dir).keep_until(2)
+
+
+def test_device_bindings_are_in_the_checkpoint(tmp_path: Path) -> None:
+    run_dir = _checkpointed_run(tmp_path)
+    loop_state = load_checkpoint(run_dir / FILENAME).loop
+    assert loop_state["binding"]["device_node"] == {"0": 1, "1": 2, "2": 3}
+    assert len(loop_state["norm_history"]) == 2
+
+
+def test_an_unusable_output_dir_is_a_clear_error(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("")
+    for out, why in ((tmp_path / "file", "is a file, not a folder"),
+                     (tmp_path / "file" / "sub", "is a file, not a folder")):  # fmt: skip
+        cfg = parse_run_config({"output-dir": str(out), "run-name": "r"})
+        with pytest.raises(
+            RunDirError, match=f"output-dir .* cannot hold the run folder 'r': .*{why}"
+        ):
+            prepare_run_dir(cfg)
+
+
+def test_resume_preflight_refuses_before_flower_starts(tmp_path: Path) -> None:
+    """`edgefleet run --resume` with another data set stops before any Flower process."""
+    _checkpointed_run(tmp_path)
+    overrides = {"output-dir": str(tmp_path), "run-name": "r", "resume": True, "dataset": "mnist"}
+    scenario = load_scenario(ROOT / "scenarios" / "fedavg.toml", overrides)
+    with pytest.raises(ConfigError, match="dataset: 'mnist-5k' -> 'mnist'"):
+        run_scenario(scenario, timeout=30, quiet=True)
+
+
+# -- a failing aggregation: the round is dropped, nothing non-finite is checkpointed ---------
+
+
+def test_a_nan_or_failing_aggregation_is_rolled_back_and_never_checkpointed(tmp_path: Path) -> None:
+    """EdgeFleet's server stack, metrics writer and checkpointer: the aggregator returns a
+    NaN model in round 2 and raises in round 3. Both rounds are dropped with the reason in
+    the row; the checkpoint after each holds round 1's model."""
+    cfg = parse_run_config({"output-dir": str(tmp_path), "run-name": "r"})
+    run_dir = prepare_run_dir(cfg)
+    strategy = build_strategy(cfg)
+    inner = strategy.inner  # type: ignore[attr-defined]  # Flower's FedAvg
+    real = inner.aggregate_train
+    checkpoints: list[Checkpoint] = []
+
+    def flaky(rnd, replies):
+        arrays, metrics = real(rnd, replies)
+        if rnd == 2:
+            arrays = ArrayRecord(
+                {k: Array(np.full_like(v.numpy(), np.nan)) for k, v in arrays.items()}
+            )
+        if rnd == 3:
+            raise ZeroDivisionError("a bug in the aggregator")
+        return arrays, metrics
+
+    inner.aggregate_train = flaky
+
+    class Read(RoundCallback):
+        def after_round(self, result):
+            checkpoints.append(load_checkpoint(run_dir / FILENAME))
+            return None
+
+    writer = MetricsWriter(run_dir)
+    grid = FakeGrid({d + 1: (lambda m, d=d: honest_reply(m, d)) for d in range(3)})
+    callbacks = [writer, Checkpointer(run_dir, strategy, run_identity(cfg)), Read()]
+    loop = RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=callbacks)  # type: ignore[arg-type]
+    out = loop.run(rec(W0), 4)
+    rows = writer.rows
+    assert "round_dropped" not in rows[0] and "round_dropped" not in rows[3]
+    assert "non-finite values" in rows[1]["round_dropped"]
+    assert "ZeroDivisionError: a bug in the aggregator" in rows[2]["round_dropped"]
+    assert rows[1]["participants"] == rows[2]["participants"] == []
+    after_1 = checkpoints[0].arrays
+    for ckpt in checkpoints[1:3]:
+        for key, value in after_1.items():
+            np.testing.assert_array_equal(ckpt.arrays[key], value)
+    for ckpt in checkpoints:
+        assert all(np.isfinite(v).all() for v in ckpt.arrays.values())
+    assert all(np.isfinite(v.numpy()).all() for v in out.arrays.values())
+
+
+def test_serverapp_extends_a_finished_run_only_when_told(tmp_path: Path) -> None:
+    """EdgeFleet's ServerApp main(), in-process over the real ClientApp: a finished 2-round
+    run resumed as it was is refused, with 3 rounds it is refused until resume-changes
+    names num-server-rounds, then round 3 runs and the rows read 1, 2, 3."""
+    from flwr.app import Context, RecordDict
+
+    from edgefleet.client.app import train
+    from edgefleet.server.app import main
+
+    def serve(**config: object) -> list[int]:
+        run_config = {
+            "output-dir": str(tmp_path), "run-name": "main", "local-steps": 2,
+            "batch-size": 16, "min-nodes": 3, "eval-samples": 200, **config,
+        }  # fmt: skip
+
+        def device(p: int):
+            node = {"partition-id": p, "num-partitions": 3}
+            ctx = Context(run_id=1, node_id=p + 1, node_config=node, state=RecordDict(),
+                          run_config=run_config)  # fmt: skip
+            return lambda msg: train(msg, ctx)
+
+        grid = FakeGrid({p + 1: device(p) for p in range(3)})
+        server = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
+                         run_config=run_config)  # fmt: skip
+        main(grid, server)  # type: ignore[arg-type]
+        rows = (tmp_path / "main" / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(x)["round"] for x in rows]
+
+    assert serve(**{"num-server-rounds": 2}) == [1, 2]
+    with pytest.raises(ResumeError, match="has finished"):
+        serve(**{"num-server-rounds": 2, "resume": True})
+    with pytest.raises(ResumeError, match="num-server-rounds: 2 -> 3"):
+        serve(**{"num-server-rounds": 3, "resume": True})
+    more = {"num-server-rounds": 3, "resume": True, "resume-changes": "num-server-rounds"}
+    assert serve(**more) == [1, 2, 3]
+    summary = json.loads((tmp_path / "main" / "summary.json").read_text())
+    assert summary["rounds_run"] == 3
+    assert load_checkpoint(tmp_path / "main" / FILENAME).round == 3

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import pickle
 import tempfile
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.server.checkpoint import Checkpoint, dumps, loads
 from edgefleet.simulation.runner import load_scenario, run_scenario
 from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.sessions import WarmStartInitializer
@@ -227,7 +227,8 @@ def test_restart_with_stored_sessions_matches_uninterrupted(tmp_path: Path, cut:
     whole, _, _, _ = _run("pilot", tmp_path / "a", sessions=5, stopping=True)
     first = _strategy("pilot", SessionStore(tmp_path / "b", max_stored=5), stopping=True)
     part, _ = _loop(first, _devices(), rec(w=np.zeros(2)), 1, cut)
-    state = pickle.loads(pickle.dumps(first.state_dict()))
+    # Through the checkpoint's own format (JSON and arrays, no pickle).
+    state = loads(dumps(Checkpoint(cut, {}, first.state_dict(), None))).strategy
     second = _strategy("pilot", SessionStore.load(tmp_path / "b", max_stored=5), stopping=True)
     second.load_state_dict(state)
     resumed, _ = _loop(second, _devices(), part.arrays, cut + 1, 5 * T)

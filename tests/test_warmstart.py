@@ -3,8 +3,11 @@ averaging, the session store and session detection, checked by hand."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -363,13 +366,79 @@ def test_store_corrupt_and_missing_files(tmp_path: Path) -> None:
         SessionStore.load(tmp_path / "nowhere", 2)
 
 
+def _replace_file(directory: Path, name: str, data: bytes, checksum: bool = True) -> None:
+    """Put ``data`` in a store file and (``checksum``) make the index's checksum match it,
+    as someone who can write the folder could."""
+    (directory / name).write_bytes(data)
+    if checksum:
+        index = json.loads((directory / "index.json").read_text())
+        for entry in index["sessions"]:
+            if entry["file"] == name:
+                entry["sha256"] = hashlib.sha256(data).hexdigest()
+        (directory / "index.json").write_text(json.dumps(index))
+
+
 def test_store_npz_missing_array_named(tmp_path: Path) -> None:
     directory = tmp_path / "store"
     SessionStore(directory, max_stored=2).add(_candidate(2))
-    path = directory / "session-000002.npz"
-    np.savez(path, final_keys=np.array(["w"]))  # valid npz, but final_0 and grad are gone
+    buf = io.BytesIO()
+    np.savez(buf, final_keys=np.array(["w"]))  # valid npz, but final_0 and grad are gone
+    _replace_file(directory, "session-000002.npz", buf.getvalue())
     with pytest.raises(WarmStartError, match=r"session-000002.npz.*final_0"):
         SessionStore.load(directory, 2)
+
+
+def test_store_file_altered_fails_its_checksum_and_never_unpickles(tmp_path: Path) -> None:
+    directory = tmp_path / "store"
+    SessionStore(directory, max_stored=2).add(_candidate(2))
+    path = directory / "session-000002.npz"
+    original = path.read_bytes()
+    buf = io.BytesIO()
+    np.savez(buf, final_keys=np.array(["w"]), final_0=np.zeros(3), grad_keys=np.array(["w"]),
+             grad_0=np.zeros(3))  # fmt: skip
+    _replace_file(directory, path.name, buf.getvalue(), checksum=False)
+    with pytest.raises(WarmStartError, match="session-000002.npz fails its checksum"):
+        SessionStore.load(directory, 2)
+    # A pickle payload as an object array, with a matching checksum: refused, not run.
+    marker = tmp_path / "pwned"
+    obj = np.empty(1, dtype=object)
+    obj[0] = _Payload(marker)
+    buf = io.BytesIO()
+    np.savez(buf, final_keys=np.array(["w"]), final_0=obj, grad_keys=np.array(["w"]),
+             grad_0=obj, allow_pickle=True)  # fmt: skip
+    _replace_file(directory, path.name, buf.getvalue())
+    with pytest.raises(WarmStartError, match="is corrupt"):
+        SessionStore.load(directory, 2)
+    assert not marker.exists()
+    # An index that names a file outside the store is refused.
+    _replace_file(directory, path.name, original)
+    index = json.loads((directory / "index.json").read_text())
+    index["sessions"][0]["file"] = "../elsewhere.npz"
+    (directory / "index.json").write_text(json.dumps(index))
+    with pytest.raises(WarmStartError, match="is not in the store"):
+        SessionStore.load(directory, 2)
+
+
+def test_store_of_index_version_1_still_loads(tmp_path: Path) -> None:
+    directory = tmp_path / "store"
+    SessionStore(directory, max_stored=2).add(_candidate(2))
+    index = json.loads((directory / "index.json").read_text())
+    index["version"] = 1
+    for entry in index["sessions"]:
+        del entry["sha256"]
+    (directory / "index.json").write_text(json.dumps(index))
+    loaded = SessionStore.load(directory, 2)
+    assert [c.session for c in loaded.candidates()] == [2]
+    loaded.add(_candidate(3))  # the index is written again, with checksums
+    assert json.loads((directory / "index.json").read_text())["version"] == 2
+
+
+class _Payload:
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
 
 
 def test_store_bad_args(tmp_path: Path) -> None:

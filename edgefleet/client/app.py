@@ -145,6 +145,8 @@ def train(msg: Message, context: Context) -> Message:
     if kept is not None:  # a CA-HFP submodel: the server needs its channels to rebuild it
         content[KEPT] = kept_record(kept)
     fault = context.node_config.get(NODE_CONFIG_KEY)
+    if not fault and profile.partition_id in cfg.test.corrupt_partitions:
+        fault = cfg.test.corrupt  # test-only: simulated partitions made hostile
     if fault:  # test-only: a device that lies, for the server's screening tests
         try:
             content = corrupt(content, str(fault), server_round)

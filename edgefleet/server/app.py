@@ -22,7 +22,12 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from edgefleet.config import RunConfig, parse_run_config
-from edgefleet.server.checkpoint import Checkpointer, resume_from
+from edgefleet.server.checkpoint import (
+    Checkpointer,
+    apply_checkpoint,
+    check_resumable,
+    run_identity,
+)
 from edgefleet.server.polling import fast_dispatch, fast_grid
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
 from edgefleet.strategies.energy import EnergyAgeSelection
@@ -30,6 +35,7 @@ from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
 from edgefleet.strategies.hooks import hooks_of
 from edgefleet.strategies.loop import EvaluateFn, RoundLoop
 from edgefleet.strategies.pruning import SubmodelReconstruction
+from edgefleet.strategies.screening import Screening
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.tracker import SessionTracker
@@ -132,6 +138,22 @@ def build_strategy(
     if cfg.sessions_enabled:
         strategy = _sessions(strategy, cfg, run_dir, central)  # type: ignore[arg-type]
     return strategy
+
+
+def screening_for(cfg: RunConfig) -> Screening:
+    """The bounds EdgeFleet's ServerApp screens replies against. It knows its ClientApp: a
+    device sees at most ``local-steps`` x ``batch-size`` samples a round, and its energy mod
+    charges one round's cost (``energy.train-slots`` + 1) for a reply. (The cost, not
+    ``energy.capacity``: a SuperNode's ``--node-config capacity`` may be larger than the run
+    config's, while the cost is the same for every device.)"""
+    s = cfg.screening
+    t = cfg.train
+    return Screening(
+        max_examples=float(s.max_examples or t.local_steps * t.batch_size),
+        max_energy=cfg.energy.round_cost,
+        norm_factor=s.norm_factor,
+        device_binding=s.device_binding,
+    )
 
 
 def query_timeout(cfg: RunConfig) -> float:
@@ -276,26 +298,17 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
 def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(context.run_config)
     random.seed(cfg.seed)  # Flower's node sampling draws from the global RNG
-    run_dir = prepare_run_dir(cfg)
+    run_dir = prepare_run_dir(cfg)  # a resume that would not continue the same run stops here
+    ckpt = check_resumable(cfg, run_dir) if cfg.server.resume else None
     log(INFO, "EdgeFleet run %s: writing results to %s", run_dir.name, run_dir.resolve())
     central = central_evaluation(cfg)
     strategy = build_strategy(cfg, central, run_dir)
-    if cfg.server.resume and (run_dir / "summary.json").exists():
-        log(INFO, "Run %s has already finished; nothing to resume", run_dir)
-        return
     writer = MetricsWriter(run_dir)
-    arrays, first_round = central.initial, 1
-    if cfg.server.resume:
-        ckpt = resume_from(run_dir, strategy, list(central.initial))
-        if ckpt is None:
-            log(INFO, "resume = true but %s has no checkpoint: starting afresh", run_dir)
-        else:
-            arrays, first_round = ckpt.array_record(), ckpt.round + 1
-            writer.keep_until(ckpt.round)
     log(INFO, "EdgeFleet strategy:")
     strategy.summary()
     wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout)
     fast_grid(grid)
+    checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
     loop = RoundLoop(
         strategy,
         grid,
@@ -303,9 +316,18 @@ def main(grid: Grid, context: Context) -> None:
         evaluate_every=cfg.server.evaluate_every,
         # The writer records what the callbacks before it add; the checkpoint comes last so
         # that a round it covers is always on record.
-        callbacks=[*hooks_of(strategy).round_callbacks(), writer, Checkpointer(run_dir, strategy)],
+        callbacks=[*hooks_of(strategy).round_callbacks(), writer, checkpointer],
         round_timeout=cfg.server.round_timeout,
+        screening=screening_for(cfg),
     )
+    checkpointer.loop_state = loop.state_dict
+    arrays, first_round = central.initial, 1
+    if ckpt is not None:
+        apply_checkpoint(ckpt, strategy, list(central.initial), loop)
+        log(INFO, "Resuming run %s: round %d done", run_dir.name, ckpt.round)
+        arrays, first_round = ckpt.array_record(), ckpt.round + 1
+        writer.keep_until(ckpt.round)
+        (run_dir / "summary.json").unlink(missing_ok=True)  # written again at the end
     t0 = time.monotonic()
     outcome = loop.run(arrays, cfg.server.num_rounds, ConfigRecord(), first_round=first_round)
     extra = {}

@@ -1,23 +1,38 @@
 """Server checkpoints: everything a killed run needs to go on from its last finished round.
 
 After every round (that is, before the next one is dispatched) the :class:`Checkpointer`
-callback writes ``checkpoint.pkl`` in the run folder: the global model, the number of the
-last finished round and the state of every stateful strategy (selection ages and RNG, SAGA
-memory, stopping counters, sessions) through their ``state_dict``, plus Python's global
-RNG, which Flower's node sampling draws from. The file is written to a temporary name,
-fsynced and moved into place, so a crash mid-write leaves the previous checkpoint whole.
+callback writes ``checkpoint.npz`` in the run folder: the global model, the number of the
+last finished round, the state of every stateful strategy (selection ages and RNG, SAGA
+memory, stopping counters, sessions) through their ``state_dict``, the round loop's device
+bindings and recent update norms, Python's global RNG (Flower's node sampling draws from
+it), and the run's config with its fingerprint (what :func:`check_resumable` compares).
 
-Pickle is used because the states hold NumPy arrays next to plain Python values; the file
-is the server's own, read back only by the server that wrote it (never load a checkpoint
-from an untrusted source).
+Format (version :data:`FORMAT`): a NumPy ``.npz`` archive read with ``allow_pickle=False``,
+so loading never unpickles and cannot run code. It holds
+
+- ``meta``: UTF-8 JSON (as uint8 bytes) with the format version, the round, the config, and
+  the state trees, in which every NumPy array is replaced by ``{"$array": i}`` and every
+  tuple by ``{"$tuple": [...]}`` (Python's ``random.getstate()`` is a tuple of ints);
+- ``m0``, ``m1``, ...: the model's arrays, in the order of ``meta["model_keys"]``;
+  ``s0``, ``s1``, ...: the arrays of the state trees;
+- ``checksum``: SHA-256 over ``meta`` and every array's name, dtype, shape and bytes. A file
+  whose checksum does not match (edited, truncated, another file renamed) is refused.
+
+The file is written to a temporary name, fsynced and moved into place, so a crash mid-write
+leaves the previous checkpoint whole. ``checkpoint.pkl`` (format 1, a pickle, written by
+earlier versions) is never loaded: unpickling a file can run any code in it.
 """
 
 from __future__ import annotations
 
-import pickle
+import hashlib
+import io
+import json
 import random
+import zipfile
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from logging import INFO
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -26,16 +41,23 @@ from flwr.app import ArrayRecord
 from flwr.common import log
 
 from edgefleet.arrays import to_numpy, to_record
-from edgefleet.fileio import atomic_write
+from edgefleet.config import DEFAULTS, RESUME_CHANGEABLE, RESUME_OPERATIONAL, RunConfig
+from edgefleet.fileio import atomic_write_bytes
 from edgefleet.strategies.hooks import hooks_of
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 
-FILENAME = "checkpoint.pkl"
-FORMAT = 1
+FILENAME = "checkpoint.npz"
+LEGACY_FILENAME = "checkpoint.pkl"
+FORMAT = 2
+_ARRAY, _TUPLE = "$array", "$tuple"
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint cannot be read or does not fit this run."""
+class CheckpointError(ValueError):
+    """A checkpoint cannot be read, or does not fit this run; the message says why."""
+
+
+class ResumeError(CheckpointError):
+    """``resume = true`` cannot continue this run; the message says why and what to do."""
 
 
 @dataclass
@@ -44,65 +66,320 @@ class Checkpoint:
     arrays: dict[str, np.ndarray]  # the global model after that round
     strategy: dict[str, Any]  # strategy.state_dict()
     py_random: Any  # random.getstate()
+    loop: dict[str, Any] = field(default_factory=dict)  # RoundLoop.state_dict()
+    config: dict[str, Any] = field(default_factory=dict)  # run_identity(cfg)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def array_record(self) -> ArrayRecord:
         return to_record(self.arrays)
 
 
+# -- the run's identity ------------------------------------------------------------------
+
+
+def run_identity(cfg: RunConfig) -> dict[str, Any]:
+    """The config keys that define the run: all but where and how long to wait."""
+    return {k: v for k, v in cfg.to_dict().items() if k not in RESUME_OPERATIONAL}
+
+
+def fingerprint(identity: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+
+
+def config_changes(stored: Mapping[str, Any], cfg: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """key -> (checkpoint's value, this config's value) for every run-defining key that
+    differs. A key the checkpoint's version did not have counts at its default."""
+    now = run_identity(cfg)
+    return {
+        k: (stored.get(k, DEFAULTS.get(k)), v)
+        for k, v in now.items()
+        if stored.get(k, DEFAULTS.get(k)) != v
+    }
+
+
+# -- state trees <-> JSON + arrays --------------------------------------------------------
+
+
+def _encode(value: Any, arrays: list[np.ndarray], path: str) -> Any:
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise CheckpointError(f"cannot store an object array at {path}")
+        arrays.append(value)
+        return {_ARRAY: len(arrays) - 1}
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, tuple):
+        return {_TUPLE: [_encode(v, arrays, f"{path}[{i}]") for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, arrays, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, Mapping):
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str) or k.startswith("$"):
+                raise CheckpointError(f"cannot store the key {k!r} at {path}: keys are strings")
+            out[k] = _encode(v, arrays, f"{path}.{k}")
+        return out
+    raise CheckpointError(f"cannot store a {type(value).__name__} at {path}")
+
+
+def _decode(value: Any, arrays: list[np.ndarray]) -> Any:
+    if isinstance(value, list):
+        return [_decode(v, arrays) for v in value]
+    if isinstance(value, dict):
+        if set(value) == {_ARRAY}:
+            index = value[_ARRAY]
+            if not isinstance(index, int) or not 0 <= index < len(arrays):
+                raise CheckpointError(f"array reference {index!r} out of range")
+            return arrays[index]
+        if set(value) == {_TUPLE}:
+            return tuple(_decode(v, arrays) for v in value[_TUPLE])
+        return {k: _decode(v, arrays) for k, v in value.items()}
+    return value
+
+
+def _checksum(meta: bytes, arrays: Mapping[str, np.ndarray]) -> str:
+    h = hashlib.sha256(meta)
+    for name, value in arrays.items():
+        h.update(f"\0{name}\0{value.dtype.str}\0{list(value.shape)}\0".encode())
+        h.update(np.ascontiguousarray(value).tobytes())
+    return h.hexdigest()
+
+
+def _text(data: bytes | str) -> np.ndarray:
+    raw = data.encode() if isinstance(data, str) else data
+    return np.frombuffer(raw, dtype=np.uint8)
+
+
+def dumps(ckpt: Checkpoint) -> bytes:
+    """The checkpoint file's bytes."""
+    state_arrays: list[np.ndarray] = []
+    trees = {
+        name: _encode(getattr(ckpt, name), state_arrays, name)
+        for name in ("strategy", "py_random", "loop", "extra")
+    }
+    meta = {
+        "format": FORMAT,
+        "round": int(ckpt.round),
+        "model_keys": list(ckpt.arrays),
+        "config": ckpt.config,
+        "fingerprint": fingerprint(ckpt.config),
+        **trees,
+    }
+    meta_bytes = json.dumps(meta, sort_keys=True).encode()
+    arrays = {f"m{i}": np.asarray(v) for i, v in enumerate(ckpt.arrays.values())}
+    arrays.update({f"s{i}": v for i, v in enumerate(state_arrays)})
+    for name, value in arrays.items():
+        if value.dtype.hasobject:
+            raise CheckpointError(f"cannot store an object array ({name})")
+    buf = io.BytesIO()
+    np.savez(
+        buf,
+        meta=_text(meta_bytes),
+        checksum=_text(_checksum(meta_bytes, arrays)),
+        **arrays,  # type: ignore[arg-type]
+    )
+    return buf.getvalue()
+
+
+def loads(data: bytes, where: str = "checkpoint") -> Checkpoint:
+    """Read a checkpoint's bytes; never unpickles. Raises :class:`CheckpointError`."""
+    try:
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            members = {name: npz[name] for name in npz.files}
+    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as err:
+        raise CheckpointError(f"{where} is not an EdgeFleet checkpoint ({err})") from None
+    meta_raw, stored = members.pop("meta", None), members.pop("checksum", None)
+    if meta_raw is None or stored is None or meta_raw.dtype != np.uint8:
+        raise CheckpointError(f"{where} is not an EdgeFleet checkpoint (no meta or checksum)")
+    meta_bytes = meta_raw.tobytes()
+    try:
+        meta = json.loads(meta_bytes)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{where}: its metadata is not JSON ({err})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        version = meta.get("format") if isinstance(meta, dict) else None
+        raise CheckpointError(f"{where} has format {version!r}; this version reads {FORMAT}")
+    ordered = {k: members[k] for k in sorted(members, key=_member_order)}
+    if stored.tobytes().decode(errors="replace") != _checksum(meta_bytes, ordered):
+        raise CheckpointError(f"{where} fails its checksum: it was altered or is damaged")
+    try:
+        keys = [str(k) for k in meta["model_keys"]]
+        model = {k: members[f"m{i}"] for i, k in enumerate(keys)}
+        state_arrays = [members[f"s{i}"] for i in range(sum(n[0] == "s" for n in members))]
+        rnd = meta["round"]
+        if isinstance(rnd, bool) or not isinstance(rnd, int) or rnd < 0:
+            raise ValueError(f"round {rnd!r}")
+        return Checkpoint(
+            round=rnd,
+            arrays=model,
+            strategy=_decode(meta["strategy"], state_arrays),
+            py_random=_decode(meta["py_random"], state_arrays),
+            loop=_decode(meta["loop"], state_arrays),
+            config=dict(meta["config"]),
+            extra=_decode(meta["extra"], state_arrays),
+        )
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{where} is malformed: {err!r}") from None
+
+
+def _member_order(name: str) -> tuple[str, int]:
+    # np.savez keeps insertion order, but read back in a fixed one: m0, m1, ..., s0, s1, ...
+    return (name[0], int(name[1:]) if name[1:].isdigit() else -1)
+
+
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
-    data = {"format": FORMAT, "checkpoint": ckpt}
-    atomic_write(path, lambda f: pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL))
+    atomic_write_bytes(path, dumps(ckpt))
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
     try:
-        with path.open("rb") as f:
-            data = pickle.load(f)
+        data = path.read_bytes()
     except FileNotFoundError:
         raise CheckpointError(f"no checkpoint at {path}") from None
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as err:
-        raise CheckpointError(f"checkpoint {path} is unreadable ({err})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise CheckpointError(
-            f"checkpoint {path} is not an EdgeFleet checkpoint of format {FORMAT}"
-        )
-    ckpt = data["checkpoint"]
-    if not isinstance(ckpt, Checkpoint):
-        raise CheckpointError(f"checkpoint {path} holds {type(ckpt).__name__}, not a Checkpoint")
-    return ckpt
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path} cannot be read: {err}") from None
+    return loads(data, f"checkpoint {path}")
+
+
+# -- writing and resuming -------------------------------------------------------------------
 
 
 class Checkpointer(RoundCallback):
-    """Round callback (put it last): write the checkpoint once the round is recorded."""
+    """Round callback (put it last): write the checkpoint once the round is recorded.
 
-    def __init__(self, run_dir: Path, strategy: Any) -> None:
+    ``loop_state`` (the round loop's ``state_dict``) and ``config`` (the run's identity)
+    are stored with it when given."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        strategy: Any,
+        config: Mapping[str, Any] | None = None,
+        loop_state: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.path = run_dir / FILENAME
         self.strategy = strategy
+        self.config = dict(config or {})
+        self.loop_state = loop_state
 
     def after_round(self, result: RoundResult) -> str | None:
+        # After a rolled-back round result.arrays is the model from before it: a non-finite
+        # model never reaches a checkpoint.
         state = hooks_of(self.strategy).state_dict()
-        ckpt = Checkpoint(result.round, to_numpy(result.arrays), state, random.getstate())
+        ckpt = Checkpoint(
+            result.round,
+            to_numpy(result.arrays),
+            state,
+            random.getstate(),
+            loop=self.loop_state() if self.loop_state else {},
+            config=self.config,
+        )
         save_checkpoint(self.path, ckpt)
         return None
 
 
-def resume_from(run_dir: Path, strategy: Any, keys: list[str]) -> Checkpoint | None:
-    """Load ``run_dir``'s checkpoint into ``strategy`` and Python's RNG; None if there is none.
+def apply_checkpoint(ckpt: Checkpoint, strategy: Any, keys: list[str], loop: Any = None) -> None:
+    """Load ``ckpt`` into ``strategy``, ``loop`` (a RoundLoop) and Python's RNG.
 
     ``keys`` are the model's array names: a checkpoint of another model is refused rather
-    than half-loaded.
-    """
+    than half-loaded."""
+    if set(ckpt.arrays) != set(keys):
+        raise CheckpointError(
+            f"the checkpoint is of another model: its arrays are "
+            f"{sorted(ckpt.arrays)[:4]}..., this run's are {sorted(keys)[:4]}..."
+        )
+    try:
+        hooks_of(strategy).load_state_dict(ckpt.strategy)
+        if loop is not None:
+            loop.load_state_dict(ckpt.loop)
+        random.setstate(ckpt.py_random)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise CheckpointError(
+            f"the checkpoint's state does not fit this run's strategy: {err!r}"
+        ) from None
+
+
+def resume_from(
+    run_dir: Path, strategy: Any, keys: list[str], loop: Any = None
+) -> Checkpoint | None:
+    """Load ``run_dir``'s checkpoint into ``strategy`` (and ``loop``); None if there is none."""
     path = run_dir / FILENAME
     if not path.exists():
         return None
     ckpt = load_checkpoint(path)
-    if set(ckpt.arrays) != set(keys):
-        raise CheckpointError(
-            f"checkpoint {path} is of another model: its arrays are "
-            f"{sorted(ckpt.arrays)[:4]}..., this run's are {sorted(keys)[:4]}..."
-        )
-    hooks_of(strategy).load_state_dict(ckpt.strategy)
-    random.setstate(ckpt.py_random)
+    apply_checkpoint(ckpt, strategy, keys, loop)
     log(INFO, "Resuming from %s: round %d done", path, ckpt.round)
+    return ckpt
+
+
+def check_resumable(cfg: RunConfig, run_dir: Path) -> Checkpoint:
+    """The checkpoint to continue ``run_dir`` from under ``cfg``, or :class:`ResumeError`
+    saying why that would not continue the same run (README "Crash and resume"):
+
+    - no such run, or a run without a finished round: refused (check ``run-name``);
+    - rows but no checkpoint, or only an old pickle checkpoint: refused (continuing would
+      repeat rounds, and a pickle is never loaded);
+    - a run-defining key changed: refused, naming each key with both values; the keys of
+      ``RESUME_CHANGEABLE`` may change when ``resume-changes`` names them;
+    - a finished run (``summary.json``): refused unless ``num-server-rounds`` grew (then the
+      extra rounds run);
+    - a checkpoint past ``num-server-rounds``: refused.
+    """
+    name = run_dir.name
+    ckpt_path, rows = run_dir / FILENAME, run_dir / "metrics.jsonl"
+    if not ckpt_path.exists():
+        if (run_dir / LEGACY_FILENAME).exists():
+            raise ResumeError(
+                f"run {name} has only {LEGACY_FILENAME}, the pickle checkpoint of an older "
+                "EdgeFleet: it is not loaded, because unpickling a file can run any code in "
+                "it. Start the run again under a new run-name."
+            )
+        if rows.exists():
+            raise ResumeError(
+                f"run {name} has rows in {rows} but no checkpoint: continuing would repeat "
+                "rounds already on record. Start it again under a new run-name (or remove "
+                f"{run_dir})."
+            )
+        parent = run_dir.parent
+        others = (
+            sorted(p.name for p in parent.iterdir() if p.is_dir())[:10] if parent.is_dir() else []
+        )
+        where = f"; runs there: {', '.join(others)}" if others else ""
+        raise ResumeError(
+            f"resume = true, but there is no run {name!r} with a finished round in "
+            f"{parent}{where}. Check run-name, or leave out resume to start the run."
+        )
+    ckpt = load_checkpoint(ckpt_path)
+    changes = config_changes(ckpt.config, cfg)
+    allowed = set(cfg.server.resume_changes)
+    refused = {k: v for k, v in changes.items() if k not in allowed}
+    if refused:
+        listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in sorted(refused.items()))
+        changeable = sorted(set(refused) & set(RESUME_CHANGEABLE))
+        hint = (
+            f" To change {', '.join(changeable)}, name it in resume-changes." if changeable else ""
+        )
+        raise ResumeError(
+            f"run {name} was started with another config, so resuming would not continue the "
+            f"same run: {listed}.{hint} The other keys define the run: start a new run-name "
+            "to change them."
+        )
+    for key in sorted(set(changes) & allowed):
+        old, new = changes[key]
+        log(WARNING, "Resuming run %s with %s changed: %r -> %r", name, key, old, new)
+    rounds = cfg.server.num_rounds
+    if (run_dir / "summary.json").exists():
+        before = ckpt.config.get("num-server-rounds", ckpt.round)
+        if rounds <= max(before, ckpt.round):
+            raise ResumeError(
+                f"run {name} has finished (round {ckpt.round} of {before}); nothing to "
+                f"resume. To run more rounds, resume with num-server-rounds > {before} and "
+                "resume-changes = 'num-server-rounds'."
+            )
+    if ckpt.round > rounds:
+        raise ResumeError(
+            f"run {name}'s checkpoint is at round {ckpt.round}, past num-server-rounds = {rounds}."
+        )
     return ckpt

@@ -7,12 +7,17 @@ finished round behind; ``summary.json`` is written once at the end, atomically.
 from __future__ import annotations
 
 import json
+import tempfile
 import time
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
+from flwr.common import log
+
 from edgefleet.config import RunConfig
 from edgefleet.fileio import atomic_write_text
+from edgefleet.server.checkpoint import check_resumable
 from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundResult
 
 
@@ -21,18 +26,41 @@ def default_run_name(cfg: RunConfig) -> str:
     return f"{stamp}-{cfg.server.strategy}-{cfg.data.dataset}-s{cfg.seed}"
 
 
+class RunDirError(ValueError):
+    """``output-dir`` cannot hold the run's folder; the message says why."""
+
+
 def prepare_run_dir(cfg: RunConfig) -> Path:
     """Create ``output-dir/run-name``; refuse one that already holds results unless the run
-    is to be resumed (``resume = true``)."""
+    is to be resumed (``resume = true``), and a resume that would not continue the same run
+    (:func:`~edgefleet.server.checkpoint.check_resumable`). An output-dir that cannot hold
+    the folder (a file, no permission, a read-only disk) is a :class:`RunDirError` naming
+    it, before any work is spent."""
     if cfg.server.resume and not cfg.server.run_name:
         raise ValueError("resume = true needs the run-name of the run to continue")
-    run_dir = Path(cfg.server.output_dir) / (cfg.server.run_name or default_run_name(cfg))
-    if (run_dir / "metrics.jsonl").exists() and not cfg.server.resume:
+    output = Path(cfg.server.output_dir)
+    run_dir = output / (cfg.server.run_name or default_run_name(cfg))
+    if cfg.server.resume:
+        check_resumable(cfg, run_dir)
+        return run_dir
+    if (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(
             f"run folder {run_dir} already holds results; choose another run-name, remove it, "
             "or set resume = true to continue it"
         )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=run_dir):
+            pass  # the folder exists; can we write in it?
+    except OSError as err:
+        why = err.strerror or type(err).__name__
+        blocker = next((p for p in (output, *output.parents) if p.exists()), None)
+        if blocker is not None and not blocker.is_dir():
+            why = f"{blocker} is a file, not a folder"
+        raise RunDirError(
+            f"output-dir {str(output)!r} cannot hold the run folder {run_dir.name!r}: {why}. "
+            "Choose another output-dir (--set output-dir=...)."
+        ) from None
     return run_dir
 
 
@@ -72,11 +100,21 @@ class MetricsWriter(RoundCallback):
 
     def keep_until(self, last_round: int) -> None:
         """On resume: keep the rows of rounds up to ``last_round`` (the checkpoint's); a row
-        written after it belongs to a round that will run again."""
+        written after it belongs to a round that will run again. A last row cut short (the
+        server died while writing it) is dropped with a warning; an unreadable row before
+        the last is an error (the file was damaged otherwise)."""
         if not self.path.exists():
             return
-        rows = [json.loads(line) for line in self.path.read_text().splitlines() if line]
+        rows = read_rows(self.path)
         self.rows = [r for r in rows if r["round"] <= last_round]
+        if len(self.rows) < last_round:
+            log(
+                WARNING,
+                "%s holds %d rows up to the checkpoint's round %d: some rows are missing",
+                self.path,
+                len(self.rows),
+                last_round,
+            )
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
 
     def after_round(self, result: RoundResult) -> str | None:
@@ -86,6 +124,26 @@ class MetricsWriter(RoundCallback):
             f.write(json.dumps(row) + "\n")
             f.flush()
         return None
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``metrics.jsonl``; a cut-short last line is left out (logged)."""
+    lines = path.read_text().splitlines()
+    rows: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or not isinstance(row.get("round"), int):
+                raise ValueError("not a row with a round number")
+        except ValueError as err:
+            if i == len(lines) - 1:
+                log(WARNING, "%s: dropping its last row, which is incomplete (%s)", path, err)
+                continue
+            raise ValueError(f"{path} line {i + 1} is not a metrics row ({err})") from None
+        rows.append(row)
+    return rows
 
 
 def session_summary(rows: list[dict[str, Any]], target: float) -> list[dict[str, Any]]:

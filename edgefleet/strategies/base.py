@@ -34,7 +34,7 @@ from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from edgefleet.strategies.hooks import StrategyHooks, hooks_of
 from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult, numbers
-from edgefleet.strategies.screening import RecordKeys, parse_device_id
+from edgefleet.strategies.screening import RecordKeys, Screening, parse_device_id
 
 # What Flower's ClientApp raises for a message type it has no function for.
 _NO_QUERY_HANDLER = "No query function registered"
@@ -202,6 +202,9 @@ class LoopStrategy(StrategyHooks, Strategy):
         unless a wrapper such as CA-HFP's accepts submodels)."""
         return hooks_of(self.inner).check_reply(msg, reference, keys)
 
+    def update_norm(self, msg: Message, sent: RecordDict | None, reference: ArrayRecord) -> float:
+        return hooks_of(self.inner).update_norm(msg, sent, reference)
+
     # -- Strategy -------------------------------------------------------------------------
 
     def settings(self) -> dict[str, object]:
@@ -245,6 +248,8 @@ class LoopStrategy(StrategyHooks, Strategy):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        *,
+        screening: Screening | None = None,
     ) -> Result:
         """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop.
 
@@ -253,6 +258,9 @@ class LoopStrategy(StrategyHooks, Strategy):
         strategy's ``fraction_evaluate`` > 0; the returned ``Result`` holds the final arrays
         and every round's aggregated train, federated-evaluation and central metrics. The one
         difference: a round callback may end the run before ``num_rounds`` (a stopping rule).
+        ``screening`` (EdgeFleet's addition) sets the bounds replies are screened against
+        (:class:`~edgefleet.strategies.screening.Screening`; e.g. ``max_examples`` when your
+        ClientApp's sample count per round is known).
         """
         log(INFO, "Starting %s strategy:", type(self).__name__)
         log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
@@ -290,6 +298,7 @@ class LoopStrategy(StrategyHooks, Strategy):
             evaluate_config=evaluate_config,
             callbacks=[Collect(), *self.round_callbacks()],
             round_timeout=timeout,
+            screening=screening,
         )
         outcome = loop.run(initial_arrays, num_rounds, train_config)
         result.arrays = outcome.arrays

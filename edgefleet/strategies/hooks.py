@@ -17,9 +17,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord, Message, RecordDict
 
-from edgefleet.strategies.screening import RecordKeys, check_train_reply
+from edgefleet.strategies.screening import (
+    RecordKeys,
+    check_train_reply,
+    reply_arrays,
+    sent_base,
+    update_norm,
+)
 
 if TYPE_CHECKING:
     from edgefleet.strategies.base import DeviceStatus
@@ -54,6 +60,13 @@ class StrategyHooks:
     def check_reply(self, msg: Message, reference: ArrayRecord, keys: RecordKeys) -> str | None:
         """Why the round loop must drop the train reply ``msg``, or None."""
         return check_train_reply(msg, reference, keys)
+
+    def update_norm(self, msg: Message, sent: RecordDict | None, reference: ArrayRecord) -> float:
+        """L2 norm of the update a (screened) train reply carries: its arrays minus the
+        model that node was sent (``sent``, the content of its train message; the round's
+        global model ``reference`` when that does not fit the reply)."""
+        arrays = reply_arrays(msg.content)
+        return update_norm(arrays, sent_base(arrays, sent, reference))
 
 
 _DEFAULTS = StrategyHooks()

@@ -5,8 +5,10 @@ stopping rules, checkpoints and metrics rows would each have to copy it. Here th
 written once. Per round it:
 
 1. asks the strategy for train messages and sends them with a bounded timeout;
-2. screens every reply on its own (:mod:`edgefleet.strategies.screening`): a malformed one is
-   dropped with its reason instead of letting Flower's consistency check end the run;
+2. screens every reply (:mod:`edgefleet.strategies.screening`): on its own (well-formed,
+   finite, within the server's bounds, claiming a device id that is its node's), then
+   against the round (update norm at most k x the median); a bad one is dropped with its
+   reason in the row's ``rejected`` instead of reaching the strategy;
 3. lets the strategy aggregate; anything it raises drops the round (model unchanged, reason
    in the row), and a global model that comes out non-finite is rolled back;
 4. runs federated evaluation when the strategy configures it (``fraction_evaluate`` > 0),
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -32,8 +35,15 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.strategies.hooks import hooks_of
 from edgefleet.strategies.screening import (
+    DEVICE_ID,
+    ENERGY_SPENT,
+    NORM_HISTORY_ROUNDS,
+    DeviceBinding,
     RecordKeys,
+    Screening,
+    check_bounds,
     common_metrics,
+    norm_reference,
     parse_device_id,
     reply_metrics,
 )
@@ -107,6 +117,10 @@ class BoundedGrid:
             )
         return nodes
 
+    def online(self) -> set[int]:
+        """The nodes online now (no waiting involved)."""
+        return set(self._grid.get_node_ids())
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
 
@@ -131,6 +145,9 @@ class RoundLoop:
     evaluation); ``evaluate_every`` = N runs it every N rounds and always on the last round
     (and on the model a stopped run ends with). ``evaluate_config`` goes to the strategy's
     ``configure_evaluate`` (federated evaluation, when its ``fraction_evaluate`` > 0).
+    ``screening`` bounds what one reply may do (:class:`~edgefleet.strategies.screening.
+    Screening`; the defaults know nothing of the ClientApp). :meth:`state_dict` holds the
+    run's device bindings and recent update norms, for a checkpoint.
     """
 
     def __init__(
@@ -144,6 +161,7 @@ class RoundLoop:
         callbacks: Sequence[RoundCallback] = (),
         round_timeout: float = 600.0,
         node_wait_timeout: float = 60.0,
+        screening: Screening | None = None,
     ) -> None:
         if evaluate_every < 1:
             raise ValueError(f"evaluate_every={evaluate_every!r} must be >= 1")
@@ -158,7 +176,11 @@ class RoundLoop:
         # A strategy that accepts other replies than full-size arrays (CA-HFP's compact
         # submodels) brings its own check.
         self.check: ReplyCheck = hooks_of(strategy).check_reply
-        self._devices: dict[int, str] = {}  # node id -> the device id its replies named
+        self.screening = screening or Screening()
+        self.binding = DeviceBinding(self.screening.device_binding)
+        # Update norms accepted in recent rounds: the reference of a round with few replies.
+        self.norm_history: deque[list[float]] = deque(maxlen=NORM_HISTORY_ROUNDS)
+        self.last_norms: dict[str, float] = {}  # the last round's norms by device (diagnostics)
 
     def run(
         self,
@@ -199,8 +221,9 @@ class RoundLoop:
         replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
         if len(replies) < len(messages):
             log(WARNING, "Round %d: %d of %d replies", rnd, len(replies), len(messages))
-        accepted, declined, rejected = self._screen(replies, arrays)
         extra: dict[str, object] = {}
+        sent = {m.metadata.dst_node_id: m.content for m in messages if m.has_content()}
+        accepted, declined, rejected = self._screen(replies, arrays, sent, extra)
         new_arrays, train_metrics = self._aggregate(rnd, accepted, arrays, extra)
         aggregated = accepted if new_arrays is not None else []
         if new_arrays is not None:
@@ -224,7 +247,7 @@ class RoundLoop:
             rejected=rejected,
             bytes_up=sum(_payload_bytes(m) for m in accepted),
             bytes_down=bytes_down,
-            energy_spent=sum(_metric(m, "energy-spent") for m in accepted),
+            energy_spent=sum(_metric(m, ENERGY_SPENT) for m in accepted),
             train_metrics=train_metrics,
             eval_metrics=eval_metrics,
             federated_metrics=federated,
@@ -294,7 +317,7 @@ class RoundLoop:
         replies = self.grid.send_and_receive(messages, timeout=self.round_timeout)
         good = []
         for msg in replies:
-            if msg.has_error():
+            if msg.has_error() or not msg.has_content():
                 continue
             records = msg.content.metric_records
             weight = (
@@ -314,37 +337,152 @@ class RoundLoop:
         return numbers(metrics)
 
     def device_of(self, msg: Message) -> str:
-        """The device id a reply speaks for: its ``device-id`` metric, else the id an earlier
-        reply of the same node named, else ``node-<node id>``."""
+        """The device id a reply speaks for: the id bound to its node (the first it claimed
+        in an accepted reply), else the ``device-id`` it claims, else ``node-<node id>``."""
         node = msg.metadata.src_node_id
-        if not msg.has_error() and msg.has_content() and msg.content.metric_records:
-            device = parse_device_id(reply_metrics(msg.content).get("device-id"))
-            if device is not None:
-                self._devices[node] = device
-        return self._devices.get(node, f"node-{node}")
+        bound = self.binding.node_device.get(node)
+        if bound is not None:
+            return bound
+        claimed = _claimed(msg)
+        return claimed if claimed is not None else f"node-{node}"
 
     def _screen(
-        self, replies: Iterable[Message], reference: ArrayRecord
+        self,
+        replies: Iterable[Message],
+        reference: ArrayRecord,
+        sent: Mapping[int, Any],
+        extra: dict[str, object],
     ) -> tuple[list[Message], list[str], list[dict[str, str]]]:
-        accepted: list[Message] = []
+        """Accepted (in device order, metrics made consistent), declined and rejected
+        replies. Nothing a reply holds can raise out of here."""
         declined: list[str] = []
         rejected: list[dict[str, str]] = []
+
+        def reject(msg: Message, reason: str, device: str | None = None) -> None:
+            device = device or self.device_of(msg)
+            log(WARNING, "Dropping reply from device %s: %s", device, reason)
+            rejected.append({"device": device, "reason": reason})
+
+        candidates: list[Message] = []
         for msg in replies:
-            device = self.device_of(msg)
             if msg.has_error():
-                log(INFO, "Device %s declined: %s", device, msg.error.reason)
-                declined.append(device)
+                log(INFO, "Device %s declined: %s", self.device_of(msg), msg.error.reason)
+                declined.append(self.device_of(msg))
                 continue
-            reason = self.check(msg, reference, self.keys)
+            try:
+                reason = self._check_one(msg, reference)
+            except Exception as err:  # noqa: BLE001 - a reply must never end a run
+                reason = f"reply could not be checked: {type(err).__name__}: {err}"
             if reason:
-                log(WARNING, "Dropping reply from device %s: %s", device, reason)
-                rejected.append({"device": device, "reason": reason})
-                continue
-            accepted.append(msg)
+                reject(msg, reason)
+            else:
+                candidates.append(msg)
+
+        # Device ids: a node speaks for the device it first claimed, and no other node may.
+        claims = {
+            i: (m.metadata.src_node_id, device)
+            for i, m in enumerate(candidates)
+            if (device := _claimed(m)) is not None
+        }
+        reasons = self.binding.screen(claims, self.grid.online)
+        for i, reason in sorted(reasons.items()):
+            # Its claim is refused: it is known by the node (or the device that node is bound to).
+            node = candidates[i].metadata.src_node_id
+            reject(candidates[i], reason, self.binding.node_device.get(node, f"node-{node}"))
+        candidates = [m for i, m in enumerate(candidates) if i not in reasons]
+
+        candidates = self._screen_norms(candidates, reference, sent, reject, extra)
+        for msg in candidates:
+            device = _claimed(msg)
+            if device is not None:
+                self.binding.bind(msg.metadata.src_node_id, device)
         # Replies arrive in whatever order the devices finish; float sums depend on the
         # order, so aggregate in device order to make a seeded run repeatable.
-        accepted.sort(key=lambda m: _order(self.device_of(m)))
-        return common_metrics(accepted, self.keys), declined, rejected
+        candidates.sort(key=lambda m: _order(self.device_of(m)))
+        return common_metrics(candidates, self.keys), declined, rejected
+
+    def _check_one(self, msg: Message, reference: ArrayRecord) -> str | None:
+        if not msg.has_content():
+            return "the reply has neither content nor an error"
+        reason = self.check(msg, reference, self.keys)
+        if reason:
+            return reason
+        return check_bounds(reply_metrics(msg.content), self.keys, self.screening)
+
+    def _screen_norms(
+        self,
+        candidates: list[Message],
+        reference: ArrayRecord,
+        sent: Mapping[int, Any],
+        reject: Callable[[Message, str], None],
+        extra: dict[str, object],
+    ) -> list[Message]:
+        """Drop replies whose update norm is not finite or above k x the round's median."""
+        factor = self.screening.norm_factor
+        self.last_norms = {}
+        if factor == 0 or not candidates:
+            return candidates
+        hooks = hooks_of(self.strategy)
+        norms: list[float] = []
+        kept: list[Message] = []
+        for msg in candidates:
+            try:
+                norm = hooks.update_norm(msg, sent.get(msg.metadata.src_node_id), reference)
+            except Exception as err:  # noqa: BLE001
+                reject(msg, f"update norm could not be taken: {type(err).__name__}: {err}")
+                continue
+            if not math.isfinite(norm):
+                reject(msg, "update norm is not finite")
+                continue
+            norms.append(norm)
+            kept.append(msg)
+        self.last_norms = {self.device_of(m): n for m, n in zip(kept, norms, strict=True)}
+        history = [n for past in self.norm_history for n in past]
+        ref = norm_reference(norms, history)
+        if ref is None:
+            if kept:
+                log(INFO, "Update-norm bound not applied: fewer than 3 norms known yet")
+            self.norm_history.append(norms)
+            return kept
+        out, accepted_norms = [], []
+        for msg, norm in zip(kept, norms, strict=True):
+            if norm > factor * ref:
+                reject(
+                    msg,
+                    f"update norm {norm:.4g} is {norm / ref:.3g} x the round's median "
+                    f"{ref:.4g} (bound {factor:g} x)",
+                )
+                continue
+            out.append(msg)
+            accepted_norms.append(norm)
+        self.norm_history.append(accepted_norms)
+        extra["update_norm_median"] = round(ref, 6)
+        if accepted_norms:
+            extra["update_norm_max_ratio"] = round(max(accepted_norms) / ref, 4)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The run's device bindings and recent update norms (for the server checkpoint)."""
+        return {
+            "binding": self.binding.state_dict(),
+            "norm_history": [list(r) for r in self.norm_history],
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.binding.load_state_dict(state.get("binding", {}))
+        self.norm_history.clear()
+        for norms in state.get("norm_history", []):
+            self.norm_history.append([float(n) for n in norms])
+
+
+def _claimed(msg: Message) -> str | None:
+    """The device id a reply claims (its well-formed ``device-id`` metric), or None."""
+    if msg.has_error() or not msg.has_content():
+        return None
+    records = msg.content.metric_records
+    if not records:
+        return None
+    return parse_device_id(next(iter(records.values())).get(DEVICE_ID))
 
 
 def keep_dtypes(new: ArrayRecord, old: ArrayRecord) -> ArrayRecord:

@@ -57,6 +57,7 @@ from edgefleet.strategies.screening import (
     check_records,
     reply_arrays,
     reply_metrics,
+    update_norm,
 )
 
 if TYPE_CHECKING:  # importing the plan imports torch and Torch-Pruning
@@ -173,6 +174,16 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             return "the pruning plan does not match the global model's keys"
         expected = {k: (shapes[k], ref.dtype) for k, ref in reference.items()}
         return check_arrays(reply_arrays(content), expected)
+
+    def update_norm(self, msg: Message, sent: RecordDict | None, reference: ArrayRecord) -> float:
+        """A compact reply's update is taken on its own channels: its tensors minus the same
+        slice of the full model this wrapper sent (pruned entries carry no update)."""
+        if KEPT not in msg.content.array_records:
+            return super().update_norm(msg, sent, reference)
+        kept = kept_from_record(msg.content.array_records[KEPT])
+        full = self._sent or to_numpy(reference)
+        base = compact_slice(full, self.plan.index_maps(kept), self.plan.compact_shapes(kept))
+        return update_norm(reply_arrays(msg.content), base)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]

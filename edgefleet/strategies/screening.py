@@ -14,16 +14,41 @@ CA-HFP's ``kept`` ArrayRecord are optional enrichments, never requirements.
 
 Device identity (:func:`reply_device`): the reply's ``device-id`` metric when present (an
 EdgeFleet ClientApp or a SuperNode started with ``--node-config device-id=N``), else
-``node-<Flower node id>``, which is stable for a SuperNode's life.
+``node-<Flower node id>``, which is stable for a SuperNode's life. A claimed id is bound to
+the node that first claims it (:class:`DeviceBinding`).
+
+Bounds (:class:`Screening`): a well-formed reply can still be absurd. What one device can
+do to a round is bounded by what the server knows:
+
+- ``num-examples`` (the weight) is finite, positive, integral and at most
+  ``max_examples``. EdgeFleet's ServerApp sets it to ``local-steps`` x ``batch-size`` (the
+  most samples a device of its ClientApp sees in a round); a foreign ClientApp's count is
+  unknown to the library, so the default is no bound beyond 2**53 (set ``max_examples``
+  when you know it; the update-norm bound below still caps what a heavy reply does).
+- The update (reply minus the model sent to that node) is finite and its L2 norm at most
+  ``norm_factor`` x the median update norm of the round's replies (:func:`norm_reference`;
+  ``norm_factor = 0`` turns the bound off). The median needs at least
+  ``MIN_NORM_REPLIES`` = 3 norms to stand against one outlier; a round with fewer replies
+  takes the norms accepted in the last few rounds into the median, and while fewer than 3
+  are known at all (the first rounds of a run with one or two replies) the bound is not
+  applied.
+- ``energy-spent``, when present, is a finite number in [0, ``max_energy``] (EdgeFleet's
+  ServerApp: one round's cost, which is what its energy mod charges; a foreign app: any
+  number >= 0). An absent metric is fine.
+- Metrics other than the weight are not grounds for rejection: :func:`common_metrics`
+  keeps the keys every reply holds with one numeric kind and leaves the rest out of the
+  average (a device on another client version may send an extra key).
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from logging import INFO
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
@@ -33,6 +58,21 @@ from flwr.serverapp.strategy import Strategy
 from edgefleet.pruning.wire import KEPT  # NumPy only: CA-HFP's kept-channels record
 
 DEVICE_ID = "device-id"
+ENERGY_SPENT = "energy-spent"
+NUM_EXAMPLES = "num-examples"
+# The largest weight without a known bound: every integer up to it is exact in a float64,
+# and a sum of thousands of them cannot overflow.
+MAX_WEIGHT = 2.0**53
+# The update-norm bound: a reply's update may be at most this many times the round's median
+# update norm. Honest devices measured up to 9.7x (benchmarks/norm_ratios.py: 10 devices,
+# 10 rounds, 8 configurations; 99th percentiles 1.4x to 9.2x, the largest with few-sample
+# devices under Dirichlet splits and FedProx; 5 rejected 3 of 270 honest replies of a
+# 30-round run). With equal weights an accepted update moves the model by at most k/N
+# median steps, so k = 10 lets one hostile device of ten do no more than one honest step.
+NORM_FACTOR = 10.0
+MIN_NORM_REPLIES = 3  # a median of fewer norms is not robust to one outlier
+NORM_HISTORY_ROUNDS = 5  # rounds of accepted norms a round with few replies may draw on
+BINDINGS: tuple[str, ...] = ("reconnect", "strict")
 # Device ids are small integers on EdgeFleet's devices; anything longer than this is not an
 # id a fleet hands out, and would bloat every row it is written to.
 MAX_DEVICE_ID_DIGITS = 18
@@ -126,10 +166,17 @@ def check_records(content: RecordDict) -> str | None:
 
 
 def check_metrics(metrics: MetricRecord, keys: RecordKeys) -> str | None:
-    """Why a train reply's metrics are unusable (the weight, the optional device id), or None."""
+    """Why a train reply's metrics are unusable (the weight, the optional device id), or None.
+
+    The weight must be a positive finite number up to 2**53; ``num-examples`` (a count)
+    must also be a whole number. A custom weight key may be fractional."""
     n = metrics.get(keys.weight)
-    if isinstance(n, bool) or not isinstance(n, int | float) or not n > 0 or not math.isfinite(n):
+    if isinstance(n, bool) or not isinstance(n, int | float) or not _finite(n) or not n > 0:
         return f"metric {keys.weight!r} must be a positive finite number, got {n!r}"
+    if n > MAX_WEIGHT:
+        return f"metric {keys.weight!r} = {n!r} is above {MAX_WEIGHT:.0f}"
+    if keys.weight == NUM_EXAMPLES and not float(n).is_integer():
+        return f"metric {keys.weight!r} must be a whole number, got {n!r}"
     if DEVICE_ID in metrics and parse_device_id(metrics[DEVICE_ID]) is None:
         return (
             f"metric {DEVICE_ID!r} must be a non-negative integer of at most "
@@ -151,27 +198,230 @@ def check_arrays(
         if tuple(got.shape) != shape or got.dtype != dtype:
             return f"array {key!r}: got {got.dtype}{list(got.shape)}, want {dtype}{list(shape)}"
         value = got.numpy()
+        # An Array's dtype and shape are declared apart from its bytes: a reply may declare
+        # float32[3, 2] and carry float64[2], which would broadcast silently in a sum.
+        if value.shape != shape or value.dtype != np.dtype(dtype):
+            return (
+                f"array {key!r}: declared {dtype}{list(shape)}, its data is "
+                f"{value.dtype}{list(value.shape)}"
+            )
         if value.dtype.kind == "f" and not np.isfinite(value).all():
             return f"array {key!r} has non-finite values"
     return None
 
 
+def _finite(value: int | float) -> bool:
+    """Whether a number is finite and fits a float (a huge Python int does not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and _finite(value)
+
+
 def _kind(value: object) -> str | None:
     """A metric value's aggregation kind: 'number', 'list:N', or None (not aggregatable)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return "number" if math.isfinite(value) else None
+    if _number(value):
+        return "number"
     if isinstance(value, list):
-        ok = all(not isinstance(v, bool) and isinstance(v, int | float) for v in value)
-        return f"list:{len(value)}" if ok and all(math.isfinite(v) for v in value) else None
+        return f"list:{len(value)}" if all(_number(v) for v in value) else None
     return None
 
 
+# -- bounds ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Screening:
+    """What the round loop lets one reply do (see the module docstring).
+
+    ``max_examples``: the most the weight (``num-examples``) may be; None = no bound beyond
+    2**53. ``max_energy``: the most ``energy-spent`` may be; None = any number >= 0.
+    ``norm_factor``: k of the update-norm bound (k x the round's median); 0 = off.
+    ``device_binding``: ``"reconnect"`` (default) moves a device id to a new node once the
+    node it was bound to is no longer online (a device that reconnected without SuperNode
+    authentication gets a new node id); ``"strict"`` never moves it (with SuperNode
+    authentication a node keeps its id across reconnects, so nothing needs to move).
+    """
+
+    max_examples: float | None = None
+    max_energy: float | None = None
+    norm_factor: float = NORM_FACTOR
+    device_binding: str = "reconnect"
+
+    def __post_init__(self) -> None:
+        for name in ("max_examples", "max_energy"):
+            value = getattr(self, name)
+            if value is not None and not (_number(value) and value >= 0):
+                raise ValueError(f"Screening.{name}={value!r}: must be a number >= 0 or None")
+        if not (_number(self.norm_factor) and (self.norm_factor == 0 or self.norm_factor >= 1)):
+            raise ValueError(f"Screening.norm_factor={self.norm_factor!r}: must be 0 (off) or >= 1")
+        if self.device_binding not in BINDINGS:
+            raise ValueError(
+                f"Screening.device_binding={self.device_binding!r}: must be one of "
+                f"{', '.join(BINDINGS)}"
+            )
+
+
+def check_bounds(metrics: MetricRecord, keys: RecordKeys, screening: Screening) -> str | None:
+    """Why a (structurally valid) reply's metrics break the server's bounds, or None."""
+    n = metrics.get(keys.weight)
+    limit = screening.max_examples
+    if limit is not None and isinstance(n, int | float) and n > limit:
+        return f"metric {keys.weight!r} = {n!r} is above the round's bound {limit:g}"
+    if ENERGY_SPENT in metrics:
+        energy = metrics[ENERGY_SPENT]
+        top = screening.max_energy
+        if not _number(energy) or energy < 0 or (top is not None and energy > top):  # type: ignore[operator]
+            span = f"[0, {top:g}]" if top is not None else ">= 0"
+            return f"metric {ENERGY_SPENT!r} must be a finite number {span}, got {energy!r}"
+    return None
+
+
+def update_norm(reply: ArrayRecord, base: Mapping[str, np.ndarray]) -> float:
+    """L2 norm of ``reply - base`` over the floating-point arrays, in float64."""
+    total = 0.0
+    for key, arr in reply.items():
+        value = arr.numpy()
+        if value.dtype.kind != "f":
+            continue
+        diff = (value.astype(np.float64) - np.asarray(base[key], dtype=np.float64)).ravel()
+        total += float(np.dot(diff, diff))
+    return math.sqrt(total)
+
+
+def sent_base(
+    reply: ArrayRecord, sent: RecordDict | None, reference: ArrayRecord
+) -> dict[str, np.ndarray]:
+    """The model a reply's update is taken against: the arrays the node was sent when they
+    have the reply's keys and shapes, else the round's global model."""
+    if sent is not None:
+        for name, record in sent.array_records.items():
+            if name == KEPT:
+                continue
+            if set(record) == set(reply) and all(
+                tuple(record[k].shape) == tuple(reply[k].shape) for k in reply
+            ):
+                return {k: record[k].numpy() for k in reply}
+    return {k: reference[k].numpy() for k in reply}
+
+
+def norm_reference(norms: Sequence[float], history: Iterable[float] = ()) -> float | None:
+    """The update norm a round's replies are measured against: the median of ``norms`` when
+    there are at least :data:`MIN_NORM_REPLIES`, else the median of ``norms`` together with
+    ``history`` (norms accepted in recent rounds) when that makes enough; None when fewer
+    are known (the bound is then not applied), or when the median is 0 (nobody moved: no
+    scale to measure against)."""
+    pool = list(norms)
+    if len(pool) < MIN_NORM_REPLIES:
+        pool += list(history)
+    if len(pool) < MIN_NORM_REPLIES:
+        return None
+    median = float(statistics.median(pool))
+    return median if median > 0 else None
+
+
+# -- device identity -----------------------------------------------------------------------
+
+
+@dataclass
+class DeviceBinding:
+    """Which Flower node speaks for which claimed device id, for one run.
+
+    A ``device-id`` is bound to the first node whose reply claiming it is accepted; a node,
+    once bound, speaks for that one device. A later claim by another node is rejected. An
+    id claimed by several nodes in one round while bound to none is bound to none of them
+    (all those replies are rejected): the server cannot tell the device from the impostor.
+
+    Reconnects (``mode="reconnect"``): without SuperNode authentication a device that
+    restarts comes back under a new node id. Its claim is accepted, and the id moves to the
+    new node, once the old node is no longer online (Flower lists a dead node until its
+    heartbeat expires). So an impostor can take over the id of a device that is offline,
+    never of one that is online. With ``mode="strict"`` the id never moves: use it with
+    SuperNode authentication, where the SuperLink gives a registered node the same node id
+    every time it connects (the node id stands for the authenticated public key).
+    """
+
+    mode: str = "reconnect"
+    device_node: dict[str, int] = field(default_factory=dict)
+    node_device: dict[int, str] = field(default_factory=dict)
+
+    def screen(
+        self, claims: Mapping[Any, tuple[int, str]], online: Callable[[], set[int]]
+    ) -> dict[Any, str]:
+        """Reasons to reject, by the key of each claim (``key -> (node, device id)``); the
+        claims not named may be bound with :meth:`bind` once accepted."""
+        claimants: dict[str, set[int]] = {}
+        for node, device in claims.values():
+            claimants.setdefault(device, set()).add(node)
+        nodes_online: set[int] | None = None
+        reasons: dict[Any, str] = {}
+        for key, (node, device) in claims.items():
+            own = self.node_device.get(node)
+            bound = self.device_node.get(device)
+            others = sorted(claimants[device] - {node})
+            if own is not None and own != device:
+                reasons[key] = (
+                    f"node {node} speaks for device {own} in this run and now claims "
+                    f"device-id {device}"
+                )
+            elif bound is None:
+                if others:
+                    reasons[key] = (
+                        f"device-id {device} is claimed by nodes {sorted(claimants[device])} "
+                        "in the same round and bound to none of them"
+                    )
+            elif bound != node:
+                if self.mode == "strict":
+                    reasons[key] = f"device-id {device} is bound to node {bound}"
+                    continue
+                if nodes_online is None:
+                    nodes_online = online()
+                if bound in nodes_online:
+                    reasons[key] = f"device-id {device} is bound to node {bound}, still online"
+                elif others:
+                    reasons[key] = (
+                        f"device-id {device} (its node {bound} is offline) is claimed by nodes "
+                        f"{sorted(claimants[device])} in the same round"
+                    )
+        return reasons
+
+    def bind(self, node: int, device: str) -> None:
+        before = self.device_node.get(device)
+        if before == node:
+            return
+        if before is not None:
+            log(INFO, "Device %s now speaks through node %d (was node %d)", device, node, before)
+            self.node_device.pop(before, None)
+        self.device_node[device] = node
+        self.node_device[node] = device
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"device_node": dict(self.device_node)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        pairs = {str(d): int(n) for d, n in dict(state.get("device_node", {})).items()}
+        self.device_node = pairs
+        self.node_device = {n: d for d, n in pairs.items()}
+
+
+def _record_names(msg: Message) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    content = msg.content
+    return (
+        tuple(n for n in content.array_records if n != KEPT),
+        tuple(content.metric_records),
+    )
+
+
 def common_metrics(replies: Sequence[Message], keys: RecordKeys) -> list[Message]:
-    """``replies`` with their metrics cut to the keys every reply holds with the same kind
-    (a finite number, or a list of finite numbers of one length), so that Flower's
-    consistency check and metric averaging cannot fail on them. Replies already fit are
+    """``replies`` made consistent for Flower's aggregation: their metrics cut to the keys
+    every reply holds with the same kind (a finite number, or a list of finite numbers of
+    one length), and, when the replies name their records differently, the model record
+    renamed to the strategy's ``arrayrecord_key`` and the metrics to ``metrics`` (Flower's
+    consistency check requires the same names in every reply). Replies that already fit are
     returned unchanged; a key dropped is logged once per round, with the reason."""
     if len(replies) < 1:
         return list(replies)
@@ -185,26 +435,30 @@ def common_metrics(replies: Sequence[Message], keys: RecordKeys) -> list[Message
         if kinds[0][key] is not None and all(k[key] == kinds[0][key] for k in kinds)
     }
     keep.add(keys.weight)  # checked on every reply already
-    if all(set(k) <= keep for k in kinds):
+    same_names = len({_record_names(m) for m in replies}) == 1
+    if same_names and all(set(k) <= keep for k in kinds):
         return list(replies)
     dropped = sorted(set().union(*kinds) - keep)
-    log(
-        INFO,
-        "Metrics %s are not in every reply with one numeric kind: aggregating on the other %d",
-        dropped,
-        len(keep),
-    )
+    if dropped:
+        log(
+            INFO,
+            "Metrics %s are not in every reply with one numeric kind: aggregating on the other %d",
+            dropped,
+            len(keep),
+        )
+    if not same_names:
+        log(INFO, "Replies name their records differently: renamed for aggregation")
     out = []
     for msg in replies:
-        name, metrics = next(iter(msg.content.metric_records.items()))
+        content = msg.content
+        name, metrics = next(iter(content.metric_records.items()))
         trimmed = MetricRecord({k: v for k, v in metrics.items() if k in keep})
+        records: dict[str, Any] = {}
+        for arr_name, rec in content.array_records.items():
+            records[arr_name if same_names or arr_name == KEPT else keys.arrays] = rec
+        records.update(dict(content.config_records))
+        records[name if same_names else "metrics"] = trimmed
         new = copy.copy(msg)  # the loop counts the original reply's bytes
-        new.content = RecordDict(
-            {
-                **dict(msg.content.array_records),
-                **dict(msg.content.config_records),
-                name: trimmed,
-            }
-        )
+        new.content = RecordDict(records)
         out.append(new)
     return out

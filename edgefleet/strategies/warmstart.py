@@ -45,6 +45,8 @@ post-pilot ones (the reference keeps all sessions of a run, its count known in a
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import math
 import zipfile
@@ -55,14 +57,15 @@ from typing import Any
 
 import numpy as np
 
-from edgefleet.fileio import atomic_write
+from edgefleet.fileio import atomic_write, atomic_write_bytes
 
 WARMSTART_MODES: tuple[str, ...] = ("pilot", "previous", "average", "fresh")
 
 State = dict[str, np.ndarray]
 
 INDEX_NAME = "index.json"
-INDEX_VERSION = 1
+# 2: every entry carries the SHA-256 of its file (1: without; still read, unchecked).
+INDEX_VERSION = 2
 
 
 class WarmStartError(ValueError):
@@ -270,10 +273,12 @@ class SessionStore:
     Adding a session number that is already stored replaces it (a resumed server may finish
     the same session again).
 
-    On disk: one ``session-NNNNNN.npz`` per session (arrays only, no pickle) and
-    ``index.json`` listing them; each is written to a temporary file and moved into place,
-    the index last, so the index names only complete files. The directory is the state:
-    :meth:`load` restores the store after a restart. Arrays are copied on :meth:`add`.
+    On disk: one ``session-NNNNNN.npz`` per session (arrays only, read with
+    ``allow_pickle=False``: loading never unpickles) and ``index.json`` (format version,
+    and per session its file and the file's SHA-256) listing them; each is written to a
+    temporary file and moved into place, the index last, so the index names only complete
+    files. A file whose checksum differs from the index's is refused. The directory is the
+    state: :meth:`load` restores the store after a restart. Arrays are copied on :meth:`add`.
     """
 
     def __init__(self, directory: Path | None, max_stored: int) -> None:
@@ -283,6 +288,7 @@ class SessionStore:
         self.max_stored = max_stored
         self._pilots: dict[int, StoredSession] = {}
         self._candidates: dict[int, StoredSession] = {}
+        self._sha256: dict[int, str] = {}  # session -> checksum of its file
         if self.directory is not None:
             if (self.directory / INDEX_NAME).exists():
                 raise WarmStartError(
@@ -340,6 +346,7 @@ class SessionStore:
         evicted = sorted(self._candidates)[: max(0, len(self._candidates) - self.max_stored)]
         for k in evicted:
             del self._candidates[k]
+            self._sha256.pop(k, None)
         if self.directory is None:
             return
         self._write_index()
@@ -361,7 +368,11 @@ class SessionStore:
             arrays["grad_keys"] = np.array(list(s.pseudo_grad), dtype=np.str_)
             for i, v in enumerate(s.pseudo_grad.values()):
                 arrays[f"grad_{i}"] = v
-        atomic_write(self.directory / _file_name(s.session), lambda f: np.savez(f, **arrays))
+        buf = io.BytesIO()
+        np.savez(buf, **arrays)
+        data = buf.getvalue()
+        self._sha256[s.session] = hashlib.sha256(data).hexdigest()
+        atomic_write_bytes(self.directory / _file_name(s.session), data)
 
     def _write_index(self) -> None:
         assert self.directory is not None
@@ -373,6 +384,7 @@ class SessionStore:
                     "file": _file_name(s.session),
                     "pilot": s.is_pilot,
                     "devices": s.devices,
+                    "sha256": self._sha256[s.session],
                 }
                 for s in self.pilots() + self.candidates()
             ],
@@ -400,21 +412,25 @@ class SessionStore:
             raise WarmStartError(f"session store index {index_path} is missing") from None
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise WarmStartError(f"session store index {index_path} is corrupt: {err!r}") from None
-        if version != INDEX_VERSION:
+        if version not in (1, INDEX_VERSION):
             raise WarmStartError(f"{index_path}: version {version!r}, expected {INDEX_VERSION}")
         store = cls.__new__(cls)
         store.directory = directory
         store.max_stored = max_stored
-        store._pilots, store._candidates = {}, {}
+        store._pilots, store._candidates, store._sha256 = {}, {}, {}
         for entry in entries:
             try:
                 session = int(entry["session"])
-                path = directory / str(entry["file"])
+                name = str(entry["file"])
                 pilot = bool(entry["pilot"])
                 devices = [str(d) for d in entry["devices"]]
+                checksum = str(entry["sha256"]) if version >= 2 else None
             except (KeyError, TypeError, ValueError) as err:
                 raise WarmStartError(f"{index_path}: malformed entry {entry!r}: {err!r}") from None
-            final, grad = _read_session(path, pilot)
+            if Path(name).name != name:  # the index names files in its own folder only
+                raise WarmStartError(f"{index_path}: entry file {name!r} is not in the store")
+            final, grad, digest = _read_session(directory / name, pilot, checksum)
+            store._sha256[session] = digest
             target = store._pilots if pilot else store._candidates
             target[session] = StoredSession(session, final, grad, devices)
         if len(store._candidates) > max_stored:
@@ -426,18 +442,24 @@ def _file_name(session: int) -> str:
     return f"session-{session:06d}.npz"
 
 
-def _read_session(path: Path, pilot: bool) -> tuple[State, State | None]:
+def _read_session(path: Path, pilot: bool, checksum: str | None) -> tuple[State, State | None, str]:
     if not path.exists():
         raise WarmStartError(f"session store file {path} is missing (listed in the index)")
+    raw = path.read_bytes()
+    digest = hashlib.sha256(raw).hexdigest()
+    if checksum is not None and digest != checksum:
+        raise WarmStartError(
+            f"session store file {path} fails its checksum: it was altered or is damaged"
+        )
     try:
-        with np.load(path, allow_pickle=False) as data:
+        with np.load(io.BytesIO(raw), allow_pickle=False) as data:
             final = _unpack(data, "final")
             grad = None if pilot else _unpack(data, "grad")
     except WarmStartError as err:
         raise WarmStartError(f"session store file {path}: {err}") from None
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
         raise WarmStartError(f"session store file {path} is corrupt: {err!r}") from None
-    return final, grad
+    return final, grad, digest
 
 
 def _unpack(data: Any, prefix: str) -> State:

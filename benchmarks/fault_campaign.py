@@ -1,0 +1,212 @@
+"""Hostile devices against the server's screening: does every run finish, and learn?
+
+A seeded run of ``--devices`` simulated devices on Flower's Simulation Engine (``edgefleet
+run``'s ``run_scenario``, the real ServerApp and ClientApp) in which one device in
+``--every`` is hostile (the partitions p with p % every == every - 1), once per kind of
+lie, against the same run with every device honest. The hostile partitions train honestly
+and then spoil every train reply (the test-only run-config keys ``test.corrupt`` and
+``test.corrupt-partitions``; kinds in ``edgefleet/client/faults.py``):
+
+- ``inf-examples``: ``num-examples`` = inf;
+- ``huge-examples``: ``num-examples`` = 1e9 with every weight zero (under plain FedAvg this
+  reply would replace the model);
+- ``scaled``: every weight x 1e30 (finite);
+- ``nan``: NaN weights;
+- ``spoof-id``: the device id of its neighbour (which then cannot be trusted either);
+- ``bad-metrics``: an extra metric, a missing one and a list-valued one (a usable reply:
+  accepted, the odd metrics left out of the average);
+- ``noise``: Gaussian noise of each tensor's shape and spread.
+
+Prints one JSON line: per kind ``accuracy_delta`` (final accuracy minus the clean run's),
+``rounds_completed``, ``rejected`` (replies rejected over the run), ``rounds_dropped`` and
+the first rejection reason; the clean run's figures, with the spread of honest update
+norms around the round's median (``update_norm_max_ratio``, what ``screening.norm-factor``
+is compared with); and ``target_met``: every run completed all rounds and ended within
+``--max-drop`` of the clean run's accuracy. Runs are kept under ``--out`` and reused when a
+finished one of the same config is there (an interrupted campaign resumes).
+
+``--engine inprocess`` runs the same ServerApp ``main`` and the same ClientApp (Flower's
+``ClientApp`` object, mods included) in this process, over a grid that hands each message
+to the ClientApp of the node it is addressed to, every node keeping its own ``Context``;
+only Flower's transport and Ray are left out. Use it where Ray cannot run (on a machine
+whose memory is nearly all in use, Ray's memory monitor kills the ClientApp actors, and
+those devices' rounds come back as errors).
+
+Example (the issue's size)::
+
+    nice -n 15 .venv/bin/python benchmarks/fault_campaign.py --devices 10 --rounds 30
+    nice -n 15 .venv/bin/python benchmarks/fault_campaign.py --engine inprocess
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from _runs import run_once  # type: ignore[import-not-found]
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from edgefleet.client.app import app as client_app
+from edgefleet.config import DEFAULTS
+from edgefleet.server.app import main as server_main
+from edgefleet.simulation.runner import Scenario, load_scenario, parse_value, resolve_run_config
+
+ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("inf-examples", "huge-examples", "scaled", "nan", "spoof-id", "bad-metrics", "noise")
+
+
+class InProcessGrid:
+    """A Grid whose nodes are EdgeFleet's ClientApp, called in this process."""
+
+    def __init__(self, contexts: dict[int, Context]) -> None:
+        # Building a Message needs the ids of the task that sends it.
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+        self.contexts = contexts
+
+    def get_node_ids(self) -> list[int]:
+        return sorted(self.contexts)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> list[Message]:
+        replies = []
+        for msg in messages:
+            try:
+                replies.append(client_app(msg, self.contexts[msg.metadata.dst_node_id]))
+            except Exception as err:  # as Flower's engines do: an error reply
+                replies.append(Message(Error(0, f"{type(err).__name__}: {err}"), reply_to=msg))
+        return replies
+
+
+def run_inprocess(out: Path, name: str, devices: int, run_config: dict[str, Any]) -> list[Any]:
+    """``run_once`` for ``--engine inprocess``: the ServerApp's main over ``devices``
+    ClientApps (partition i on node i + 1); a finished run of the same config is reused."""
+    scenario = Scenario(name, {"num-supernodes": devices},
+                        {**run_config, "output-dir": str(out), "run-name": name})  # fmt: skip
+    cfg, raw = resolve_run_config(scenario)
+    run_dir = out / name
+    summary = run_dir / "summary.json"
+    if summary.exists() and json.loads(summary.read_text())["config"] == cfg.to_dict():
+        return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    full = {**DEFAULTS, **raw}
+    contexts = {
+        i + 1: Context(
+            run_id=1,
+            node_id=i + 1,
+            node_config={"partition-id": i, "num-partitions": devices},
+            state=RecordDict(),
+            run_config=full,
+        )
+        for i in range(devices)
+    }
+    server = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=full)
+    t0 = time.monotonic()
+    server_main(InProcessGrid(contexts), server)  # type: ignore[arg-type]
+    print(f"{name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def summarize(rows: list[dict[str, Any]], run_dir: Path) -> dict[str, Any]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rejected = [r for row in rows for r in row["rejected"]]
+    ratios = [row["update_norm_max_ratio"] for row in rows if "update_norm_max_ratio" in row]
+    return {
+        "final_accuracy": summary["final_accuracy"],
+        "rounds_completed": summary["rounds_run"],
+        "rejected": len(rejected),
+        "rounds_dropped": sum(1 for row in rows if row.get("round_dropped")),
+        "mean_participants": round(statistics.mean(len(row["participants"]) for row in rows), 2),
+        "first_reason": rejected[0]["reason"] if rejected else None,
+        "update_norm_max_ratio": max(ratios) if ratios else None,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scenario", default=str(ROOT / "scenarios" / "fedavg.toml"))
+    parser.add_argument("--devices", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=30)
+    parser.add_argument("--every", type=int, default=10, help="one device in EVERY is hostile")
+    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds")
+    parser.add_argument("--max-drop", type=float, default=0.02, help="target: accuracy points")
+    parser.add_argument("--out", default="runs/fault_campaign")
+    parser.add_argument("--timeout", type=float, default=4 * 3600)
+    parser.add_argument("--attempts", type=int, default=3, help="tries a run gets to start")
+    parser.add_argument("--engine", choices=("simulation", "inprocess"), default="simulation")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override"
+    )
+    args = parser.parse_args()
+    kinds = [k for k in args.kinds.split(",") if k]
+    hostile = [p for p in range(args.devices) if p % args.every == args.every - 1]
+    if not hostile:
+        raise SystemExit(f"--every {args.every} leaves no hostile device among {args.devices}")
+    overrides = {k: parse_value(v) for k, v in (s.split("=", 1) for s in args.set)}
+    scenario = load_scenario(args.scenario, overrides)
+    federation = {**scenario.federation, "num-supernodes": args.devices}
+    base = {**scenario.run_config, "num-server-rounds": args.rounds, "min-nodes": args.devices}
+    out = Path(args.out).resolve()
+    t0 = time.monotonic()
+
+    def run(name: str, extra: dict[str, Any]) -> dict[str, Any]:
+        if args.engine == "inprocess":
+            rows = run_inprocess(out, name, args.devices, {**base, **extra})
+            return summarize(rows, out / name)
+        for attempt in range(1, args.attempts + 1):
+            try:
+                rows = run_once(out, name, federation, {**base, **extra}, args.timeout)
+                return summarize(rows, out / name)
+            except RuntimeError as err:
+                # On a loaded machine Ray's raylet can miss its fixed 30 s start-up window
+                # ("The current node timed out during startup"): the run never started.
+                print(f"{name}: attempt {attempt} failed: {err}", file=sys.stderr)
+                if attempt == args.attempts:
+                    raise
+        raise AssertionError("unreachable")
+
+    clean = run("clean", {})
+    partitions = ",".join(str(p) for p in hostile)
+    results: dict[str, dict[str, Any]] = {}
+    for kind in kinds:
+        res = run(kind, {"test.corrupt": kind, "test.corrupt-partitions": partitions})
+        delta = res["final_accuracy"] - clean["final_accuracy"]
+        results[kind] = {"accuracy_delta": round(delta, 4), **res}
+    target_met = (
+        all(
+            r["rounds_completed"] == args.rounds and r["accuracy_delta"] >= -args.max_drop
+            for r in results.values()
+        )
+        and clean["rounds_completed"] == args.rounds
+    )
+    print(
+        json.dumps(
+            {
+                "benchmark": "fault_campaign",
+                "engine": args.engine,
+                "scenario": Path(args.scenario).name,
+                "devices": args.devices,
+                "rounds": args.rounds,
+                "hostile_partitions": hostile,
+                "set": overrides,
+                "clean": clean,
+                "kinds": results,
+                "target": f"all {args.rounds} rounds, accuracy within {args.max_drop} of clean",
+                "target_met": target_met,
+                "wall_s": round(time.monotonic() - t0, 1),
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
