@@ -20,6 +20,7 @@ from typing import Any
 from edgefleet.client.battery import SOURCES
 from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS, RECONSTRUCTIONS
 from edgefleet.strategies.saga import SAGA_ESTIMATORS, SAGA_INITS
+from edgefleet.strategies.stopping import VALIDATION_RULES
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.data import DATASETS, PARTITIONS
 from edgefleet.task.names import MODELS
@@ -291,6 +292,20 @@ class StoppingConfig:
         "l2",
         _choice(STOPPING_NORMS),
         "`l2` or `squared` (then use tau' = (1+tau)^2 - 1, about 2 tau)",
+    )
+    validation_rule: str = key(
+        "stopping.validation-rule",
+        "reference",
+        _choice(VALIDATION_RULES),
+        "the validation baseline's rule: `reference` (the paper's: patience on validation "
+        "loss and accuracy improving by more than `stopping.validation-min-delta`, ends with "
+        "the stop round's model) or `best` (patience after the best accuracy, keeps that model)",
+    )
+    validation_min_delta: float = key(
+        "stopping.validation-min-delta",
+        0.005,
+        _at_least(0.0),
+        "the `reference` rule's minimum improvement of validation loss or accuracy",
     )
     validation_fraction: float = key(
         "stopping.validation-fraction",

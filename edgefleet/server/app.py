@@ -122,8 +122,14 @@ def build_strategy(
         keys = central.keys  # type: ignore[union-attr]
         strategy = TaskVectorStopping(strategy, sc.tau, sc.patience, sc.norm, keys, enforce)
     if sc.mode in ("validation", "observe"):
-        validate = central.validate  # type: ignore[union-attr]
-        strategy = ValidationStopping(strategy, validate, sc.patience, sc.mode == "validation")
+        strategy = ValidationStopping(
+            strategy,
+            central.validate,  # type: ignore[union-attr]
+            sc.patience,
+            enforce=sc.mode == "validation",
+            rule=sc.validation_rule,
+            min_delta=sc.validation_min_delta,
+        )
     if cfg.sessions_enabled:
         strategy = _sessions(strategy, cfg, run_dir, central)  # type: ignore[arg-type]
     return strategy
@@ -194,7 +200,7 @@ class CentralEvaluation:
     initial: ArrayRecord
     keys: list[str]
     evaluate: EvaluateFn
-    validate: Callable[[ArrayRecord], float]
+    validate: Callable[[ArrayRecord], dict[str, float]]
 
 
 def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
@@ -224,9 +230,14 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
             out[f"class{c}_correct"], out[f"class{c}_total"] = float(ok), float(n)
         return out
 
-    def validate(arrays: ArrayRecord) -> float:
+    def validate(arrays: ArrayRecord) -> dict[str, float]:
         set_arrays(model, arrays)
-        return evaluate(model, validation).accuracy
+        res = evaluate(model, validation)
+        return {
+            "accuracy": res.accuracy,
+            "loss": res.loss,
+            "balanced_accuracy": res.balanced_accuracy,
+        }
 
     keys = [name for name, _ in model.named_parameters()]
     return CentralEvaluation(initial, keys, evaluate_fn, validate)
@@ -268,7 +279,7 @@ def main(grid: Grid, context: Context) -> None:
     t0 = time.monotonic()
     outcome = loop.run(arrays, cfg.server.num_rounds, ConfigRecord(), first_round=first_round)
     extra = {}
-    if isinstance(strategy, ValidationStopping) and strategy.enforce:
+    if isinstance(strategy, ValidationStopping) and strategy.enforce and strategy.keeps_best:
         # The baseline returns its best model, so its figures are those of that round.
         extra = {"best_validation_round": strategy.best_round}
         best = next((r for r in writer.rows if r["round"] == strategy.best_round), None)
