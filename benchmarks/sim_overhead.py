@@ -77,8 +77,9 @@ import torch
 
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.simulation.runner import parse_value
-from edgefleet.task.data import ArrayDataset, load_dataset, partition_indices, split_local
+from edgefleet.task.datasets import ArrayDataset, load_dataset
 from edgefleet.task.models import build_model
+from edgefleet.task.partition import partition_indices, split_local
 from edgefleet.task.train import evaluate, seed_for, train_local
 
 log = logging.getLogger("sim_overhead")

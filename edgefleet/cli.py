@@ -28,6 +28,9 @@ def _run(argv: list[str]) -> int:
     parser.add_argument("--quiet", action="store_true", help="hide Flower's log stream")
     parser.add_argument("--report", action="store_true", help="draw the plots when done")
     parser.add_argument(
+        "--json", action="store_true", help="print summary.json instead of the run's story"
+    )
+    parser.add_argument(
         "--resume", action="store_true", help="continue run-name from its last checkpoint"
     )
     args = parser.parse_args(argv)
@@ -47,10 +50,15 @@ def _run(argv: list[str]) -> int:
     except RuntimeError as err:
         print(f"edgefleet run: failed: {err}", file=sys.stderr)
         return 1
-    summary = json.loads((run_dir / "summary.json").read_text())
-    summary.pop("config")
-    print(json.dumps(summary, indent=2))
-    print(f"results: {run_dir}")
+    if args.json:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        summary.pop("config")
+        print(json.dumps(summary, indent=2))
+    else:
+        from edgefleet.simulation.story import story
+
+        print(story(run_dir))
+    print(f"results: {run_dir} (summary.json, metrics.jsonl)")
     if args.report:
         from edgefleet.simulation.report import main as report_main
 

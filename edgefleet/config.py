@@ -22,8 +22,9 @@ from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS, RECONSTRUCTION
 from edgefleet.strategies.saga import SAGA_ESTIMATORS, SAGA_INITS
 from edgefleet.strategies.stopping import VALIDATION_RULES
 from edgefleet.strategies.warmstart import WARMSTART_MODES
-from edgefleet.task.data import DATASETS, PARTITIONS
+from edgefleet.task.datasets import DATASETS
 from edgefleet.task.names import MODELS
+from edgefleet.task.partition import PARTITIONS
 
 STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox", "fedsag")
 SELECTIONS: tuple[str, ...] = ("all", "energy-age")

@@ -19,7 +19,7 @@ from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
-from edgefleet.task.data import group_classes, group_partition_indices
+from edgefleet.task.partition import group_classes, group_partition_indices
 from tests.fakes import FakeGrid, rec
 from tests.test_ehfedsag import KW
 

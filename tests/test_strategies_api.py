@@ -89,6 +89,20 @@ def test_a_weight_that_is_not_a_positive_finite_number_is_dropped() -> None:
     assert all("'num-examples'" in r["reason"] for r in result.rejected)
 
 
+def test_a_submodel_reply_without_reconstruction_is_dropped() -> None:
+    def pruned(msg: Message) -> Message:
+        reply = _adds(1.0, 1)(msg)
+        reply.content["kept"] = rec(conv=np.arange(2))
+        return reply
+
+    grid = FakeGrid({1: _adds(1.0, 1), 2: pruned})
+    loop = RoundLoop(FedAvg(fraction_evaluate=0.0, **ONE), grid, evaluate_fn=no_eval)  # type: ignore[arg-type]
+    result = loop.run_round(1, rec(w=np.zeros(1)), ConfigRecord(), 0.0)
+    assert result.participants == ["node-1"]
+    assert "needs SubmodelReconstruction" in result.rejected[0]["reason"]
+    assert set(result.arrays) == {"w"}
+
+
 def test_an_aggregation_that_raises_drops_the_round_not_the_run() -> None:
     class Broken(FedAvg):
         def aggregate_train(self, server_round, replies):  # type: ignore[no-untyped-def]

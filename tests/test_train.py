@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from edgefleet.task.data import ArrayDataset
+from edgefleet.task.datasets import ArrayDataset
 from edgefleet.task.models import build_model
 from edgefleet.task.train import evaluate, get_arrays, seed_for, set_arrays, train_local
 

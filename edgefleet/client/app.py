@@ -29,12 +29,13 @@ from edgefleet.client.mods import (
 from edgefleet.client.pruning import parameter_fraction, round_model
 from edgefleet.config import RunConfig
 from edgefleet.pruning.wire import KEPT, kept_record
+from edgefleet.task.cache import CacheUnwritableError
 from edgefleet.task.train import evaluate as evaluate_model
 from edgefleet.task.train import get_arrays, seed_for, set_arrays, train_local
 
 # What a device's configuration or battery can raise: each becomes an Error reply (the
 # server counts the device as declined or unavailable) instead of a crashed ClientApp.
-DEVICE_ERRORS = (ValueError, FileNotFoundError, SourceUnavailableError)
+DEVICE_ERRORS = (ValueError, FileNotFoundError, SourceUnavailableError, CacheUnwritableError)
 
 
 @functools.cache  # sources hold no state; a trace file is read once per process, not per message

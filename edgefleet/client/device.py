@@ -17,16 +17,10 @@ import torch
 from torch import nn
 
 from edgefleet.config import RunConfig, parse_run_config
-from edgefleet.task.data import (
-    ArrayDataset,
-    dataset_info,
-    group_partition_indices,
-    load_dataset,
-    load_local_data,
-    partition_indices,
-    split_local,
-)
+from edgefleet.task.datasets import ArrayDataset, dataset_info, load_dataset
+from edgefleet.task.local import load_local_data
 from edgefleet.task.models import build_model
+from edgefleet.task.partition import group_partition_indices, partition_indices, split_local
 from edgefleet.task.train import seed_for
 
 if TYPE_CHECKING:

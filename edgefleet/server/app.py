@@ -34,8 +34,9 @@ from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
-from edgefleet.task.data import dataset_info, load_dataset, split_local
+from edgefleet.task.datasets import dataset_info, load_dataset
 from edgefleet.task.models import build_model
+from edgefleet.task.partition import split_local
 from edgefleet.task.train import evaluate, get_arrays, set_arrays
 
 if TYPE_CHECKING:

@@ -14,7 +14,6 @@ from an untrusted source).
 
 from __future__ import annotations
 
-import os
 import pickle
 import random
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from flwr.app import ArrayRecord
 from flwr.common import log
 
 from edgefleet.arrays import to_numpy, to_record
+from edgefleet.fileio import atomic_write
 from edgefleet.strategies.hooks import hooks_of
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 
@@ -51,12 +51,8 @@ class Checkpoint:
 
 
 def save_checkpoint(path: Path, ckpt: Checkpoint) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("wb") as f:
-        pickle.dump({"format": FORMAT, "checkpoint": ckpt}, f, protocol=pickle.HIGHEST_PROTOCOL)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    data = {"format": FORMAT, "checkpoint": ckpt}
+    atomic_write(path, lambda f: pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def load_checkpoint(path: Path) -> Checkpoint:

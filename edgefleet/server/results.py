@@ -7,12 +7,12 @@ finished round behind; ``summary.json`` is written once at the end, atomically.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 from typing import Any
 
 from edgefleet.config import RunConfig
+from edgefleet.fileio import atomic_write_text
 from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundResult
 
 
@@ -77,9 +77,7 @@ class MetricsWriter(RoundCallback):
             return
         rows = [json.loads(line) for line in self.path.read_text().splitlines() if line]
         self.rows = [r for r in rows if r["round"] <= last_round]
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
-        os.replace(tmp, self.path)
+        atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in self.rows))
 
     def after_round(self, result: RoundResult) -> str | None:
         row = round_row(result)
@@ -152,7 +150,5 @@ def write_summary(
         summary["target_accuracy"] = cfg.sessions.target_accuracy
         summary["sessions"] = session_summary(rows, cfg.sessions.target_accuracy)
     summary.update(extra or {})
-    tmp = run_dir / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, run_dir / "summary.json")
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary

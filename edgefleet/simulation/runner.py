@@ -32,7 +32,7 @@ from typing import Any
 from edgefleet.config import DEFAULTS, ConfigError, RunConfig, parse_run_config
 from edgefleet.processes import BIN_DIR, FleetError, FlowerFleet, config_arg
 from edgefleet.server.results import default_run_name, prepare_run_dir
-from edgefleet.task.data import default_data_dir
+from edgefleet.task.datasets import default_data_dir
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
 FEDERATION_KEYS = (

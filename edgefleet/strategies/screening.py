@@ -100,6 +100,9 @@ def check_train_reply(msg: Message, reference: ArrayRecord, keys: RecordKeys) ->
     the ones that would silently poison the model (shape, dtype, non-finite values).
     """
     content = msg.content
+    if KEPT in content.array_records:
+        # Flower's aggregation would average the channel indices into the model.
+        return f"a pruned submodel (ArrayRecord {KEPT!r}) needs SubmodelReconstruction"
     reason = check_records(content)
     if reason:
         return reason

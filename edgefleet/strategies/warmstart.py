@@ -47,8 +47,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -56,6 +54,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from edgefleet.fileio import atomic_write
 
 WARMSTART_MODES: tuple[str, ...] = ("pilot", "previous", "average", "fresh")
 
@@ -261,23 +261,6 @@ def warm_start_model(
     return average_states([s.final for s in stored], weights.tolist()), weights
 
 
-def _atomic_write(path: Path, write: Any) -> None:
-    """Write via ``write(fileobj)`` to a temporary file beside ``path``, then os.replace.
-
-    A crash leaves either the old file or the new one, never half of one.
-    """
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 class SessionStore:
     """Finished sessions, kept in memory and (with a directory) on disk.
 
@@ -378,7 +361,7 @@ class SessionStore:
             arrays["grad_keys"] = np.array(list(s.pseudo_grad), dtype=np.str_)
             for i, v in enumerate(s.pseudo_grad.values()):
                 arrays[f"grad_{i}"] = v
-        _atomic_write(self.directory / _file_name(s.session), lambda f: np.savez(f, **arrays))
+        atomic_write(self.directory / _file_name(s.session), lambda f: np.savez(f, **arrays))
 
     def _write_index(self) -> None:
         assert self.directory is not None
@@ -395,7 +378,7 @@ class SessionStore:
             ],
         }
         text = json.dumps(index, indent=1).encode()
-        _atomic_write(self.directory / INDEX_NAME, lambda f: f.write(text))
+        atomic_write(self.directory / INDEX_NAME, lambda f: f.write(text))
 
     @classmethod
     def load(cls, directory: Path, max_stored: int) -> SessionStore:

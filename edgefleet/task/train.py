@@ -9,7 +9,7 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
-from edgefleet.task.data import ArrayDataset
+from edgefleet.task.datasets import ArrayDataset
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Tests for edgefleet.task.data: loaders, hold-outs, partitioners and local splits."""
+"""Tests for edgefleet.task.datasets and .sources: loaders, hold-outs, search order, and what
+a truncated or corrupt source or cache file does (rebuilt from the source, or an error naming
+the file)."""
 
 from __future__ import annotations
 
@@ -13,16 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgefleet.task import data
-from edgefleet.task.data import (
+from edgefleet.task import datasets, sources
+from edgefleet.task.cache import DataCorruptError
+from edgefleet.task.datasets import (
     DATASETS,
-    PARTITIONS,
     ArrayDataset,
     DataNotFoundError,
     dataset_info,
     load_dataset,
-    partition_indices,
-    split_local,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,7 @@ needs_shared = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True, scope="module")
 def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Keep the tests off ~/.cache and independent of the caller's environment."""
     cache = tmp_path_factory.mktemp("edgefleet-cache")
@@ -44,31 +44,12 @@ def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield cache
 
 
-@pytest.fixture
-def fresh_partitioners() -> Iterator[None]:
-    """Force a new fit, so determinism is tested across fits and not through the cache."""
-    data._PARTITIONERS.clear()
+@pytest.fixture(autouse=True)
+def _fresh_loads() -> Iterator[None]:
+    """Each test reads its files anew (load_dataset keeps loads per process)."""
+    datasets._load_cached.cache_clear()
     yield
-    data._PARTITIONERS.clear()
-
-
-@pytest.fixture(scope="module")
-def labels() -> np.ndarray:
-    return load_dataset("mnist-5k")[0].y
-
-
-def _all_partitions(y: np.ndarray, n: int, scheme: str, **kwargs: float) -> list[np.ndarray]:
-    return [partition_indices(y, n, i, scheme, **kwargs) for i in range(n)]  # type: ignore[arg-type]
-
-
-def _assert_disjoint(parts: list[np.ndarray]) -> np.ndarray:
-    union = np.concatenate(parts)
-    assert len(np.unique(union)) == len(union), "partitions overlap"
-    return union
-
-
-def _max_class_share(y: np.ndarray, idx: np.ndarray) -> float:
-    return float(np.bincount(y[idx]).max() / len(idx))
+    datasets._load_cached.cache_clear()
 
 
 # --- dataset_info ---------------------------------------------------------------------------
@@ -80,6 +61,11 @@ def test_dataset_info(name: str) -> None:
     assert info.name == name
     assert len(info.input_shape) == 3
     assert len(info.class_names) == info.num_classes >= 2
+
+
+def test_every_data_set_has_a_loader() -> None:
+    assert set(sources._FILE_LOADERS) == set(datasets.FILE_DATASETS)
+    assert set(sources._FILE_LOADERS) | set(sources._BUILTIN_LOADERS) == set(DATASETS)
 
 
 def test_dataset_info_unknown_name_lists_choices() -> None:
@@ -133,7 +119,7 @@ def test_slim_install_without_torchvision(tmp_path: Path) -> None:
     _fake_pneumonia(tmp_path, 3)
     code = (
         "import sys; sys.modules['torchvision'] = None\n"
-        "from edgefleet.task.data import load_dataset\n"
+        "from edgefleet.task.datasets import load_dataset\n"
         "assert len(load_dataset('mnist-5k')[0]) == 4000\n"
         f"assert len(load_dataset('pneumonia', {str(tmp_path)!r})[1]) == 3\n"
     )
@@ -219,7 +205,9 @@ def test_bccd_holdout_grouped_by_source() -> None:
     _check_loaded("bccd", train, test)
     with np.load(SHARED / "bccd_cells_28.npz") as npz:
         y, source = npz["y"], npz["source"]
-    train_idx, test_idx = data._group_holdout(source, data.HOLDOUT_FRACTION, data.HOLDOUT_SEED)
+    train_idx, test_idx = sources._group_holdout(
+        source, sources.HOLDOUT_FRACTION, sources.HOLDOUT_SEED
+    )
     np.testing.assert_array_equal(train.y, y[train_idx])
     np.testing.assert_array_equal(test.y, y[test_idx])
     assert not set(source[train_idx]) & set(source[test_idx])
@@ -262,9 +250,8 @@ def _write_idx_gz(folder: Path, sizes: dict[str, int]) -> None:
 
 
 def test_fashion_mnist_from_debian_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torchvision")
     monkeypatch.setenv("EDGEFLEET_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(data, "_DEBIAN_FASHION_DIR", tmp_path / "deb")
+    monkeypatch.setattr(sources, "_DEBIAN_FASHION_DIR", tmp_path / "deb")
     _write_idx_gz(tmp_path / "deb", {"train": 12, "t10k": 5})
     (tmp_path / "empty").mkdir()
     train, test, _ = load_dataset("fashion-mnist", str(tmp_path / "empty"))
@@ -334,133 +321,196 @@ def test_missing_data_lists_paths(offline: Path, name: str, expected: list[str])
     assert str(pickle.loads(pickle.dumps(err.value))) == message
 
 
-# --- partitioning -----------------------------------------------------------------------------
+# --- truncated and corrupt files -------------------------------------------------------------
 
 
-def test_iid_balanced_and_covering(labels: np.ndarray) -> None:
-    parts = _all_partitions(labels, 7, "iid")
-    assert {len(p) for p in parts} == {571, 572}
-    assert np.array_equal(np.sort(_assert_disjoint(parts)), np.arange(len(labels)))
-    # Random, not contiguous blocks of the (label-sorted) source file.
-    assert max(_max_class_share(labels, p) for p in parts) < 0.2
+def _damage(path: Path, how: str, where: float = 0.5) -> bytes:
+    """Truncate ``path`` at ``where`` of its length, or flip the byte there (same size);
+    returns the old bytes."""
+    data = path.read_bytes()
+    at = int(len(data) * where)
+    if how == "truncate":
+        path.write_bytes(data[:at])
+    else:
+        flipped = bytearray(data)
+        flipped[at] ^= 0xFF
+        path.write_bytes(bytes(flipped))
+    return data
 
 
-def test_dirichlet_small_alpha_is_skewed(labels: np.ndarray) -> None:
-    parts = _all_partitions(labels, 10, "dirichlet", alpha=0.05)
-    assert np.array_equal(np.sort(_assert_disjoint(parts)), np.arange(len(labels)))
-    assert min(len(p) for p in parts) >= 10  # the chosen min_partition_size
-    assert np.mean([_max_class_share(labels, p) for p in parts]) > 0.5
-
-
-def test_dirichlet_large_alpha_is_near_uniform(labels: np.ndarray) -> None:
-    parts = _all_partitions(labels, 10, "dirichlet", alpha=1000.0)
-    assert np.array_equal(np.sort(_assert_disjoint(parts)), np.arange(len(labels)))
-    assert max(_max_class_share(labels, p) for p in parts) < 0.15
-    assert all(340 <= len(p) <= 460 for p in parts)
-
-
-def test_dirichlet_extreme_settings_terminate(caplog: pytest.LogCaptureFixture) -> None:
-    y = np.arange(40) % 4
-    parts = _all_partitions(y, 20, "dirichlet", alpha=0.01)
-    assert np.array_equal(np.sort(_assert_disjoint(parts)), np.arange(40))
-    assert "min_partition_size" in caplog.text  # relaxed, and said so
-
-
-def test_shards_one_or_two_classes_each(labels: np.ndarray) -> None:
-    # 4000 samples, 400 per class, 20 shards of 200: every shard is a single class.
-    parts = _all_partitions(labels, 10, "shards", shards_per_partition=2)
-    assert all(len(np.unique(labels[p])) <= 2 for p in parts)
-    assert np.array_equal(np.sort(_assert_disjoint(parts)), np.arange(len(labels)))
-
-
-def test_shards_drop_the_remainder(labels: np.ndarray) -> None:
-    parts = _all_partitions(labels, 7, "shards", shards_per_partition=3)
-    shard_size = len(labels) // 21
-    assert all(len(p) == 3 * shard_size for p in parts)
-    assert len(_assert_disjoint(parts)) == 21 * shard_size
-    # A shard straddles at most two classes, so at most 2k classes per partition.
-    assert all(len(np.unique(labels[p])) <= 6 for p in parts)
-    assert np.mean([len(np.unique(labels[p])) for p in parts]) <= 4.5
-
-
-@pytest.mark.parametrize("scheme", PARTITIONS)
-def test_partitions_are_deterministic_in_seed(
-    labels: np.ndarray, scheme: str, fresh_partitioners: None
+@pytest.mark.parametrize("how", ["truncate", "flip"])
+def test_damaged_cifar_cache_is_rebuilt_from_the_tarball(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, how: str
 ) -> None:
-    first = partition_indices(labels, 5, 2, scheme, alpha=0.3, seed=11)
-    assert first.dtype == np.int64
-    assert np.all(np.diff(first) > 0), "indices must be sorted and unique"
-    data._PARTITIONERS.clear()
-    np.testing.assert_array_equal(
-        partition_indices(labels, 5, 2, scheme, alpha=0.3, seed=11), first
-    )
-    other = partition_indices(labels, 5, 2, scheme, alpha=0.3, seed=12)
-    assert not np.array_equal(other, first)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EDGEFLEET_CACHE_DIR", str(cache))
+    _fake_cifar_tar(tmp_path / "cifar10-jpg.tar.gz", per_class=2)
+    first, _, _ = load_dataset("cifar10", str(tmp_path))
+    good = _damage(cache / "cifar10-jpg.npz", how)
+    datasets._load_cached.cache_clear()
+    again, _, _ = load_dataset("cifar10", str(tmp_path))
+    np.testing.assert_array_equal(again.x, first.x)
+    np.testing.assert_array_equal(again.y, first.y)
+    assert (cache / "cifar10-jpg.npz").read_bytes() == good  # rebuilt, the same bytes
+    assert "cifar10-jpg.npz is not usable" in caplog.text
 
 
-def test_partition_accepts_numpy_integers(labels: np.ndarray) -> None:
-    n, i = np.int64(4), np.int64(1)  # e.g. read from a numpy config array
-    idx = partition_indices(labels, n, i, "shards", shards_per_partition=2)  # type: ignore[arg-type]
-    np.testing.assert_array_equal(idx, partition_indices(labels, 4, 1, "shards"))
+def test_a_truncated_tarball_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEFLEET_CACHE_DIR", str(tmp_path / "cache"))
+    tar = tmp_path / "cifar10-jpg.tar.gz"
+    _fake_cifar_tar(tar, per_class=2)
+    _damage(tar, "truncate")
+    with pytest.raises(DataCorruptError, match="truncated or corrupt") as err:
+        load_dataset("cifar10", str(tmp_path))
+    assert str(tar) in str(err.value) and "sha256sum -c SHA256SUMS" in str(err.value)
+    assert not (tmp_path / "cache" / "cifar10-jpg.npz").exists()
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"num_partitions": 0, "partition_id": 0}, "num_partitions must be >= 1"),
-        ({"partition_id": -1}, r"partition_id must be in \[0, 4\)"),
-        ({"partition_id": 4}, r"partition_id must be in \[0, 4\)"),
-        ({"num_partitions": 11, "partition_id": 0}, "more devices than samples"),
-        ({"scheme": "pathological"}, "valid choices: iid, dirichlet, shards"),
-        ({"scheme": "dirichlet", "alpha": 0.0}, "alpha must be"),
-        ({"scheme": "dirichlet", "alpha": -1.0}, "alpha must be"),
-        ({"scheme": "dirichlet", "alpha": float("nan")}, "alpha must be"),
-        ({"scheme": "shards", "shards_per_partition": 0}, "shards_per_partition must be >= 1"),
-        ({"scheme": "shards", "shards_per_partition": 3}, "too few samples for shards"),
-        ({"labels": np.zeros((10, 2), dtype=np.int64)}, "1-D integer array"),
-        ({"labels": np.zeros(10)}, "1-D integer array"),
-    ],
-)
-def test_partition_bad_arguments(kwargs: dict[str, object], message: str) -> None:
-    args: dict[str, object] = {
-        "labels": np.arange(10) % 3,
-        "num_partitions": 4,
-        "partition_id": 1,
-        "scheme": "iid",
-    }
-    args.update(kwargs)
-    with pytest.raises(ValueError, match=message):
-        partition_indices(**args)  # type: ignore[arg-type]
+def test_a_corrupt_jpeg_in_the_tarball_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("EDGEFLEET_CACHE_DIR", str(tmp_path / "cache"))
+    src = tmp_path / "src" / "test" / "cat"
+    src.mkdir(parents=True)
+    (src / "0000.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    tar = tmp_path / "cifar10-jpg.tar.gz"
+    with tarfile.open(tar, "w:gz") as out:
+        out.add(tmp_path / "src" / "test", arcname="train")
+        out.add(tmp_path / "src" / "test", arcname="test")
+    with pytest.raises(DataCorruptError, match=r"member train/cat/0000.jpg is not a readable"):
+        load_dataset("cifar10", str(tmp_path))
 
 
-# --- local split and ArrayDataset -------------------------------------------------------------
+def test_cifar_cache_without_its_tarball(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offline: Path
+) -> None:
+    """With the tarball gone, an intact cache file is still used, an unstamped one (an older
+    EdgeFleet's) is used once it decodes, and a damaged one is refused by name and removed."""
+    cache = offline / "cache"
+    _fake_cifar_tar(tmp_path / "cifar10-jpg.tar.gz", per_class=1)
+    first, _, _ = load_dataset("cifar10", str(tmp_path))
+    (tmp_path / "cifar10-jpg.tar.gz").unlink()
+    npz, stamp = cache / "cifar10-jpg.npz", cache / ".cifar10-jpg.npz.stamp.json"
+    stamp.unlink()
+    datasets._load_cached.cache_clear()
+    np.testing.assert_array_equal(load_dataset("cifar10", str(tmp_path))[0].x, first.x)
+    assert stamp.is_file()
+    _damage(npz, "flip")
+    datasets._load_cached.cache_clear()
+    with pytest.raises(DataCorruptError) as err:
+        load_dataset("cifar10", str(tmp_path))
+    assert f"cache file {npz} is corrupt" in str(err.value)
+    assert "cifar10-jpg.tar.gz" in str(err.value)  # how to get it back
+    assert not npz.exists() and not stamp.exists()
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip"])
+def test_damaged_unpacked_idx_file_is_unpacked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("EDGEFLEET_CACHE_DIR", str(cache))
+    _write_idx_gz(tmp_path / "data" / "mnist", {"train": 12, "t10k": 5})
+    first, test, _ = load_dataset("mnist", str(tmp_path / "data"))
+    assert (len(first), len(test)) == (12, 5)
+    unpacked = cache / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    good = _damage(unpacked, how)
+    datasets._load_cached.cache_clear()
+    again, _, _ = load_dataset("mnist", str(tmp_path / "data"))
+    np.testing.assert_array_equal(again.x, first.x)
+    assert unpacked.read_bytes() == good
+
+
+def test_a_damaged_unpacked_idx_file_with_no_source_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, offline: Path
+) -> None:
+    _write_idx_gz(tmp_path / "data" / "mnist", {"train": 12, "t10k": 5})
+    load_dataset("mnist", str(tmp_path / "data"))
+    unpacked = offline / "cache" / "MNIST" / "raw" / "t10k-labels-idx1-ubyte"
+    _damage(unpacked, "flip")
+    datasets._load_cached.cache_clear()
+    with pytest.raises(DataCorruptError) as err:
+        load_dataset("mnist", str(offline / "empty"))  # the .gz copies are not searched
+    assert f"cache file {unpacked} is corrupt" in str(err.value)
+    assert "offline (test)" in str(err.value)  # and the download was tried
+
+
+def test_a_truncated_mnist_gz_is_named(offline: Path) -> None:
+    _write_idx_gz(offline / "data" / "mnist", {"train": 12, "t10k": 5})
+    bad = offline / "data" / "mnist" / "train-images-idx3-ubyte.gz"
+    _damage(bad, "truncate")
+    with pytest.raises(DataCorruptError) as err:
+        load_dataset("mnist", str(offline / "data"))
+    assert f"{bad} is truncated or corrupt" in str(err.value)
+    assert not (offline / "cache" / "MNIST" / "raw" / "train-images-idx3-ubyte").exists()
+
+
+def test_a_truncated_raw_idx_file_is_named(offline: Path) -> None:
+    """Raw idx files are read in place: their header says how long they must be."""
+    folder = offline / "data" / "MNIST" / "raw"
+    _write_idx_gz(folder, {"train": 12, "t10k": 5})
+    for gz in folder.glob("*.gz"):
+        gz.with_suffix("").write_bytes(gzip.decompress(gz.read_bytes()))
+        gz.unlink()
+    _damage(folder / "t10k-images-idx3-ubyte", "truncate")
+    with pytest.raises(DataCorruptError, match="truncated") as err:
+        load_dataset("mnist", str(offline / "data"))
+    assert str(folder / "t10k-images-idx3-ubyte") in str(err.value)
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip"])
+def test_a_damaged_source_npz_is_named(tmp_path: Path, how: str) -> None:
+    _fake_pneumonia(tmp_path, 6)
+    path = tmp_path / "pneumoniamnist.npz"
+    _damage(path, how, where=0.25)  # inside train_images (a damaged val split goes unread)
+    with pytest.raises(DataCorruptError) as err:
+        load_dataset("pneumonia", str(tmp_path))
+    assert f"{path} is truncated or corrupt" in str(err.value)
+    assert "shared data folder" in str(err.value)
+    assert isinstance(err.value, ValueError)  # a ClientApp answers it with an error reply
+
+
+def test_a_source_is_checked_against_sha256sums(tmp_path: Path) -> None:
+    _fake_pneumonia(tmp_path, 6)
+    (tmp_path / "SHA256SUMS").write_text("00" * 32 + "  pneumoniamnist.npz\n")
+    with pytest.raises(DataCorruptError, match="SHA256SUMS") as err:
+        load_dataset("pneumonia", str(tmp_path))
+    assert str(tmp_path / "pneumoniamnist.npz") in str(err.value)
+    import hashlib
+
+    digest = hashlib.sha256((tmp_path / "pneumoniamnist.npz").read_bytes()).hexdigest()
+    (tmp_path / "SHA256SUMS").write_text(f"{digest}  pneumoniamnist.npz\n")
+    datasets._load_cached.cache_clear()
+    assert len(load_dataset("pneumonia", str(tmp_path))[0]) == 6
+
+
+def test_damaged_mnist_5k_cache_is_rebuilt(_session_cache: Path) -> None:
+    first, test, _ = load_dataset("mnist-5k")
+    entry = _session_cache / "mnist-5k.npz"
+    assert entry.is_file() and (_session_cache / ".mnist-5k.npz.stamp.json").is_file()
+    _damage(entry, "flip")
+    datasets._load_cached.cache_clear()
+    again, again_test, _ = load_dataset("mnist-5k")
+    np.testing.assert_array_equal(again.x, first.x)
+    np.testing.assert_array_equal(again_test.y, test.y)
+
+
+@needs_shared
+def test_idx_reader_matches_torchvision(_session_cache: Path) -> None:
+    torchvision = pytest.importorskip("torchvision")
+    train, test, _ = load_dataset("mnist", str(SHARED))  # unpacks into the session cache
+    reference = torchvision.datasets.MNIST(str(_session_cache), train=False, download=False)
+    want = datasets.normalise("mnist", reference.data.numpy())
+    np.testing.assert_array_equal(test.x, want)
+    np.testing.assert_array_equal(test.y, reference.targets.numpy())
+
+
+# --- ArrayDataset ---------------------------------------------------------------------------
 
 
 def _toy(n: int) -> ArrayDataset:
     x = np.arange(n, dtype=np.float32).reshape(n, 1, 1, 1)
     return ArrayDataset(x, np.arange(n, dtype=np.int64))
-
-
-def test_split_local_deterministic_and_disjoint() -> None:
-    train, test = split_local(_toy(50), 0.2, seed=3)
-    assert (len(train), len(test)) == (40, 10)
-    assert not set(train.y.tolist()) & set(test.y.tolist())
-    assert sorted(train.y.tolist() + test.y.tolist()) == list(range(50))
-    again, _ = split_local(_toy(50), 0.2, seed=3)
-    np.testing.assert_array_equal(again.y, train.y)
-    other, _ = split_local(_toy(50), 0.2, seed=4)
-    assert not np.array_equal(other.y, train.y)
-    np.testing.assert_array_equal(train.x.ravel(), train.y)  # x and y stay aligned
-
-
-def test_split_local_edge_cases() -> None:
-    assert [len(p) for p in split_local(_toy(1), 0.5, 0)] == [1, 0]
-    assert [len(p) for p in split_local(_toy(3), 0.9, 0)] == [1, 2]
-    assert [len(p) for p in split_local(_toy(5), 0.0, 0)] == [5, 0]
-    assert [len(p) for p in split_local(_toy(0), 0.2, 0)] == [0, 0]
-    for bad in (-0.1, 1.0):
-        with pytest.raises(ValueError, match="test_fraction"):
-            split_local(_toy(5), bad, 0)
 
 
 def test_array_dataset() -> None:

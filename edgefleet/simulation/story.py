@@ -1,0 +1,196 @@
+"""What a finished run did, in words and one table: the closing output of ``edgefleet run``.
+
+A run with sessions leads with the per-session table (who trained, what each session started
+from, rounds until the target accuracy on the session's own classes, energy, bytes), then one
+line per technique that was on, saying what it did in this run; the whole-test-set accuracy
+comes last, labelled for what it is. Everything is read from ``summary.json`` and
+``metrics.jsonl``; nothing here changes them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+Row = dict[str, Any]
+
+
+def load(run_dir: Path) -> tuple[dict[str, Any], list[Row]]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return summary, [json.loads(x) for x in lines if x.strip()]
+
+
+def story(run_dir: Path) -> str:
+    summary, rows = load(run_dir)
+    cfg = summary["config"]
+    out = [
+        f"EdgeFleet run {summary['run_name']}: {summary['rounds_run']} rounds "
+        f"({summary['stop_reason']}), {summary['wall_s']:.0f} s"
+    ]
+    if summary.get("sessions"):
+        out += ["", *session_table(summary, rows)]
+    techniques = [
+        line
+        for line in (
+            _warm_start(cfg, rows),
+            _energy(cfg, rows),
+            _pruning(cfg, rows),
+            _stopping(cfg, rows, summary),
+        )
+        if line
+    ]
+    if techniques:
+        out += ["", "What each technique did in this run:", *(f"- {t}" for t in techniques)]
+    out += ["", _whole_test(summary, rows)]
+    return "\n".join(out)
+
+
+def _devices(rows: list[Row]) -> str:
+    ids = sorted({d for r in rows for d in r["participants"]}, key=_order)
+    return " ".join(ids) if ids else "-"
+
+
+def _order(device: str) -> tuple[int, int | str]:
+    return (0, int(device)) if device.isdigit() else (1, device)
+
+
+def _start(session: int, mine: list[Row], cfg: dict[str, Any]) -> str:
+    """What the session's training started from."""
+    mode, pilots = cfg.get("warmstart.mode", "previous"), cfg.get("warmstart.pilot-sessions", 1)
+    if session == 1:
+        return "the initial model"
+    if mode == "fresh":
+        return "the initial model (fresh)"
+    if mode == "average":
+        return "the stored sessions' average"
+    if mode != "pilot" or session <= pilots:
+        return "the last session's model"
+    weights = next((r["warmstart_weights"] for r in mine if "warmstart_weights" in r), None)
+    if not weights:
+        return "the last session's (no stored look-alike yet)"
+    top = max(weights, key=weights.get)
+    return f"warm: {weights[top]:.2f} on session {top} (of {len(weights)} stored)"
+
+
+def session_table(summary: dict[str, Any], rows: list[Row]) -> list[str]:
+    cfg, target = summary["config"], summary["target_accuracy"]
+    head = (
+        f"Sessions: who trained, what each started from, rounds until {target:.0%} on the "
+        "session's own classes (auxiliary rounds counted)"
+    )
+    table = [("session", "rounds", "devices trained", "started from", "to target",
+              "last acc", "energy", "MB")]  # fmt: skip
+    for s in summary["sessions"]:
+        mine = [r for r in rows if r.get("session") == s["session"]]
+        last = s["final_session_accuracy"]
+        table.append(
+            (
+                str(s["session"]),
+                f"{s['start_round']}-{s['start_round'] + s['rounds'] - 1}",
+                _devices(mine),
+                _start(s["session"], mine, cfg),
+                "-" if s["rounds_to_target"] is None else str(s["rounds_to_target"]),
+                "-" if last is None else f"{last:.2f}",
+                f"{s['energy_spent']:g}",
+                f"{s['bytes'] / 1e6:.1f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = [head]
+    for row in table:
+        cells = [
+            c.ljust(w) if i in (2, 3) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  " + "  ".join(cells).rstrip())
+    return lines
+
+
+def _warm_start(cfg: dict[str, Any], rows: list[Row]) -> str | None:
+    mode = cfg.get("warmstart.mode", "previous")
+    if mode == "previous" and cfg.get("sessions.schedule", "none") == "none":
+        return None
+    weighed = [r for r in rows if r.get("warmstart_weights")]
+    if mode != "pilot" or not weighed:
+        return f"Sessions: {len({r['session'] for r in rows if r.get('session')})}, each " \
+            f"started from {'the last session' if mode == 'previous' else mode}."  # fmt: skip
+    parts = []
+    for r in weighed:
+        w = r["warmstart_weights"]
+        top = max(w, key=w.get)
+        parts.append(f"session {r['session']} put {w[top]:.2f} on session {top} (of {len(w)})")
+    aux = sum(r.get("phase") == "aux" for r in rows)
+    return (
+        f"Warm start (pilot, {cfg['warmstart.pilot-sessions']} pilot sessions): "
+        f"{aux} auxiliary round(s) measured each new session's pseudo-gradient; "
+        + "; ".join(parts) + "."
+    )  # fmt: skip
+
+
+def _energy(cfg: dict[str, Any], rows: list[Row]) -> str | None:
+    if cfg.get("selection.mode") != "energy-age":
+        return None
+    m = cfg["selection.max-devices"]
+    trained = [r for r in rows if r["participants"]]
+    mean = sum(len(r["participants"]) for r in rows) / max(1, len(rows))
+    short = sum(0 < len(r.get("selected") or r["participants"]) < m for r in rows)
+    empty = sum(not r["participants"] and not r.get("stopping_resting") for r in rows)
+    declined = sum(len(r["declined"]) for r in rows)
+    aggregator = "SAGA server memory (EH-FedSAG)" if cfg["strategy"] == "fedsag" else \
+        "the participants' plain mean (EH-FedAvg)"  # fmt: skip
+    return (
+        f"Energy: at most {m} devices a round, oldest affordable first, {aggregator}: "
+        f"{mean:.1f} trained a round on average ({len(trained)} rounds trained), {short} rounds "
+        f"had fewer than {m} affordable, {empty} none; {declined} declines; "
+        f"{sum(r['energy_spent'] for r in rows):g} energy units spent."
+    )
+
+
+def _pruning(cfg: dict[str, Any], rows: list[Row]) -> str | None:
+    ratios = cfg.get("pruning.keep-ratios") or ""
+    if not ratios and cfg.get("pruning.keep-ratio", 1.0) >= 1.0:
+        return None
+    compact = sum(r.get("compact_replies", 0) for r in rows)
+    replies = sum(len(r["participants"]) for r in rows)
+    kept = [
+        r["mean_kept_fraction"] for r in rows if r["participants"] and "mean_kept_fraction" in r
+    ]
+    share = f"{sum(kept) / len(kept):.2f}" if kept else "-"
+    return (
+        f"CA-HFP (keep ratios {ratios or cfg['pruning.keep-ratio']}): {compact} of {replies} "
+        f"replies were curvature-pruned submodels, rebuilt by the server; the participants "
+        f"kept {share} of the parameters on average."
+    )
+
+
+def _stopping(cfg: dict[str, Any], rows: list[Row], summary: dict[str, Any]) -> str | None:
+    mode = cfg.get("stopping.mode", "off")
+    if mode != "data-free":
+        return None
+    rested = [r for r in rows if r.get("stopping_resting")]
+    if rested:
+        sessions = sorted({r["session"] for r in rested})
+        return (
+            f"Data-free stopping: the task vector stopped growing in sessions "
+            f"{', '.join(map(str, sessions))}; their devices rested for {len(rested)} rounds "
+            "(no training, no energy) until the next session."
+        )
+    if summary["stop_reason"] == "task-vector-plateau":
+        saved = cfg["num-server-rounds"] - summary["rounds_run"]
+        return (
+            f"Data-free stopping: stopped at round {summary['stop_round']} ({saved} rounds saved)."
+        )
+    return "Data-free stopping: the task vector kept growing; no round was saved."
+
+
+def _whole_test(summary: dict[str, Any], rows: list[Row]) -> str:
+    final, best = summary["final_accuracy"], summary["best_accuracy"]
+    text = "-" if final is None else f"final {final:.3f}, best {best:.3f}"
+    if summary.get("sessions") and summary["config"].get("sessions.schedule") == "alternate":
+        return (
+            f"Whole-test-set accuracy (all classes; each session's devices hold only their "
+            f"group's classes, so this stays low by design): {text}."
+        )
+    return f"Test-set accuracy: {text}."
