@@ -31,6 +31,7 @@ SELECTIONS: tuple[str, ...] = ("all", "energy-age")
 # "observe" records both rules' signals every round and never stops (for benchmarks).
 STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
 STOPPING_NORMS: tuple[str, ...] = ("l2", "squared")
+VALIDATION_SPLITS: tuple[str, ...] = ("official", "test")
 SESSION_SCHEDULES: tuple[str, ...] = ("none", "alternate")
 
 Value = bool | int | float | str
@@ -307,6 +308,14 @@ class StoppingConfig:
         0.005,
         _at_least(0.0),
         "the `reference` rule's minimum improvement of validation loss or accuracy",
+    )
+    validation_split: str = key(
+        "stopping.validation-split",
+        "official",
+        _choice(VALIDATION_SPLITS),
+        "the baselines' validation data: `official` (the data set's own validation split where "
+        "it has one, PneumoniaMNIST; else as `test`) or `test` (a held-out share of the "
+        "central test set, `stopping.validation-fraction`)",
     )
     validation_fraction: float = key(
         "stopping.validation-fraction",

@@ -34,7 +34,7 @@ from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
-from edgefleet.task.datasets import dataset_info, load_dataset
+from edgefleet.task.datasets import dataset_info, load_dataset, load_validation
 from edgefleet.task.models import build_model
 from edgefleet.task.partition import split_local
 from edgefleet.task.train import evaluate, get_arrays, set_arrays
@@ -208,7 +208,18 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     _, test_set, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     validation = test_set
     if cfg.stopping.mode in ("validation", "observe"):
-        test_set, validation = split_local(test_set, cfg.stopping.validation_fraction, cfg.seed)
+        official = None
+        if cfg.stopping.validation_split == "official":
+            official = load_validation(cfg.data.dataset, cfg.data.data_dir)
+        if official is not None:  # the test set stays whole, as in the stopping paper
+            validation = official
+            log(INFO, "Validation baselines on %s's official validation split (%d images)",
+                cfg.data.dataset, len(official))  # fmt: skip
+        else:
+            frac = cfg.stopping.validation_fraction
+            test_set, validation = split_local(test_set, frac, cfg.seed)
+            log(INFO, "Validation baselines on %.0f%% of the test set (%d images); test figures"
+                " on the rest", 100 * frac, len(validation))  # fmt: skip
     if 0 < cfg.server.eval_samples < len(test_set):
         rng = np.random.default_rng(cfg.seed)
         test_set = test_set.subset(
