@@ -22,6 +22,7 @@ from edgefleet.client.faults import KINDS as FAULT_KINDS
 from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS, RECONSTRUCTIONS
 from edgefleet.strategies.saga import SAGA_ESTIMATORS, SAGA_INITS
 from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR
+from edgefleet.strategies.stopping import VALIDATION_RULES
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.datasets import DATASETS
 from edgefleet.task.names import MODELS
@@ -32,6 +33,7 @@ SELECTIONS: tuple[str, ...] = ("all", "energy-age")
 # "observe" records both rules' signals every round and never stops (for benchmarks).
 STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
 STOPPING_NORMS: tuple[str, ...] = ("l2", "squared")
+VALIDATION_SPLITS: tuple[str, ...] = ("official", "test")
 SESSION_SCHEDULES: tuple[str, ...] = ("none", "alternate")
 
 Value = bool | int | float | str
@@ -359,6 +361,28 @@ class StoppingConfig:
         "l2",
         _choice(STOPPING_NORMS),
         "`l2` or `squared` (then use tau' = (1+tau)^2 - 1, about 2 tau)",
+    )
+    validation_rule: str = key(
+        "stopping.validation-rule",
+        "reference",
+        _choice(VALIDATION_RULES),
+        "the validation baseline's rule: `reference` (the paper's: patience on validation "
+        "loss and accuracy improving by more than `stopping.validation-min-delta`, ends with "
+        "the stop round's model) or `best` (patience after the best accuracy, keeps that model)",
+    )
+    validation_min_delta: float = key(
+        "stopping.validation-min-delta",
+        0.005,
+        _at_least(0.0),
+        "the `reference` rule's minimum improvement of validation loss or accuracy",
+    )
+    validation_split: str = key(
+        "stopping.validation-split",
+        "official",
+        _choice(VALIDATION_SPLITS),
+        "the baselines' validation data: `official` (the data set's own validation split where "
+        "it has one, PneumoniaMNIST; else as `test`) or `test` (a held-out share of the "
+        "central test set, `stopping.validation-fraction`)",
     )
     validation_fraction: float = key(
         "stopping.validation-fraction",

@@ -519,3 +519,15 @@ def test_array_dataset() -> None:
     assert len(sub) == 2 and sub.y.tolist() == [4, 1]
     with pytest.raises(ValueError, match="y has 5"):
         ArrayDataset(np.zeros((4, 1, 1, 1), np.float32), np.zeros(5, np.int64))
+
+
+def test_official_validation_split_is_pneumonias_own_and_none_elsewhere() -> None:
+    from edgefleet.task.datasets import load_validation
+
+    assert load_validation("mnist-5k") is None
+    if not (SHARED / "pneumoniamnist.npz").exists():
+        pytest.skip(f"no {SHARED / 'pneumoniamnist.npz'} (CI has ../shared/data)")
+    val = load_validation("pneumonia", str(SHARED))
+    assert val is not None and len(val) == 524 and set(np.unique(val.y)) == {0, 1}
+    train, test, _ = load_dataset("pneumonia", str(SHARED))
+    assert len(train) == 4708 and len(test) == 624  # neither holds the validation images

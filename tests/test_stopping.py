@@ -15,6 +15,7 @@ from edgefleet.strategies.stopping import (
     STOP_PLATEAU,
     PlateauCounter,
     TaskVectorStopping,
+    ValidationPatience,
     ValidationStopping,
     task_vector_norm,
     trainable_keys,
@@ -134,13 +135,40 @@ def test_flower_start_api_stops_early() -> None:
     np.testing.assert_allclose(result.arrays["w"].numpy(), w0 * (2 - 0.5**9), rtol=1e-6)
 
 
-def test_validation_stopping_keeps_best() -> None:
+def test_validation_stopping_best_rule_keeps_best() -> None:
     accs = iter([0.5, 0.7, 0.6, 0.65, 0.69, 0.7])
-    stop = ValidationStopping(FedAvg(), lambda arrays: next(accs), patience=3)
+    stop = ValidationStopping(FedAvg(), lambda arrays: next(accs), patience=3, rule="best")
     reasons = [stop.after_round(_result(r, rec(w=np.full(1, r)), ["0"])) for r in range(1, 6)]
     assert reasons == [None, None, None, None, "validation-plateau"]
-    assert stop.best_round == 2 and stop.best_accuracy == 0.7
+    assert stop.best_round == 2 and stop.counter.best_accuracy == 0.7
     assert stop.best_arrays is not None and stop.best_arrays["w"].numpy()[0] == 2.0
+
+
+def test_reference_rule_counts_rounds_without_enough_improvement_of_either_figure() -> None:
+    """By hand, min_delta 0.01, patience 2: accuracy and loss each may reset the counter;
+    a figure's reference (to beat by 0.01) moves only when it does."""
+    figures = [
+        (0.50, 1.00),  # 1: improves (first); references 0.50 and 1.00
+        (0.505, 0.95),  # 2: accuracy +0.005 (too little), loss -0.05: improves; ref loss 0.95
+        (0.508, 0.945),  # 3: 0.508 <= 0.51, 0.945 >= 0.94: counter 1
+        (0.52, 0.946),  # 4: 0.52 > 0.50 + 0.01: resets; ref accuracy 0.52
+        (0.525, 0.942),  # 5: 0.525 <= 0.53, 0.942 >= 0.95 - 0.01: counter 1
+        (0.529, 0.941),  # 6: counter 2 -> fires
+    ]
+    rule = ValidationPatience("reference", patience=2, min_delta=0.01)
+    fired = [rule.update(r, a, loss) for r, (a, loss) in enumerate(figures, start=1)]
+    assert fired == [False, False, False, False, False, True]
+    assert rule.best_round == 6 and rule.best_accuracy == 0.529
+
+
+def test_validation_stopping_reference_rule_records_loss_and_keeps_no_best_model() -> None:
+    figures = iter([{"accuracy": 0.5, "loss": 1.0}, {"accuracy": 0.5, "loss": 1.0}])
+    stop = ValidationStopping(FedAvg(), lambda arrays: next(figures), patience=1)
+    first = _result(1, rec(w=np.ones(1)), ["0"])
+    assert stop.after_round(first) is None
+    second = _result(2, rec(w=np.ones(1)), ["0"])
+    assert stop.after_round(second) == "validation-plateau"
+    assert second.extra["validation_loss"] == 1.0 and stop.best_arrays is None
 
 
 def test_bad_arguments() -> None:

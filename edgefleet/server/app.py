@@ -133,8 +133,14 @@ def build_strategy(
         keys = central.keys  # type: ignore[union-attr]
         strategy = TaskVectorStopping(strategy, sc.tau, sc.patience, sc.norm, keys, enforce)
     if sc.mode in ("validation", "observe"):
-        validate = central.validate  # type: ignore[union-attr]
-        strategy = ValidationStopping(strategy, validate, sc.patience, sc.mode == "validation")
+        strategy = ValidationStopping(
+            strategy,
+            central.validate,  # type: ignore[union-attr]
+            sc.patience,
+            enforce=sc.mode == "validation",
+            rule=sc.validation_rule,
+            min_delta=sc.validation_min_delta,
+        )
     if cfg.sessions_enabled:
         strategy = _sessions(strategy, cfg, run_dir, central)  # type: ignore[arg-type]
     return strategy
@@ -244,13 +250,13 @@ class CentralEvaluation:
     initial: ArrayRecord
     keys: list[str]
     evaluate: EvaluateFn
-    validate: Callable[[ArrayRecord], float]
+    validate: Callable[[ArrayRecord], dict[str, float]]
 
 
 def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     import torch
 
-    from edgefleet.task.datasets import load_dataset
+    from edgefleet.task.datasets import load_dataset, load_validation
     from edgefleet.task.models import build_model
     from edgefleet.task.partition import split_local
     from edgefleet.task.train import evaluate, get_arrays, set_arrays
@@ -258,7 +264,18 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     _, test_set, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     validation = test_set
     if cfg.stopping.mode in ("validation", "observe"):
-        test_set, validation = split_local(test_set, cfg.stopping.validation_fraction, cfg.seed)
+        official = None
+        if cfg.stopping.validation_split == "official":
+            official = load_validation(cfg.data.dataset, cfg.data.data_dir)
+        if official is not None:  # the test set stays whole, as in the stopping paper
+            validation = official
+            log(INFO, "Validation baselines on %s's official validation split (%d images)",
+                cfg.data.dataset, len(official))  # fmt: skip
+        else:
+            frac = cfg.stopping.validation_fraction
+            test_set, validation = split_local(test_set, frac, cfg.seed)
+            log(INFO, "Validation baselines on %.0f%% of the test set (%d images); test figures"
+                " on the rest", 100 * frac, len(validation))  # fmt: skip
     if 0 < cfg.server.eval_samples < len(test_set):
         rng = np.random.default_rng(cfg.seed)
         test_set = test_set.subset(
@@ -286,9 +303,14 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
             out[f"class{c}_correct"], out[f"class{c}_total"] = float(ok), float(n)
         return out
 
-    def validate(arrays: ArrayRecord) -> float:
+    def validate(arrays: ArrayRecord) -> dict[str, float]:
         set_arrays(model, arrays)
-        return evaluate(model, validation).accuracy
+        res = evaluate(model, validation)
+        return {
+            "accuracy": res.accuracy,
+            "loss": res.loss,
+            "balanced_accuracy": res.balanced_accuracy,
+        }
 
     keys = [name for name, _ in model.named_parameters()]
     return CentralEvaluation(initial, keys, evaluate_fn, validate)
@@ -331,7 +353,7 @@ def main(grid: Grid, context: Context) -> None:
     t0 = time.monotonic()
     outcome = loop.run(arrays, cfg.server.num_rounds, ConfigRecord(), first_round=first_round)
     extra = {}
-    if isinstance(strategy, ValidationStopping) and strategy.enforce:
+    if isinstance(strategy, ValidationStopping) and strategy.enforce and strategy.keeps_best:
         # The baseline returns its best model, so its figures are those of that round.
         extra = {"best_validation_round": strategy.best_round}
         best = next((r for r in writer.rows if r["round"] == strategy.best_round), None)

@@ -19,7 +19,7 @@ squared norm (tau' = (1 + tau)^2 - 1 exactly).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from logging import INFO
 from typing import Any
@@ -217,50 +217,142 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         self.in_sessions, self.holding, self.resting = state.get("flags", [False] * 3)
 
 
-class ValidationStopping(LoopStrategy, RoundCallback):
-    """Baseline for comparison only: stop when validation accuracy has not improved for
-    ``patience`` rounds, and remember the best model (``best_arrays``, ``best_round``).
+VALIDATION_RULES = ("reference", "best")
 
-    ``validate`` maps the global model to an accuracy on data the *server* holds, which a
-    federated deployment should not have; EdgeFleet uses it to measure the data-free rule.
-    With ``enforce=False`` it records ``validation_accuracy`` per round and never stops.
+
+@dataclass
+class ValidationPatience:
+    """The validation baseline's counting rule, on per-round validation figures.
+
+    ``rule = "reference"`` (the stopping paper's reference code): a round improves when its
+    validation accuracy beats the reference accuracy by more than ``min_delta`` *or* its
+    validation loss falls below the reference loss by more than ``min_delta``; a figure's
+    reference moves only on such an improvement (as Keras's ``min_delta``), so a slow creep
+    of small gains does not keep the run alive. The counter resets on an improvement, else
+    grows by one, and the rule fires when it reaches ``patience``. The run ends with the
+    model of the stop round.
+
+    ``rule = "best"`` (EdgeFleet's earlier baseline): stop ``patience`` rounds after the round
+    of the best validation accuracy, and keep that best model.
+    """
+
+    rule: str = "reference"
+    patience: int = 10
+    min_delta: float = 0.0
+    best_accuracy: float = -math.inf  # the highest accuracy seen, and its round
+    best_round: int = 0
+    ref_accuracy: float = -math.inf  # the reference rule's figures to beat
+    ref_loss: float = math.inf
+    counter: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rule not in VALIDATION_RULES:
+            raise ValueError(f"rule {self.rule!r}: must be one of {', '.join(VALIDATION_RULES)}")
+        if self.patience < 1:
+            raise ValueError(f"patience {self.patience}: must be >= 1")
+
+    def update(self, rnd: int, accuracy: float, loss: float | None = None) -> bool:
+        """Feed round ``rnd``'s validation figures; True when the rule fires."""
+        if accuracy > self.best_accuracy:
+            self.best_accuracy, self.best_round = accuracy, rnd
+        if self.rule == "best":
+            return rnd - self.best_round >= self.patience
+        better_acc = accuracy > self.ref_accuracy + self.min_delta
+        better_loss = loss is not None and loss < self.ref_loss - self.min_delta
+        if better_acc:
+            self.ref_accuracy = accuracy
+        if better_loss:
+            self.ref_loss = loss  # type: ignore[assignment]
+        self.counter = 0 if better_acc or better_loss else self.counter + 1
+        return self.counter >= self.patience
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "best_accuracy": self.best_accuracy,
+            "best_round": self.best_round,
+            "ref_accuracy": self.ref_accuracy,
+            "ref_loss": self.ref_loss,
+            "counter": self.counter,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.best_accuracy = float(state["best_accuracy"])
+        self.best_round = int(state["best_round"])
+        self.ref_accuracy = float(state.get("ref_accuracy", -math.inf))
+        self.ref_loss = float(state.get("ref_loss", math.inf))
+        self.counter = int(state.get("counter", 0))
+
+
+class ValidationStopping(LoopStrategy, RoundCallback):
+    """Baseline for comparison only: stop when validation figures stop improving
+    (:class:`ValidationPatience`; ``rule="best"`` also remembers the best model in
+    ``best_arrays``/``best_round``).
+
+    ``validate`` maps the global model to its validation accuracy, or to a mapping with
+    ``accuracy`` and ``loss``, on data the *server* holds, which a federated deployment
+    should not have; EdgeFleet uses it to measure the data-free rule. Each row records
+    ``validation_accuracy`` (and ``validation_loss``). With ``enforce=False`` it never stops.
     """
 
     def __init__(
-        self, inner: Strategy, validate: Any, patience: int = 10, enforce: bool = True
+        self,
+        inner: Strategy,
+        validate: Any,
+        patience: int = 10,
+        enforce: bool = True,
+        rule: str = "reference",
+        min_delta: float = 0.0,
     ) -> None:
         super().__init__(inner)
         self.enforce = enforce
         self.validate = validate
-        self.patience = patience
-        self.best_accuracy = -math.inf
-        self.best_round = 0
+        self.counter = ValidationPatience(rule, patience, min_delta)
         self.best_arrays: ArrayRecord | None = None
 
+    @property
+    def best_round(self) -> int:
+        return self.counter.best_round
+
+    @property
+    def keeps_best(self) -> bool:
+        """Whether the run's result is the best model (rule "best") or the last one."""
+        return self.counter.rule == "best"
+
     def settings(self) -> dict[str, object]:
-        return {"Patience": self.patience, "Stops the run": self.enforce}
+        return {
+            "Rule": self.counter.rule,
+            "Patience": self.counter.patience,
+            "Minimum improvement": self.counter.min_delta,
+            "Stops the run": self.enforce,
+        }
 
     def after_round(self, result: RoundResult) -> str | None:
-        accuracy = float(self.validate(result.arrays))
+        figures = self.validate(result.arrays)
+        if isinstance(figures, Mapping):
+            accuracy, loss = float(figures["accuracy"]), figures.get("loss")
+        else:
+            accuracy, loss = float(figures), None
         result.extra["validation_accuracy"] = accuracy
-        if accuracy > self.best_accuracy:
-            self.best_accuracy, self.best_round = accuracy, result.round
+        if loss is not None:
+            loss = float(loss)
+            result.extra["validation_loss"] = loss
+        if isinstance(figures, Mapping) and "balanced_accuracy" in figures:
+            result.extra["validation_balanced_accuracy"] = float(figures["balanced_accuracy"])
+        if self.keeps_best and accuracy > self.counter.best_accuracy:
             self.best_arrays = result.arrays
-        if self.enforce and result.round - self.best_round >= self.patience:
-            return STOP_VALIDATION
-        return None
+        fired = self.counter.update(result.round, accuracy, loss)
+        return STOP_VALIDATION if fired and self.enforce else None
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state.update(
-            best_accuracy=self.best_accuracy,
-            best_round=self.best_round,
+            counter=self.counter.state_dict(),
             best_arrays=None if self.best_arrays is None else to_numpy(self.best_arrays),
         )
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.best_accuracy, self.best_round = state["best_accuracy"], state["best_round"]
+        self.counter.load_state_dict(state["counter"])
         best = state["best_arrays"]
         self.best_arrays = None if best is None else to_record(best)

@@ -233,6 +233,22 @@ def _load_cached(
     return train, test, _INFO[name]
 
 
+def load_validation(name: str, data_dir: str = "") -> ArrayDataset | None:
+    """Data set ``name``'s official validation split (kept out of the train pool and the test
+    set), or None when the data set has none. Only the stopping baselines use it: a federated
+    server should not hold data."""
+    check_choice(name, DATASETS, "dataset")
+    from edgefleet.task.sources import read_validation
+
+    dirs = list(_search_dirs(data_dir)) if name in FILE_DATASETS else []
+    raw = read_validation(name, dirs)
+    if raw is None:
+        return None
+    x, y = raw
+    _check_labels(name, y)
+    return ArrayDataset(normalise(name, x), y.astype(np.int64).ravel())
+
+
 def _check_labels(name: str, y: np.ndarray) -> None:
     k = _INFO[name].num_classes
     if not np.issubdtype(y.dtype, np.integer) or (y.size and (y.min() < 0 or y.max() >= k)):

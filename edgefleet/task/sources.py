@@ -245,6 +245,15 @@ def _load_pneumonia(dirs: list[Path]) -> _Raw:
     return a["train_images"], a["train_labels"], a["test_images"], a["test_labels"]
 
 
+def _load_pneumonia_validation(dirs: list[Path]) -> tuple[np.ndarray, np.ndarray]:
+    """PneumoniaMNIST's official ``val`` split (524 images), kept out of the train pool."""
+    path = _find_file(dirs, _PNEUMONIA_NPZ)
+    if path is None:
+        raise _not_found("pneumonia", [d / _PNEUMONIA_NPZ for d in dirs], _HOW["pneumonia"])
+    a = _read_source_npz("pneumonia", path, ("val_images", "val_labels"))
+    return a["val_images"], a["val_labels"]
+
+
 def _load_bccd(dirs: list[Path]) -> _Raw:
     path = _find_file(dirs, _BCCD_NPZ)
     if path is None:
@@ -533,6 +542,13 @@ def read_raw(name: str, dirs: list[Path]) -> _Raw:
     return _BUILTIN_LOADERS[name]()
 
 
+def read_validation(name: str, dirs: list[Path]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Raw (images, labels) of data set ``name``'s official validation split, or None when
+    it has none (only PneumoniaMNIST has one among EdgeFleet's data sets)."""
+    loader = _VALIDATION_LOADERS.get(name)
+    return None if loader is None else loader(dirs)
+
+
 _BUILTIN_LOADERS: dict[str, Callable[[], _Raw]] = {
     "mnist-5k": _load_mnist_5k,
     "digits": _load_digits,
@@ -543,4 +559,7 @@ _FILE_LOADERS: dict[str, Callable[[list[Path]], _Raw]] = {
     "cifar10": _load_cifar10,
     "pneumonia": _load_pneumonia,
     "bccd": _load_bccd,
+}
+_VALIDATION_LOADERS: dict[str, Callable[[list[Path]], tuple[np.ndarray, np.ndarray]]] = {
+    "pneumonia": _load_pneumonia_validation,
 }
