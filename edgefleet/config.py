@@ -17,7 +17,8 @@ from typing import Any
 
 from edgefleet.client.battery import SOURCES
 from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS, RECONSTRUCTIONS
-from edgefleet.strategies.saga import SAGA_ESTIMATORS, SAGA_INITS
+from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
+from edgefleet.strategies.selection import SELECTION_ORDERS
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.data import DATASETS, PARTITIONS
 from edgefleet.task.names import MODELS
@@ -57,7 +58,10 @@ DEFAULTS: dict[str, bool | int | float | str] = {
     "server-lr": 1.0,
     "saga.init": "zeros",
     "saga.estimator": "saga",
+    "saga.memory-mean": "fleet",
+    "saga.correction": "channels",
     "selection.mode": "all",
+    "selection.order": "age",
     "selection.max-devices": 25,
     "selection.batch-size": 0,
     "energy.source": "bernoulli",
@@ -143,6 +147,8 @@ class ServerConfig:
     server_lr: float = _key("server-lr")
     saga_init: str = _key("saga.init")
     saga_estimator: str = _key("saga.estimator")
+    saga_memory_mean: str = _key("saga.memory-mean")
+    saga_correction: str = _key("saga.correction")
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,7 @@ class EnergyConfig:
     """
 
     selection: str = _key("selection.mode")
+    order: str = _key("selection.order")
     max_devices: int = _key("selection.max-devices")
     batch_size: int = _key("selection.batch-size")
     source: str = _key("energy.source")
@@ -351,7 +358,10 @@ _CHECKS: dict[str, Check] = {
     "server-lr": _positive,
     "saga.init": _choice(SAGA_INITS),
     "saga.estimator": _choice(SAGA_ESTIMATORS),
+    "saga.memory-mean": _choice(SAGA_MEANS),
+    "saga.correction": _choice(SAGA_CORRECTIONS),
     "selection.mode": _choice(SELECTIONS),
+    "selection.order": _choice(SELECTION_ORDERS),
     "selection.max-devices": _at_least(1),
     "selection.batch-size": _at_least(0),
     "energy.source": _choice(SOURCES),

@@ -61,8 +61,12 @@ def make_strategy(cfg: RunConfig) -> Strategy:
     if cfg.server.strategy == "fedprox":
         inner = FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
     elif cfg.server.strategy == "fedsag":
+        sc = cfg.server
+        # Corrections weighted 1/max(|S|, M): M (the channels) exists only when energy-age
+        # selection caps the round; otherwise the seed's 1/|S|.
+        floor = cfg.energy.max_devices if energy_age and sc.saga_correction == "channels" else 0
         inner = FedSAG(
-            cfg.server.server_lr, cfg.server.saga_init, cfg.server.saga_estimator, **common
+            sc.server_lr, sc.saga_init, sc.saga_estimator, sc.saga_memory_mean, floor, **common
         )
     elif energy_age:  # EH-FedAvg: the plain mean of the participants
         inner = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
@@ -84,6 +88,7 @@ def make_strategy(cfg: RunConfig) -> Strategy:
         e.batch_size,
         seed=cfg.seed,
         query_timeout=query_timeout(cfg),
+        order=e.order,
     )
 
 

@@ -32,7 +32,13 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.server.loop import RoundCallback, RoundResult
 from edgefleet.strategies.base import DeviceStatus, LoopStrategy, SubsetGrid, query_status
-from edgefleet.strategies.selection import AgeTracker, query_order, select_in_batches
+from edgefleet.strategies.selection import (
+    SELECTION_ORDERS,
+    AgeTracker,
+    SelectionError,
+    query_order,
+    select_in_batches,
+)
 
 
 class EnergyAgeSelection(LoopStrategy, RoundCallback):
@@ -44,8 +50,12 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         batch_size: int = 0,
         seed: int = 0,
         query_timeout: float = 60.0,
+        order: str = "age",
     ) -> None:
         super().__init__(inner)
+        if order not in SELECTION_ORDERS:
+            raise SelectionError(f"order={order!r}; valid: {', '.join(SELECTION_ORDERS)}")
+        self.order = order
         self.max_devices = max_devices
         self.slots_per_round = slots_per_round
         self.batch_size = batch_size
@@ -117,7 +127,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         if new:
             self._ask(grid, new, server_round)
         node_of = {self.device_of_node[n]: n for n in nodes if n in self.device_of_node}
-        order = query_order(self.ages.ages, node_of, self.rng)
+        order = query_order(self.ages.ages, node_of, self.rng, self.order)
         batch = self.batch_size or max(1, len(order))
 
         def feasible(devices: list[str]) -> dict[str, bool]:
