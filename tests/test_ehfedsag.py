@@ -155,6 +155,8 @@ def test_run_config_builds_the_channel_floor_only_under_energy_age_selection() -
     assert inner({"selection.max-devices": 7}).correction_floor == 0.0  # no channels
     seed_form = inner({**energy, "saga.correction": "participants", "saga.memory-mean": "stored"})
     assert seed_form.mean_over == "stored" and seed_form.estimator == "saga"
+    top = make_strategy(parse_run_config({**energy, "selection.order": "random"}))
+    assert isinstance(top, EnergyAgeSelection) and top.order == "random"
 
 
 class _Replies(FakeDevice):
