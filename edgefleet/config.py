@@ -20,8 +20,9 @@ from typing import Any
 from edgefleet.client.battery import SOURCES
 from edgefleet.client.faults import KINDS as FAULT_KINDS
 from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS, RECONSTRUCTIONS
-from edgefleet.strategies.saga import SAGA_ESTIMATORS, SAGA_INITS
+from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
 from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR
+from edgefleet.strategies.selection import SELECTION_ORDERS
 from edgefleet.strategies.stopping import VALIDATION_RULES
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.datasets import DATASETS
@@ -253,6 +254,20 @@ class ServerConfig:
         "FedSAG's direction: `saga` (memory mean + the participants' corrections) or `sag` "
         "(memory mean after the participants' memories are replaced)",
     )
+    saga_memory_mean: str = key(
+        "saga.memory-mean",
+        "fleet",
+        _choice(SAGA_MEANS),
+        "what FedSAG's memory mean divides by: `fleet` (all registered devices, one that never "
+        "uploaded counting as zero) or `stored` (the devices that have a memory)",
+    )
+    saga_correction: str = key(
+        "saga.correction",
+        "channels",
+        _choice(SAGA_CORRECTIONS),
+        "weight of each participant's correction: `channels` (1/max(participants, M)) or "
+        "`participants` (1/participants)",
+    )
 
 
 @dataclass(frozen=True)
@@ -305,6 +320,12 @@ class EnergyConfig:
         "all",
         _choice(SELECTIONS),
         "`all`, `energy-age` (batteries + energy-aware age-based selection)",
+    )
+    order: str = key(
+        "selection.order",
+        "age",
+        _choice(SELECTION_ORDERS),
+        "energy-age selection's query order: `age` (oldest update first) or `random` (uniform)",
     )
     max_devices: int = key("selection.max-devices", 25, _at_least(1), "M: devices a round")
     batch_size: int = key(

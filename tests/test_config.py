@@ -54,6 +54,9 @@ def test_int_accepted_for_float_key() -> None:
         ("stopping.patience", 0, ">= 1"),
         ("stopping.norm", "l1", "squared"),
         ("stopping.validation-fraction", 1.0, "(0, 1)"),
+        ("saga.memory-mean", "all", "stored, fleet"),
+        ("saga.correction", "none", "channels, participants"),
+        ("selection.order", "oldest", "age, random"),
     ],
 )
 def test_bad_value_names_key_value_and_choices(key: str, value: object, expected: str) -> None:

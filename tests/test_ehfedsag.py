@@ -94,6 +94,143 @@ def test_fedsag_sag_estimator_two_rounds_by_hand() -> None:
         FedSAG(estimator="sga", **KW)
 
 
+def test_fedsag_stored_memory_mean_two_rounds_by_hand() -> None:
+    """``mean_over="stored"`` (the seed's wording): the memory mean runs over the devices
+    that have uploaded, not over all K registered ones."""
+    strategy = FedSAG(mean_over="stored", **KW)
+    w = _two_rounds_by_hand(strategy)
+    # round 1: nothing stored, v = (1 + 2) / 2 = 1.5; memories of devices 0, 1: (1, 2)
+    # round 2: stored mean (1 + 2) / 2 = 1.5, corrections (2 - 2, 4 - 0) / 2 = 2 -> v = 3.5
+    np.testing.assert_allclose(w["w"].numpy(), [5.0])  # type: ignore[index]
+    assert strategy.memory is not None
+    np.testing.assert_allclose(strategy.memory.mean(), [(1 + 2 + 4) / 3])
+    with pytest.raises(ValueError, match="valid: stored, fleet"):
+        FedSAG(mean_over="all", **KW)
+
+
+def test_fedsag_correction_floor_two_rounds_by_hand() -> None:
+    """``correction_floor=4``: each correction enters at 1 / max(|S|, 4), here 1/4 (two
+    participants a round) instead of 1/2. A fourth device is registered and never trains."""
+    strategy = FedSAG(correction_floor=4.0, **KW)
+    strategy.register_devices(["9"])
+    w = _two_rounds_by_hand(strategy)
+    # round 1: mean(m) = 0, corrections (1 + 2) / 4 -> v = 0.75; memories (1, 2, 0, 0)
+    # round 2: mean(m) = 3/4, corrections (2 - 2 + 4 - 0) / 4 = 1 -> v = 1.75; total 2.5
+    np.testing.assert_allclose(w["w"].numpy(), [2.5])  # type: ignore[index]
+    # a floor at or below |S| is the seed's plain 1/|S|
+    np.testing.assert_allclose(
+        _two_rounds_by_hand(FedSAG(correction_floor=2.0, **KW))["w"].numpy(),  # type: ignore[index]
+        [4.5],
+    )
+    # a floor above K = 3 stops at 1/K, where SAGA's direction is SAG's (1 + 7/3)
+    np.testing.assert_allclose(
+        _two_rounds_by_hand(FedSAG(correction_floor=10.0, **KW))["w"].numpy(),  # type: ignore[index]
+        [1 + 7 / 3],
+        rtol=1e-6,
+    )
+    with pytest.raises(ValueError, match="correction_floor"):
+        FedSAG(correction_floor=-1.0, **KW)
+
+
+def test_run_config_builds_the_channel_floor_only_under_energy_age_selection() -> None:
+    def inner(overrides: dict) -> FedSAG:
+        strategy = build_strategy(parse_run_config({"strategy": "fedsag", **overrides}))
+        while hasattr(strategy, "inner"):
+            strategy = strategy.inner
+        assert isinstance(strategy, FedSAG)
+        return strategy
+
+    energy = {"selection.mode": "energy-age", "selection.max-devices": 7}
+    assert inner(energy).correction_floor == 7.0  # the default: "channels"
+    assert inner({**energy, "saga.correction": "participants"}).correction_floor == 0.0
+    assert inner({"selection.max-devices": 7}).correction_floor == 0.0  # no channels
+    seed_form = inner({**energy, "saga.correction": "participants", "saga.memory-mean": "stored"})
+    assert seed_form.mean_over == "stored" and seed_form.estimator == "saga"
+    top = build_strategy(parse_run_config({**energy, "selection.order": "random"}))
+    assert isinstance(top, EnergyAgeSelection) and top.order == "random"
+
+
+class _Replies(FakeDevice):
+    """Replies with a fixed local model, whatever the global one."""
+
+    def __init__(self, device: int, local: float) -> None:
+        super().__init__(device, 0.0)
+        self.local = local
+
+    def __call__(self, msg: Message) -> Message:
+        reply = super().__call__(msg)
+        if msg.metadata.message_type == MessageType.TRAIN:
+            reply.content["arrays"] = rec(w=np.array([self.local]))
+        return reply
+
+
+def test_fedsag_never_makes_a_finite_model_non_finite() -> None:
+    # Two finite float32 replies whose step (server lr 2: theta + 2 x max / 2 = 1.5 max)
+    # overflows float32: the round is skipped, the memory left as it was, the run goes on.
+    big = float(np.finfo(np.float32).max)
+    strategy = FedSAG(server_lr=2.0, **KW)
+    loop = RoundLoop(
+        strategy,
+        FakeGrid({1: _Replies(0, big), 2: _Replies(1, big)}),  # type: ignore[arg-type]
+        evaluate_fn=no_eval,
+    )
+    start = rec(w=np.array([big / 2]))
+    out = loop.run(start, 1)
+    np.testing.assert_array_equal(out.arrays["w"].numpy(), [np.float32(big / 2)])
+    # nothing was stored: the memory has no row yet
+    assert strategy.memory is not None and strategy.memory.nbytes == 8
+    # the same replies with server lr 1: theta + max / 2 = max, a finite step
+    out = RoundLoop(
+        FedSAG(**KW),
+        FakeGrid({1: _Replies(0, big), 2: _Replies(1, big)}),  # type: ignore[arg-type]
+        evaluate_fn=no_eval,
+    ).run(rec(w=np.array([big / 2])), 1)
+    np.testing.assert_allclose(out.arrays["w"].numpy(), [big], rtol=1e-6)
+
+
+def test_fedsag_drops_a_delta_beyond_the_memory_range_and_keeps_the_rest() -> None:
+    # -max to +max: each model is finite float32, the difference (2 x max) is not.
+    big = float(np.finfo(np.float32).max)
+    strategy = FedSAG(**KW)
+    out = RoundLoop(
+        strategy,
+        FakeGrid({1: _Replies(0, big), 2: _Replies(1, -big + 2.0**104)}),  # type: ignore[arg-type]
+        evaluate_fn=no_eval,
+    ).run(rec(w=np.array([-big])), 1)
+    # device 0's delta (2 x max) is dropped; device 1's (2^104) alone moves the model
+    np.testing.assert_allclose(out.arrays["w"].numpy(), [-big + 2.0**104], rtol=1e-6)
+    assert strategy.memory is not None and strategy.memory.device_ids == ["1"]
+
+
+def test_fedsag_random_finite_replies_give_a_finite_model_or_none() -> None:
+    rng = np.random.default_rng(5)
+    for trial in range(30):
+        strategy = FedSAG(server_lr=float(rng.uniform(0.5, 2.0)), **KW)
+        exps = rng.uniform(30, 38.5, size=3)
+        devices = {
+            n: _Replies(n - 1, float(rng.choice([-1, 1]) * 10.0 ** exps[n - 1])) for n in (1, 2, 3)
+        }
+        w = rec(w=np.array([float(rng.choice([-1, 1]) * 10.0 ** rng.uniform(30, 38.5))]))
+        out = RoundLoop(strategy, FakeGrid(devices), evaluate_fn=no_eval).run(w, 3)  # type: ignore[arg-type]
+        assert np.isfinite(out.arrays["w"].numpy()).all(), f"trial {trial}"
+
+
+def test_fedsag_keys_a_reply_without_device_id_by_its_node() -> None:
+    class Foreign(FakeDevice):  # Flower's quickstart reply: arrays + num-examples only
+        def __call__(self, msg: Message) -> Message:
+            reply = super().__call__(msg)
+            del reply.content["metrics"]["device-id"]
+            return reply
+
+    strategy = FedSAG(**KW)
+    grid = FakeGrid({7: Foreign(0, 3.0)})
+    msgs = list(strategy.configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), grid))  # type: ignore[arg-type]
+    w, _ = strategy.aggregate_train(1, grid.send_and_receive(msgs))
+    assert w is not None
+    np.testing.assert_allclose(w["w"].numpy(), [3.0])
+    assert strategy.memory is not None and strategy.memory.device_ids == ["node-7"]
+
+
 def test_fedsag_full_participation_with_memories_equals_fedavg() -> None:
     devices = {i: FakeDevice(i, d) for i, d in enumerate([1.0, -3.0, 0.5, 2.0], start=1)}
     grid = FakeGrid(devices)  # type: ignore[arg-type]

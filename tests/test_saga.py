@@ -209,3 +209,97 @@ def test_flatten_unflatten_round_trip() -> None:
     with pytest.raises(SagaError, match="does not fit arrays of 9 entries"):
         unflatten(vec[:-1], arrays)
     assert flatten({}).shape == (0,)
+
+
+def test_hand_computed_two_rounds_mean_over_stored_memories() -> None:
+    # The seed's form: the memory mean runs over the devices that have a memory.
+    mem = SagaMemory(dim=2, init="zeros", dtype=np.float64, mean_over="stored")
+    for i in ("a", "b", "c"):
+        mem.register(i)
+    # Round 1: nothing stored yet, mean 0; v1 = mean([2,4], [4,0]) = [3, 2].
+    np.testing.assert_allclose(mem.direction({"a": _vec(2, 4), "b": _vec(4, 0)}), [3.0, 2.0])
+    np.testing.assert_allclose(mem.mean(), [3.0, 2.0])  # ([2,4] + [4,0]) / 2, c not counted
+    # Round 2: mean of the stored a, b = [3, 2];
+    #   correction = mean([1,1] - [4,0], [3,6] - 0) = [0, 3.5]; v2 = [3, 5.5]
+    v2 = mem.direction({"b": _vec(1, 1), "c": _vec(3, 6)})
+    np.testing.assert_allclose(v2, [3.0, 5.5])
+    np.testing.assert_allclose(mem.mean(), [2.0, 11 / 3])  # ([2,4]+[1,1]+[3,6]) / 3
+    np.testing.assert_allclose(mem.recompute_mean(), mem.mean())
+    with pytest.raises(SagaError, match="valid: stored, fleet"):
+        SagaMemory(dim=2, mean_over="all")
+
+
+def test_hand_computed_sag_over_stored_memories() -> None:
+    mem = SagaMemory(dim=2, dtype=np.float64, mean_over="stored")
+    mem.register("c")  # registered, never uploads: not in the stored mean
+    # v = the mean of the stored memories once the participants' are replaced
+    v1 = mem.direction({"a": _vec(2, 4), "b": _vec(4, 0)}, estimator="sag")
+    np.testing.assert_allclose(v1, [3.0, 2.0])
+    v2 = mem.direction({"b": _vec(1, 1)}, estimator="sag")
+    np.testing.assert_allclose(v2, [1.5, 2.5])  # ([2,4] + [1,1]) / 2
+    with pytest.raises(SagaError, match="valid: saga, sag"):
+        mem.direction({"b": _vec(1, 1)}, estimator="svrg")
+
+
+def test_hand_computed_correction_weight() -> None:
+    # Same rounds as the zeros-init test, each correction entering at weight 1/4 instead of
+    # 1/|S| = 1/2 (as with a correction floor of 4 participants).
+    mem = SagaMemory(dim=2, dtype=np.float64)
+    for i in ("a", "b", "c"):
+        mem.register(i)
+    # Round 1: mean 0; v1 = ([2,4] + [4,0]) / 4 = [1.5, 1]
+    v1 = mem.direction({"a": _vec(2, 4), "b": _vec(4, 0)}, correction_weight=0.25)
+    np.testing.assert_allclose(v1, [1.5, 1.0])
+    # Round 2: mean = [2, 4/3]; corrections [-3,1] + [3,6] = [0, 7]; v2 = [2, 4/3 + 7/4]
+    v2 = mem.direction({"b": _vec(1, 1), "c": _vec(3, 6)}, correction_weight=0.25)
+    np.testing.assert_allclose(v2, [2.0, 4 / 3 + 7 / 4])
+    # the memories are replaced as before: the weight changes only the direction
+    np.testing.assert_allclose(mem.mean(), [2.0, 11 / 3])
+
+
+@pytest.mark.parametrize("mean_over", ["stored", "fleet"])
+@pytest.mark.parametrize("estimator", ["saga", "sag"])
+def test_direction_without_commit_changes_nothing_and_store_commits(
+    mean_over: str, estimator: str
+) -> None:
+    rng = np.random.default_rng(3)
+    a = SagaMemory(dim=8, init="first-update", mean_over=mean_over)
+    b = SagaMemory(dim=8, init="first-update", mean_over=mean_over)
+    for _ in range(6):
+        deltas = {f"d{i}": rng.normal(size=8) for i in rng.choice(5, size=2, replace=False)}
+        before = a.state_dict()
+        v = a.direction(deltas, estimator=estimator, commit=False)
+        after = a.state_dict()
+        for key in ("device_ids", "row_ids"):
+            assert after[key] == before[key]
+        np.testing.assert_array_equal(after["table"], before["table"])
+        np.testing.assert_array_equal(after["sum"], before["sum"])
+        a.store(deltas)
+        np.testing.assert_array_equal(v, b.direction(deltas, estimator=estimator))
+        np.testing.assert_array_equal(a.state_dict()["sum"], b.state_dict()["sum"])
+        np.testing.assert_array_equal(a.state_dict()["table"], b.state_dict()["table"])
+    np.testing.assert_allclose(a.mean(), a.recompute_mean(), atol=1e-12)
+
+
+def test_delta_beyond_float32_range_is_rejected_before_any_change() -> None:
+    # finite in float64, inf once stored in the float32 table
+    mem = SagaMemory(dim=2)
+    with pytest.raises(SagaError, match="exceeds the float32 memory's range"):
+        mem.direction({"a": _vec(1.0, 1e39)})
+    assert mem.num_devices == 0
+    np.testing.assert_array_equal(mem.mean(), [0.0, 0.0])
+    SagaMemory(dim=2, dtype=np.float64).direction({"a": _vec(1.0, 1e39)})  # fits float64
+
+
+def test_state_round_trip_with_stored_mean() -> None:
+    rng = np.random.default_rng(4)
+    a = SagaMemory(dim=6, mean_over="stored")
+    b = SagaMemory(dim=6, mean_over="stored")
+    for i in range(10):
+        a.register(f"d{i}")
+    for _ in range(8):
+        a.direction({f"d{i}": rng.normal(size=6) for i in rng.choice(10, size=3, replace=False)})
+    b.load_state_dict(a.state_dict())
+    deltas = {"d1": rng.normal(size=6), "new": rng.normal(size=6)}
+    np.testing.assert_array_equal(a.direction(deltas), b.direction(deltas))
+    np.testing.assert_allclose(b.mean(), b.recompute_mean(), atol=1e-12)

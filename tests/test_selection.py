@@ -47,6 +47,27 @@ def test_ties_random_but_seeded() -> None:
     assert all(25 <= c <= 75 for c in counts.values())
 
 
+def test_random_order_is_a_uniform_sample_of_the_feasible_whatever_their_age() -> None:
+    # a is by far the oldest; age order always takes it first, random order does not
+    ages = {"a": 50, "b": 0, "c": 0, "d": 1}
+    feasible = ["a", "b", "c"]  # d cannot afford a round
+    assert all(select_by_age(ages, feasible, 1, _rng(s))[0] == "a" for s in range(50))
+    picks = Counter(
+        select_by_age(ages, feasible, 1, _rng(s), order="random")[0] for s in range(300)
+    )
+    assert set(picks) == {"a", "b", "c"}
+    assert all(70 <= c <= 130 for c in picks.values())  # 100 each expected
+    # the random order is the tie order of a draw, the same with or without ages
+    same = {i: 0 for i in ages}
+    assert query_order(ages, ages, _rng(7), "random") == query_order(same, same, _rng(7))
+    # and the batched walk still returns what selection over everyone returns
+    order = query_order(ages, ages, _rng(8), "random")
+    batched, _ = select_in_batches(order, lambda b: {i: i in feasible for i in b}, 2, 1)
+    assert batched == select_by_age(ages, feasible, 2, _rng(8), order="random")
+    with pytest.raises(SelectionError, match="valid: age, random"):
+        query_order(ages, ages, _rng(), "oldest")
+
+
 def test_query_order_draws_one_number_whatever_the_input() -> None:
     a, b = _rng(3), _rng(3)
     query_order({"x": 1, "y": 1}, ["x", "y"], a)

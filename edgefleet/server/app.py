@@ -101,8 +101,12 @@ def build_strategy(
     if cfg.server.strategy == "fedprox":
         strategy = FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
     elif cfg.server.strategy == "fedsag":
+        srv = cfg.server
+        # Corrections weighted 1/max(|S|, M): M (the channels) exists only when energy-age
+        # selection caps the round; otherwise the seed's 1/|S|.
+        floor = cfg.energy.max_devices if energy_age and srv.saga_correction == "channels" else 0
         strategy = FedSAG(
-            cfg.server.server_lr, cfg.server.saga_init, cfg.server.saga_estimator, **common
+            srv.server_lr, srv.saga_init, srv.saga_estimator, srv.saga_memory_mean, floor, **common
         )
     elif energy_age:
         strategy = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
@@ -122,6 +126,7 @@ def build_strategy(
             seed=cfg.seed,
             query_timeout=query_timeout(cfg),
             first_answer_timeout=first_answer_timeout(cfg),
+            order=e.order,
         )
     sc = cfg.stopping
     if (sc.mode != "off" or cfg.sessions_enabled) and central is None:
@@ -290,7 +295,14 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     model = model.to(memory_format=torch.channels_last)
     test_set, validation = _channels_last(test_set), _channels_last(validation)
 
+    last: list[tuple[ArrayRecord, dict[str, float]]] = []
+
     def evaluate_fn(_: int, arrays: ArrayRecord) -> dict[str, float]:
+        # A round whose updates were all declined or dropped hands back the very record it
+        # was given; its figures are the last evaluation's. Under scarce energy (few devices
+        # a round, many rounds with none) the pass over the test set was most of a round.
+        if last and last[0][0] is arrays:
+            return dict(last[0][1])
         set_arrays(model, arrays)
         res = evaluate(model, test_set)
         out = {
@@ -301,6 +313,7 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
         # Per-class counts: the sessions wrapper's accuracy on the classes present.
         for c, (ok, n) in res.per_class.items():
             out[f"class{c}_correct"], out[f"class{c}_total"] = float(ok), float(n)
+        last[:] = [(arrays, dict(out))]
         return out
 
     def validate(arrays: ArrayRecord) -> dict[str, float]:

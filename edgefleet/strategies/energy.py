@@ -32,7 +32,13 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.strategies.base import DeviceStatus, LoopStrategy, StatusQuery, SubsetGrid
 from edgefleet.strategies.loop import RoundCallback, RoundResult
-from edgefleet.strategies.selection import AgeTracker, query_order, select_in_batches
+from edgefleet.strategies.selection import (
+    SELECTION_ORDERS,
+    AgeTracker,
+    SelectionError,
+    query_order,
+    select_in_batches,
+)
 
 
 class EnergyAgeSelection(LoopStrategy, RoundCallback):
@@ -45,8 +51,12 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         seed: int = 0,
         query_timeout: float = 60.0,
         first_answer_timeout: float | None = None,
+        order: str = "age",
     ) -> None:
         super().__init__(inner)
+        if order not in SELECTION_ORDERS:
+            raise SelectionError(f"order={order!r}; valid: {', '.join(SELECTION_ORDERS)}")
+        self.order = order
         self.max_devices = max_devices
         self.slots_per_round = slots_per_round
         self.batch_size = batch_size
@@ -70,6 +80,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             "Max devices a round (M)": self.max_devices,
             "Slots a round": self.slots_per_round,
             "Status queries per batch": self.batch_size or "all at once",
+            "Query order": self.order,
         }
 
     def slot(self, server_round: int) -> int:
@@ -123,7 +134,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         if new:
             self._ask(grid, new, server_round)
         node_of = {self.device_of_node[n]: n for n in nodes if n in self.device_of_node}
-        order = query_order(self.ages.ages, node_of, self.rng)
+        order = query_order(self.ages.ages, node_of, self.rng, self.order)
         batch = self.batch_size or max(1, len(order))
 
         def feasible(devices: list[str]) -> dict[str, bool]:

@@ -16,9 +16,10 @@ non-IID; it costs one parameter vector of server memory per device.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
@@ -27,7 +28,14 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggre
 
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.strategies.hooks import StrategyHooks
-from edgefleet.strategies.saga import SAGA_ESTIMATORS, SagaError, SagaMemory, flatten, unflatten
+from edgefleet.strategies.saga import (
+    SAGA_ESTIMATORS,
+    SAGA_MEANS,
+    SagaError,
+    SagaMemory,
+    flatten,
+    unflatten,
+)
 from edgefleet.strategies.screening import reply_arrays, reply_device
 
 
@@ -41,14 +49,24 @@ class FedSAG(StrategyHooks, FedAvg):
         server_lr: float = 1.0,
         init: str = "zeros",
         estimator: str = "saga",
+        mean_over: str = "fleet",
+        correction_floor: float = 0.0,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(**fedavg_kwargs)
         if estimator not in SAGA_ESTIMATORS:
             raise SagaError(f"estimator={estimator!r}; valid: {', '.join(SAGA_ESTIMATORS)}")
+        if mean_over not in SAGA_MEANS:
+            raise SagaError(f"mean_over={mean_over!r}; valid: {', '.join(SAGA_MEANS)}")
+        if not (np.isfinite(server_lr) and server_lr > 0):
+            raise SagaError(f"server_lr={server_lr!r} must be a finite number > 0")
+        if not (np.isfinite(correction_floor) and correction_floor >= 0):
+            raise SagaError(f"correction_floor={correction_floor!r} must be a finite number >= 0")
         self.server_lr = server_lr
         self.init = init
         self.estimator = estimator
+        self.mean_over = mean_over
+        self.correction_floor = float(correction_floor)
         self.memory: SagaMemory | None = None  # sized on the first aggregation
         self._known: dict[str, None] = {}  # devices seen before the memory existed
         self._global: ArrayRecord | None = None
@@ -57,7 +75,9 @@ class FedSAG(StrategyHooks, FedAvg):
         log(INFO, "\t├──> FedSAG settings:")
         log(INFO, "\t│\t├── Server learning rate: %s", self.server_lr)
         log(INFO, "\t│\t├── Memory init: %s", self.init)
-        log(INFO, "\t│\t└── Estimator: %s", self.estimator)
+        log(INFO, "\t│\t├── Estimator: %s", self.estimator)
+        log(INFO, "\t│\t├── Memory mean over: %s", self.mean_over)
+        log(INFO, "\t│\t└── Correction floor: %s", self.correction_floor or "none (1/|S|)")
         super().summary()
 
     def register_devices(self, device_ids: Iterable[str]) -> None:
@@ -91,15 +111,40 @@ class FedSAG(StrategyHooks, FedAvg):
         like = to_numpy(self._global)
         theta = flatten(like)
         if self.memory is None:
-            self.memory = SagaMemory(theta.size, init=self.init)
+            self.memory = SagaMemory(theta.size, init=self.init, mean_over=self.mean_over)
             self.register_devices(list(self._known))
-        updates = {
-            reply_device(msg): flatten(to_numpy(reply_arrays(msg.content))) - theta for msg in valid
-        }
-        v = self.memory.direction(updates)  # replaces the participants' memories
-        if self.estimator == "sag":
-            v = self.memory.mean()
-        new = unflatten(theta + self.server_lr * v, like)
+        updates: dict[str, np.ndarray] = {}
+        for msg in valid:
+            device = reply_device(msg)
+            delta = flatten(to_numpy(reply_arrays(msg.content))) - theta
+            try:
+                self.memory.check({device: delta})
+            except SagaError as err:  # e.g. finite float32 models whose difference is not
+                log(WARNING, "FedSAG round %d: update of %s dropped: %s", server_round, device, err)
+                continue
+            updates[device] = delta
+        if not updates:
+            return None, None
+        # Never below SAG's 1/K: a floor above the fleet size would discount fresh
+        # information more than keeping every stale memory does.
+        fleet = len(set(self.memory.device_ids) | set(updates))
+        weight = 1.0 / max(len(updates), min(self.correction_floor, fleet))
+        v = self.memory.direction(
+            updates, estimator=self.estimator, correction_weight=weight, commit=False
+        )
+        with np.errstate(over="ignore"):  # an overflow is caught just below
+            new = unflatten(theta + self.server_lr * v, like)
+        if not all(np.isfinite(a).all() for a in new.values() if a.dtype.kind == "f"):
+            # Finite updates can still combine (or round to float32) into inf; a
+            # non-finite global model would end every later round, so skip this one.
+            log(
+                WARNING,
+                "FedSAG round %d: the step would make the model non-finite; model and "
+                "memory left unchanged",
+                server_round,
+            )
+            return None, None
+        self.memory.store(updates)  # replaces the participants' memories
         arrays = to_record(new)
         metrics = aggregate_metricrecords([m.content for m in valid], self.weighted_by_key)
         return arrays, metrics
@@ -114,7 +159,7 @@ class FedSAG(StrategyHooks, FedAvg):
         self._known = dict.fromkeys(state.get("known", []))
         if state.get("memory") is not None:
             saved = state["memory"]
-            self.memory = SagaMemory(int(saved["dim"]), init=self.init)
+            self.memory = SagaMemory(int(saved["dim"]), init=self.init, mean_over=self.mean_over)
             self.memory.load_state_dict(saved)
 
 

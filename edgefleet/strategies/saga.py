@@ -34,6 +34,7 @@ and the returned direction are float64. ``nbytes`` reports it.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,13 @@ SAGA_INITS: tuple[str, ...] = ("zeros", "first-update")
 # "sag": v = mean(m) after the participants' memories are replaced, i.e. the corrections
 # enter with weight 1/K instead of 1/P: biased towards stale memories, far lower variance.
 SAGA_ESTIMATORS: tuple[str, ...] = ("saga", "sag")
+# What the memory mean divides by: "stored", the devices that have a memory (the seed's
+# wording); "fleet", all K registered devices, a device that never uploaded counting as zero.
+SAGA_MEANS: tuple[str, ...] = ("stored", "fleet")
+# The weight of each correction (delta - m) in the SAGA direction: "participants", 1/|S|
+# (the seed's); "channels", 1/max(|S|, M) with M the devices a round has room for (EH-FedSAG's
+# uplink channels), so a round that few devices could afford does not inflate its corrections.
+SAGA_CORRECTIONS: tuple[str, ...] = ("channels", "participants")
 
 
 class SagaError(ValueError):
@@ -91,6 +99,17 @@ def saga_step(
     return np.asarray(memory_mean, dtype=np.float64) + correction / len(deltas)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """A round's memory update, worked out before anything is changed."""
+
+    stored: dict[str, np.ndarray]  # device -> its new memory, as the table will hold it
+    fresh: list[str]  # first-update newcomers (their correction is zero)
+    sum_after: np.ndarray
+    devices_after: int
+    rows_after: int
+
+
 class SagaMemory:
     """One memory vector per device over a flat parameter vector of length ``dim``.
 
@@ -105,16 +124,20 @@ class SagaMemory:
         init: str = "zeros",
         dtype: Any = np.float32,
         initial_rows: int = 16,
+        mean_over: str = "fleet",
     ) -> None:
         if dim < 0:
             raise SagaError(f"dim={dim!r} must be >= 0")
         if init not in SAGA_INITS:
             raise SagaError(f"init={init!r} is unknown; valid: {', '.join(SAGA_INITS)}")
+        if mean_over not in SAGA_MEANS:
+            raise SagaError(f"mean_over={mean_over!r} is unknown; valid: {', '.join(SAGA_MEANS)}")
         dt = np.dtype(dtype)
         if dt not in (np.dtype(np.float32), np.dtype(np.float64)):
             raise SagaError(f"dtype={dt} is unsupported; valid: float32, float64")
         self.dim = int(dim)
         self.init = init
+        self.mean_over = mean_over
         self.dtype = dt
         self._devices: dict[str, None] = {}  # registered ids, in registration order
         self._row: dict[str, int] = {}  # id -> row of the table, for devices with a memory
@@ -158,27 +181,24 @@ class SagaMemory:
         return self._table[row].copy()
 
     def mean(self) -> np.ndarray:
-        """Mean of the memories over all K devices, from the running sum."""
-        if not self._devices:
-            return np.zeros(self.dim, dtype=np.float64)
-        return self._sum / len(self._devices)
+        """Mean of the memories (over the stored ones or all K, per ``mean_over``), from
+        the running sum."""
+        return self._mean_of(self._sum, len(self._devices), len(self._row))
 
     def recompute_mean(self) -> np.ndarray:
         """The mean re-reduced from the table (O(K x D)); for tests and checks."""
-        if not self._devices:
-            return np.zeros(self.dim, dtype=np.float64)
         total = np.zeros(self.dim, dtype=np.float64)
         for start in range(0, len(self._row), 256):  # chunks: a float64 copy of 10,000
             chunk = self._table[start : min(start + 256, len(self._row))]  # rows is 31 GB
             total += chunk.astype(np.float64).sum(axis=0)
-        return total / len(self._devices)
+        return self._mean_of(total, len(self._devices), len(self._row))
 
-    def direction(self, updates: Mapping[str, np.ndarray]) -> np.ndarray:
-        """The round's direction v from the participants' deltas; replaces their memories.
-
-        ``updates`` maps device id -> flat delta (local model minus global). No participant
-        gives the zero vector (model unchanged).
-        """
+    def check(self, updates: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The updates as float64 vectors, or a :class:`SagaError` naming the first device
+        whose delta has the wrong shape, a non-finite entry, or an entry the table's dtype
+        cannot hold (a finite float64 delta beyond float32's range would be stored as inf
+        and poison the running sum)."""
+        limit = float(np.finfo(self.dtype).max)
         deltas: dict[str, np.ndarray] = {}
         for device_id, delta in updates.items():
             d = np.asarray(delta, dtype=np.float64)
@@ -189,47 +209,109 @@ class SagaMemory:
             if not np.all(np.isfinite(d)):
                 # One NaN in the running sum would poison every later round.
                 raise SagaError(f"device {device_id!r}: delta has non-finite entries")
+            if d.size and float(np.max(np.abs(d))) > limit:
+                raise SagaError(
+                    f"device {device_id!r}: delta exceeds the {self.dtype.name} memory's range"
+                )
             deltas[str(device_id)] = d
+        return deltas
+
+    def direction(
+        self,
+        updates: Mapping[str, np.ndarray],
+        *,
+        estimator: str = "saga",
+        correction_weight: float | None = None,
+        commit: bool = True,
+    ) -> np.ndarray:
+        """The round's direction v from the participants' deltas; replaces their memories
+        (unless ``commit=False``, which leaves the memory exactly as it was).
+
+        ``updates`` maps device id -> flat delta (local model minus global). No participant
+        gives the zero vector (model unchanged). ``estimator="saga"``: v = memory mean +
+        ``correction_weight`` x the sum of the participants' corrections (delta - m), the
+        weight defaulting to 1/|S|; ``"sag"``: v = the memory mean after the participants'
+        memories are replaced (``correction_weight`` does not apply).
+        """
+        if estimator not in SAGA_ESTIMATORS:
+            raise SagaError(f"estimator={estimator!r}; valid: {', '.join(SAGA_ESTIMATORS)}")
+        deltas = self.check(updates)
         if not deltas:
             return np.zeros(self.dim, dtype=np.float64)
-        for device_id in deltas:
-            self.register(device_id)
-        fresh: list[str] = []  # a list, not a set: the sum is added in a fixed order
-        if self.init == "first-update":
-            # A newcomer's memory becomes its delta before v is formed, so the memory mean
-            # already counts it and its correction is zero (exactly: it is skipped below).
-            fresh = [i for i in deltas if i not in self._row]
-            for device_id in fresh:
-                self._store(device_id, deltas[device_id])
-        correction = np.zeros(self.dim, dtype=np.float64)
-        for device_id, d in deltas.items():
-            row = self._row.get(device_id)
-            if device_id in fresh:
-                continue
-            if row is None:  # zeros init, first upload: the memory is zero
-                correction += d
-            else:
-                correction += d - self._table[row].astype(np.float64)
-        v = self.mean() + correction / len(deltas)
-        for device_id, d in deltas.items():
-            if device_id not in fresh:
-                self._store(device_id, d)
+        plan = self._plan(deltas)
+        if estimator == "sag":
+            v = self._mean_of(plan.sum_after, plan.devices_after, plan.rows_after)
+        else:
+            # A first-update newcomer's memory is its delta before v is formed, so the mean
+            # already counts it and its correction is exactly zero (it is skipped).
+            base = self._sum.copy()
+            for device_id in plan.fresh:
+                base += plan.stored[device_id]
+            mean = self._mean_of(base, plan.devices_after, len(self._row) + len(plan.fresh))
+            correction = np.zeros(self.dim, dtype=np.float64)
+            for device_id, d in deltas.items():
+                if device_id in plan.fresh:
+                    continue
+                row = self._row.get(device_id)
+                if row is None:  # zeros init, first upload: the memory is zero
+                    correction += d
+                else:
+                    correction += d - self._table[row].astype(np.float64)
+            weight = 1.0 / len(deltas) if correction_weight is None else float(correction_weight)
+            v = mean + weight * correction
+        if commit:
+            self._commit(plan)
         return v
 
-    def _store(self, device_id: str, value: np.ndarray) -> None:
-        new = np.asarray(value).astype(self.dtype)
-        row = self._row.get(device_id)
-        if row is None:
-            row = len(self._row)
-            if row >= self._table.shape[0]:
-                grown = np.zeros((2 * self._table.shape[0], self.dim), dtype=self.dtype)
-                grown[:row] = self._table[:row]
-                self._table = grown
-            self._row[device_id] = row
-        else:
-            self._sum -= self._table[row].astype(np.float64)
-        self._table[row] = new
-        self._sum += new.astype(np.float64)
+    def store(self, updates: Mapping[str, np.ndarray]) -> None:
+        """Replace the participants' memories by their deltas (what :meth:`direction` does
+        after forming v), e.g. once a direction got with ``commit=False`` has been used."""
+        deltas = self.check(updates)
+        if deltas:
+            self._commit(self._plan(deltas))
+
+    def _mean_of(self, total: np.ndarray, devices: int, rows: int) -> np.ndarray:
+        count = rows if self.mean_over == "stored" else devices
+        if count == 0:
+            return np.zeros(self.dim, dtype=np.float64)
+        return total / count
+
+    def _plan(self, deltas: Mapping[str, np.ndarray]) -> _Plan:
+        """What storing ``deltas`` would do, computed without changing anything."""
+        stored = {i: d.astype(self.dtype).astype(np.float64) for i, d in deltas.items()}
+        fresh = (
+            [i for i in deltas if i not in self._row] if self.init == "first-update" else []
+        )  # a list, not a set: sums are added in a fixed order
+        total = self._sum.copy()
+        for device_id, value in stored.items():
+            row = self._row.get(device_id)
+            if row is not None:
+                total -= self._table[row].astype(np.float64)
+            total += value
+        new_devices = sum(1 for i in deltas if i not in self._devices)
+        new_rows = sum(1 for i in deltas if i not in self._row)
+        return _Plan(
+            stored=stored,
+            fresh=fresh,
+            sum_after=total,
+            devices_after=len(self._devices) + new_devices,
+            rows_after=len(self._row) + new_rows,
+        )
+
+    def _commit(self, plan: _Plan) -> None:
+        for device_id, value in plan.stored.items():
+            self.register(device_id)
+            row = self._row.get(device_id)
+            if row is None:
+                row = len(self._row)
+                if row >= self._table.shape[0]:
+                    grown = np.zeros((2 * self._table.shape[0], self.dim), dtype=self.dtype)
+                    grown[:row] = self._table[:row]
+                    self._table = grown
+                self._row[device_id] = row
+            self._table[row] = value.astype(self.dtype)
+        # The sum the direction was computed with, so what was used is what is kept.
+        self._sum = plan.sum_after
 
     def state_dict(self) -> dict[str, Any]:
         """Everything to resume: ids as lists, the used table rows and the running sum as

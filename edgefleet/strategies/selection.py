@@ -41,13 +41,23 @@ def _tie_keys(ids: list[str], salt: int) -> list[int]:
     ]
 
 
+SELECTION_ORDERS: tuple[str, ...] = ("age", "random")
+
+
 def query_order(
-    ages: Mapping[str, int], candidates: Iterable[str], rng: np.random.Generator
+    ages: Mapping[str, int],
+    candidates: Iterable[str],
+    rng: np.random.Generator,
+    order: str = "age",
 ) -> list[str]:
-    """``candidates`` by age descending, equal ages in a random order drawn from ``rng``.
+    """``candidates`` by age descending, equal ages in a random order drawn from ``rng``;
+    with ``order="random"``, all of them in that random order (ages ignored), so the first
+    M feasible ones are a uniform sample of the feasible devices.
 
     Draws exactly one number from ``rng`` whatever the candidates are.
     """
+    if order not in SELECTION_ORDERS:
+        raise SelectionError(f"order={order!r} is unknown; valid: {', '.join(SELECTION_ORDERS)}")
     salt = int(rng.integers(0, 2**63))
     ids = sorted(set(candidates))
     missing = [i for i in ids if i not in ages]
@@ -56,8 +66,11 @@ def query_order(
             f"no age for {len(missing)} device(s), e.g. {missing[:3]}; register them first"
         )
     keys = _tie_keys(ids, salt)
-    order = sorted(zip(ids, keys, strict=True), key=lambda t: (-ages[t[0]], t[1], t[0]))
-    return [i for i, _ in order]
+    by_age = order == "age"
+    ranked = sorted(
+        zip(ids, keys, strict=True), key=lambda t: (-ages[t[0]] if by_age else 0, t[1], t[0])
+    )
+    return [i for i, _ in ranked]
 
 
 def select_by_age(
@@ -65,10 +78,12 @@ def select_by_age(
     feasible: Iterable[str],
     max_devices: int,
     rng: np.random.Generator,
+    order: str = "age",
 ) -> list[str]:
-    """Up to ``max_devices`` feasible devices with the largest age, by age descending."""
+    """Up to ``max_devices`` feasible devices with the largest age, by age descending (or,
+    with ``order="random"``, a uniform sample of them)."""
     _check_max(max_devices)
-    return query_order(ages, feasible, rng)[:max_devices]
+    return query_order(ages, feasible, rng, order)[:max_devices]
 
 
 def select_in_batches(
