@@ -165,6 +165,14 @@ def _sessions(
         temperature=w.temperature,
         slots_per_round=cfg.energy.slots_per_round,
         query_timeout=query_timeout(cfg),
+        # The first presence query reaches every node at once, each loading its data: the
+        # sessions would otherwise start late, the schedule's groups shifted.
+        first_query_timeout=cfg.server.round_timeout,
+        lr=cfg.train.lr,
+        lr_min_ratio=cfg.train.lr_min_ratio if cfg.train.lr_schedule == "session-poly" else 1.0,
+        aux_lr_scale=w.aux_lr_scale,
+        kl_lambda=w.kl_lambda,
+        reset_after_pilot=w.reset_after_pilot,
     )
 
 

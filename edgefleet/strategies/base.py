@@ -65,6 +65,11 @@ class StatusQuery:
     slots_per_round: int = 1
     timeout: float = 60.0
     unsupported: set[int] = field(default_factory=set)  # nodes that cannot answer
+    # A node's first answer may wait for its ClientApp to load its data and model (tens of
+    # seconds per node on a loaded simulation host): a batch holding a node never heard from
+    # waits this long instead (None: ``timeout``).
+    first_timeout: float | None = None
+    heard: set[int] = field(default_factory=set)  # nodes that have answered
 
     def ask(
         self, grid: Grid, nodes: Iterable[int], server_round: int, labels: bool = False
@@ -86,8 +91,13 @@ class StatusQuery:
         if not messages:
             return answers
         new: list[int] = []
-        for reply in grid.send_and_receive(messages, timeout=self.timeout):
+        first = self.first_timeout is not None and any(
+            m.metadata.dst_node_id not in self.heard for m in messages
+        )
+        timeout = self.first_timeout if first else self.timeout
+        for reply in grid.send_and_receive(messages, timeout=timeout):
             node = reply.metadata.src_node_id
+            self.heard.add(node)
             if reply.has_error():
                 if _NO_QUERY_HANDLER in (reply.error.reason or ""):
                     new.append(node)
