@@ -13,11 +13,17 @@ from edgefleet.simulation.runner import Scenario, resolve_run_config, run_scenar
 
 
 def run_once(
-    out: Path, name: str, federation: dict[str, Any], run_config: dict[str, Any], timeout: float
+    out: Path,
+    name: str,
+    federation: dict[str, Any],
+    run_config: dict[str, Any],
+    timeout: float,
+    engine: str = "simulation",
 ) -> list[dict[str, Any]]:
-    """Run ``name`` on the Simulation Engine unless ``out/name`` holds a finished run of the
-    same config (so an interrupted sweep resumes where it stopped); its metrics rows. A
-    finished run of another config is an error, not silently reused."""
+    """Run ``name`` on the Simulation Engine (or, ``engine="inprocess"``, the same apps in
+    this process: :mod:`_inprocess`) unless ``out/name`` holds a finished run of the same
+    config (so an interrupted sweep resumes where it stopped); its metrics rows. A finished
+    run of another config is an error, not silently reused."""
     run_dir = out / name
     config = {**run_config, "output-dir": str(out), "run-name": name}
     summary = run_dir / "summary.json"
@@ -40,6 +46,12 @@ def run_once(
         if run_dir.exists():  # an unfinished run: start it again
             shutil.rmtree(run_dir)
         t0 = time.monotonic()
-        run_scenario(Scenario(name, federation, config), timeout=timeout, quiet=True)
+        scenario = Scenario(name, federation, config)
+        if engine == "inprocess":
+            from _inprocess import run_inprocess
+
+            run_inprocess(int(federation["num-supernodes"]), resolve_run_config(scenario)[1])
+        else:
+            run_scenario(scenario, timeout=timeout, quiet=True)
         print(f"{name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
