@@ -30,7 +30,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from edgefleet.task.data import dataset_info
 from flwr.app import Context, Message, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -40,6 +39,7 @@ from edgefleet.server.app import build_strategy, screening_for
 from edgefleet.simulation.runner import parse_value
 from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.strategies.screening import Screening
+from edgefleet.task.datasets import dataset_info
 from edgefleet.task.models import build_model
 from edgefleet.task.train import get_arrays
 

@@ -36,6 +36,8 @@ STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
 STOPPING_NORMS: tuple[str, ...] = ("l2", "squared")
 VALIDATION_SPLITS: tuple[str, ...] = ("official", "test")
 SESSION_SCHEDULES: tuple[str, ...] = ("none", "alternate")
+# "session-poly": the reference's polynomial decay within each session (arXiv 2410.05662).
+LR_SCHEDULES: tuple[str, ...] = ("constant", "session-poly")
 
 Value = bool | int | float | str
 # A check returns None when the value is fine, else the text "must be ..." for the error.
@@ -298,6 +300,17 @@ class DataConfig:
 class TrainConfig:
     model: str = key("model", "smallcnn", _choice(MODELS), " ".join(f"`{m}`" for m in MODELS))
     lr: float = key("lr", 0.05, _positive, "local SGD learning rate")
+    lr_schedule: str = key(
+        "lr-schedule",
+        "constant",
+        _choice(LR_SCHEDULES),
+        "`constant`, or `session-poly`: within each session the rate decays from `lr` to "
+        "`lr` x `lr-min-ratio` (power 0.9, as arXiv 2410.05662's code; needs "
+        "`sessions.rounds`); the server sends each round's rate in the train config",
+    )
+    lr_min_ratio: float = key(
+        "lr-min-ratio", 0.6, _fraction, "`session-poly`: the last rate of a session over `lr`"
+    )
     momentum: float = key("momentum", 0.9, _half_open_fraction, "local SGD momentum")
     batch_size: int = key("batch-size", 32, _at_least(1), "local mini-batch size")
     local_steps: int = key("local-steps", 20, _at_least(1), "local SGD steps a round")
@@ -535,13 +548,33 @@ class WarmStartConfig:
         "warmstart.mode",
         "previous",
         _choice(WARMSTART_MODES),
-        "`pilot` (the paper), `previous`, `average`, `fresh`",
+        "`pilot` (the paper), `previous`, `average`, `fresh`, `continuous` (the paper's "
+        "baseline: `previous` + a KL term to the last session's model; EdgeFleet's ClientApp)",
     )
     pilot_sessions: int = key("warmstart.pilot-sessions", 1, _at_least(1), "P pilot sessions")
     aux_rounds: int = key(
         "warmstart.aux-rounds", 1, _at_least(1), "V auxiliary rounds per later session"
     )
     temperature: float = key("warmstart.temperature", 10.0, _positive, "softmin R")
+    aux_lr_scale: float = key(
+        "warmstart.aux-lr-scale",
+        0.5,
+        _fraction,
+        "`pilot`: auxiliary rounds train at `lr` x this, constant (the reference: half)",
+    )
+    kl_lambda: float = key(
+        "warmstart.kl-lambda",
+        0.5,
+        _at_least(0.0),
+        "`continuous`: weight of KL(last session's model || local model) in the local loss",
+    )
+    reset_after_pilot: bool = key(
+        "warmstart.reset-after-pilot",
+        False,
+        _any,
+        "the first post-pilot session starts from the initial model in every mode, as the "
+        "reference's experiments do (false: from the last model)",
+    )
     max_stored: int = key(
         "warmstart.max-stored", 10, _at_least(1), "stored session models kept (oldest evicted)"
     )
@@ -751,6 +784,11 @@ def _check_together(cfg: RunConfig) -> None:
             "use strategy 'fedavg' or 'fedprox', or reconstruction 'global' or 'zeros'"
         )
     w = cfg.warmstart
+    if cfg.train.lr_schedule == "session-poly" and not (cfg.sessions_enabled and s.rounds):
+        raise ConfigError(
+            "run config 'lr-schedule' = 'session-poly': needs sessions of a known length "
+            "(sessions.rounds >= 1); use 'constant' or set sessions.rounds"
+        )
     if w.mode == "pilot" and s.rounds and w.aux_rounds >= s.rounds:
         raise ConfigError(
             f"run config 'warmstart.aux-rounds' = {w.aux_rounds}: must be below "

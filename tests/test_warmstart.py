@@ -74,7 +74,7 @@ def _assert_state_equal(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> N
 
 
 def test_modes() -> None:
-    assert WARMSTART_MODES == ("pilot", "previous", "average", "fresh")
+    assert WARMSTART_MODES == ("pilot", "previous", "average", "fresh", "continuous")
 
 
 def test_softmin_hand_computed() -> None:

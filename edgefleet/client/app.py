@@ -6,21 +6,28 @@ same keys from every device; a device that trains a CA-HFP submodel adds the Arr
 ``kept`` (its channels), which the server's reconstruction wrapper consumes before the
 strategy sees the reply. A device that cannot do the work replies with an ``Error``, which
 the server counts as declined.
+
+Warm start (:mod:`edgefleet.strategies.sessions`) may send the round's learning rate
+(``lr`` in the config) and, in its ``continuous`` mode, ``kl-lambda``, ``teacher-session`` and
+once per session the ``teacher`` ArrayRecord: the device keeps the teacher in
+``Context.state`` (replaced by the next session's) and adds the KL term to its local loss.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import time
 from typing import TYPE_CHECKING
 
-from flwr.app import Context, Error, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from edgefleet.client.battery import EnergySource, SourceUnavailableError, make_source
 from edgefleet.client.mods import (
     ERR_ABSENT,
     ERR_BAD_CONFIG,
+    ERR_NO_TEACHER,
     ERR_TRAIN_FAILED,
     BatterySettings,
     energy_mod,
@@ -29,7 +36,9 @@ from edgefleet.config import RunConfig
 from edgefleet.task.cache import CacheUnwritableError
 
 if TYPE_CHECKING:
-    from edgefleet.client.device import DeviceProfile
+    from torch import nn
+
+    from edgefleet.client.device import Device, DeviceProfile
 
 # torch, the data layer and the pruning code are imported by the handlers, not here: the
 # Simulation Engine loads this module in its own process before it starts Ray (to check
@@ -92,12 +101,63 @@ def status(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"status": MetricRecord(status)}), reply_to=msg)
 
 
+# Where the device keeps warm start's teacher between messages.
+TEACHER_STATE = "edgefleet.teacher"
+TEACHER_INFO_STATE = "edgefleet.teacher-info"
+
+
+class TeacherMissingError(ValueError):
+    """The server names a teacher session whose model this device does not hold."""
+
+
+def continuous_teacher(device: Device, msg: Message, context: Context) -> nn.Module | None:
+    """The Continuous baseline's teacher for this round, or None when the server asks for
+    no KL term. A teacher in the message replaces the one kept in ``context.state``.
+
+    Raises :class:`TeacherMissingError` when the named session's teacher is not held (the
+    server sends it again), ValueError when the config or the teacher is malformed."""
+    from edgefleet.strategies.warmstart import (
+        CONFIG_KL_LAMBDA,
+        CONFIG_TEACHER_SESSION,
+        TEACHER_RECORD,
+    )
+    from edgefleet.task.train import set_arrays
+
+    config = msg.content.config_records["config"]
+    weight = float(config.get(CONFIG_KL_LAMBDA, 0.0))  # type: ignore[arg-type]
+    if not (math.isfinite(weight) and weight >= 0):
+        raise ValueError(f"train config '{CONFIG_KL_LAMBDA}' = {weight!r}: must be >= 0")
+    if weight == 0:
+        return None
+    if CONFIG_TEACHER_SESSION not in config:
+        raise ValueError(f"train config has '{CONFIG_KL_LAMBDA}' but no '{CONFIG_TEACHER_SESSION}'")
+    session = int(config[CONFIG_TEACHER_SESSION])  # type: ignore[arg-type]
+    sent = msg.content.array_records.get(TEACHER_RECORD)
+    if sent is not None:
+        context.state[TEACHER_STATE] = sent
+        context.state[TEACHER_INFO_STATE] = ConfigRecord({"session": session})
+    held = context.state.array_records.get(TEACHER_STATE)
+    info = context.state.config_records.get(TEACHER_INFO_STATE)
+    held_session = None if info is None else int(info["session"])  # type: ignore[arg-type]
+    if held is None or held_session != session:
+        raise TeacherMissingError(
+            f"no teacher model for session {session} on this device (it holds "
+            f"{'none' if held is None else f'session {held_session}'}); the server sends it again"
+        )
+    try:
+        set_arrays(device.teacher, held)
+    except RuntimeError as err:  # load_state_dict: keys or shapes do not fit
+        raise ValueError(f"the teacher model does not fit this device's model: {err}") from None
+    return device.teacher
+
+
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     from edgefleet.client.device import get_device, is_present
     from edgefleet.client.faults import NODE_CONFIG_KEY, corrupt
     from edgefleet.client.pruning import parameter_fraction, round_model
     from edgefleet.pruning.wire import KEPT, kept_record
+    from edgefleet.strategies.warmstart import CONFIG_KL_LAMBDA, CONFIG_LR
     from edgefleet.task.train import get_arrays, seed_for, train_local
 
     try:
@@ -108,10 +168,20 @@ def train(msg: Message, context: Context) -> Message:
     config = msg.content.config_records["config"]
     server_round = int(config["server-round"])  # type: ignore[arg-type]
     mu = float(config.get("proximal-mu", 0.0))  # type: ignore[arg-type]
+    lr = float(config.get(CONFIG_LR, cfg.train.lr))  # type: ignore[arg-type]
     if not is_present(cfg, profile, server_round):
         return Message(Error(ERR_ABSENT, "device is not present this session"), reply_to=msg)
     if len(device.train_data) == 0:  # an Error reply: the energy mod spends nothing
         return Message(Error(ERR_TRAIN_FAILED, "no local training data"), reply_to=msg)
+    if not (math.isfinite(lr) and lr > 0):
+        reason = f"train config '{CONFIG_LR}' = {lr!r}: must be finite and > 0"
+        return Message(Error(ERR_BAD_CONFIG, reason), reply_to=msg)
+    try:
+        teacher = continuous_teacher(device, msg, context)
+    except TeacherMissingError as err:
+        return Message(Error(ERR_NO_TEACHER, str(err)), reply_to=msg)
+    except (ValueError, TypeError, KeyError) as err:
+        return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
     seed = seed_for(cfg.seed, profile.partition_id, server_round)
     start = time.perf_counter()
     try:
@@ -123,10 +193,12 @@ def train(msg: Message, context: Context) -> Message:
             device.train_data,
             steps=cfg.train.local_steps,
             batch_size=cfg.train.batch_size,
-            lr=cfg.train.lr,
+            lr=lr,
             momentum=cfg.train.momentum,
             seed=seed,
             proximal_mu=mu,
+            teacher=teacher,
+            kl_lambda=float(config.get(CONFIG_KL_LAMBDA, 0.0)),  # type: ignore[arg-type]
         )
     except ValueError as err:  # no data, or a compact download that does not fit
         return Message(Error(ERR_TRAIN_FAILED, str(err)), reply_to=msg)

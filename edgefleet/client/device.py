@@ -7,6 +7,7 @@ process sees for a (run config, node) pair and reused for every later round.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -117,6 +118,12 @@ class Device:
     def labels(self) -> list[int]:
         """The classes of the local training data (the server's per-session accuracy)."""
         return [int(c) for c in np.unique(self.train_data.y)]
+
+    @cached_property  # built once per process, only in warm start's continuous mode
+    def teacher(self) -> nn.Module:
+        """A second copy of the model's architecture, for the Continuous baseline's KL term
+        (the last session's model, frozen)."""
+        return copy.deepcopy(self.model)
 
     @cached_property  # tracing the dependency graph costs a forward pass; once per process
     def plan(self) -> PruningPlan:

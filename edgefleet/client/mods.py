@@ -60,6 +60,7 @@ ERR_BAD_CONFIG = 10
 ERR_TRAIN_FAILED = 11
 ERR_NO_ENERGY = 12
 ERR_ABSENT = 13
+ERR_NO_TEACHER = 14  # warm start's continuous mode: this device does not hold the teacher
 
 STATE_KEY = "edgefleet.battery"
 DEVICE_ID = "device-id"

@@ -216,6 +216,11 @@ def _sessions(
         slots_per_round=cfg.energy.slots_per_round,
         query_timeout=query_timeout(cfg),
         first_answer_timeout=first_answer_timeout(cfg),
+        lr=cfg.train.lr,
+        lr_min_ratio=cfg.train.lr_min_ratio if cfg.train.lr_schedule == "session-poly" else 1.0,
+        aux_lr_scale=w.aux_lr_scale,
+        kl_lambda=w.kl_lambda,
+        reset_after_pilot=w.reset_after_pilot,
     )
 
 

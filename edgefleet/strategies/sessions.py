@@ -19,6 +19,25 @@ stores the finished session's final model and builds the new session's initial m
   post-pilot sessions' final models (the first post-pilot session, with nothing stored, from
   the previous model, as the baseline does).
 - ``previous`` / ``average`` / ``fresh``: the baselines, without auxiliary rounds.
+- ``continuous``: ``previous`` plus a KL term to the last session's final model in every
+  device's local loss (the paper's Continuous baseline).
+
+What the train messages carry besides the model, for EdgeFleet's ClientApp:
+
+- ``lr`` in the config (when the wrapper is given a base rate): the round's client learning
+  rate, decaying within the session (``lr_min_ratio`` < 1, :func:`session_lr`) and scaled by
+  ``aux_lr_scale`` in auxiliary rounds, as the reference does. A ClientApp that ignores it
+  trains at its own rate.
+- ``continuous``: ``kl-lambda`` and ``teacher-session`` (the session number) in the config,
+  and the teacher (the last session's final model) as a second ArrayRecord ``teacher``, sent
+  to a node only until it has trained with it once in this session: the device keeps it in
+  its ``Context.state`` (kept between messages on both engines) and later messages name the
+  session only. A node that has lost it (its SuperNode restarted) declines the round, and a
+  node asked to train that sent no accepted reply gets the teacher again next time. The extra
+  download is one model per device per session (in the round's ``bytes_down``; the row's
+  ``teacher_downloads`` counts them), not one per round: about 1/T of the downloads of a
+  T-round session, against a doubling for sending it in every message. The device holds one
+  more model in memory and runs one more forward pass a step.
 
 Wrappers inside are told of each boundary through ``on_session`` (the data-free stopping
 rule restarts from the session's initial model, and under sessions a plateau rests the
@@ -31,7 +50,7 @@ from collections.abc import Iterable
 from logging import INFO, WARNING
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -41,12 +60,19 @@ from edgefleet.strategies.base import DeviceStatus, LoopStrategy, StatusQuery, S
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import (
+    CONFIG_KL_LAMBDA,
+    CONFIG_LR,
+    CONFIG_TEACHER_SESSION,
+    TEACHER_RECORD,
+    WARMSTART_MODES,
     SessionStore,
     StoredSession,
+    WarmStartError,
     average_states,
     distance_keys,
     pilot_model,
     pseudo_gradient,
+    session_lr,
     warm_start_model,
 )
 
@@ -69,8 +95,39 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         slots_per_round: int = 1,
         query_timeout: float = 60.0,
         first_answer_timeout: float | None = None,
+        lr: float | None = None,
+        lr_min_ratio: float = 1.0,
+        aux_lr_scale: float = 0.5,
+        kl_lambda: float = 0.5,
+        reset_after_pilot: bool = False,
     ) -> None:
+        """``first_answer_timeout``: how long the presence query waits for a node never heard
+        from (its first answer may wait for its data to load). ``lr``: the devices' base
+        learning rate; given, every train message carries the
+        round's rate (``lr_min_ratio`` < 1: decaying within each session, which needs the
+        tracker's ``max_rounds``; auxiliary rounds at lr x ``aux_lr_scale``). None: no rate
+        is sent. ``kl_lambda``: the KL weight of mode ``continuous``.
+        ``reset_after_pilot``: session P + 1 starts from ``initial`` in every mode, as in the
+        reference's experiments."""
         super().__init__(inner)
+        if mode not in WARMSTART_MODES:
+            raise WarmStartError(f"mode {mode!r}; valid choices: {', '.join(WARMSTART_MODES)}")
+        if lr is not None:
+            session_lr(lr, lr_min_ratio, 0, 1)  # raises on a bad rate or ratio
+            if lr_min_ratio < 1 and not tracker.max_rounds:
+                raise WarmStartError(
+                    "a learning rate that decays within each session needs sessions of a "
+                    "known length (SessionTracker max_rounds >= 1)"
+                )
+        if not 0 < aux_lr_scale <= 1 or not kl_lambda >= 0:
+            raise WarmStartError(
+                f"aux_lr_scale={aux_lr_scale!r} must be in (0, 1] and kl_lambda={kl_lambda!r} >= 0"
+            )
+        self.lr, self.lr_min_ratio, self.aux_lr_scale = lr, lr_min_ratio, aux_lr_scale
+        self.kl_lambda, self.reset_after_pilot = kl_lambda, reset_after_pilot
+        self.session_round = 0  # training rounds configured in this session (the lr's t)
+        self.teacher_holders: set[int] = set()  # nodes that trained with this session's teacher
+        self._asked: set[int] = set()  # nodes sent a train message this round
         self.store, self.tracker = store, tracker
         self.initial = to_numpy(initial)
         self.keys = distance_keys(self.initial, param_keys)
@@ -92,9 +149,16 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self._answered = 0  # nodes that answered this round's presence query
 
     def settings(self) -> dict[str, object]:
-        s = {"Mode": self.mode, "Change threshold": self.tracker.change_threshold}
+        s: dict[str, object] = {"Mode": self.mode}
+        s["Change threshold"] = self.tracker.change_threshold
         if self.tracker.max_rounds:
             s["Session length (rounds)"] = self.tracker.max_rounds
+        if self.lr is not None:
+            s["Client learning rate"] = (
+                self.lr
+                if self.lr_min_ratio == 1
+                else f"{self.lr:g} -> {self.lr * self.lr_min_ratio:g} within each session"
+            )
         if self.mode == "pilot":
             s.update(
                 {
@@ -103,6 +167,12 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
                     "Softmin temperature": self.temperature,
                 }
             )
+            if self.lr is not None:
+                s["Auxiliary learning rate"] = self.lr * self.aux_lr_scale
+        if self.mode == "continuous":
+            s["KL weight (lambda)"] = self.kl_lambda
+        if self.reset_after_pilot:
+            s["First post-pilot session from"] = "the initial model"
         return s
 
     # -- presence -----------------------------------------------------------------------
@@ -136,21 +206,26 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             return  # a post-pilot session without a pseudo-gradient cannot be weighed
         self.store.add(StoredSession(session, to_numpy(final), grad, self.session_devices))
 
+    def _resets(self, session: int) -> bool:
+        """Whether ``session`` starts from the initial model where it would carry on."""
+        return self.reset_after_pilot and session == self.pilot_sessions + 1
+
     def _open_session(self, session: int, arrays: ArrayRecord) -> ArrayRecord | None:
         """The new session's initial model, or None when auxiliary rounds must run first."""
         stored = self.store.pilots() + self.store.candidates()
         self.pending_grad = None
-        if self.mode == "fresh" and session > 1:
-            return to_record(self.initial)
-        if self.mode == "average" and stored:
-            finals = [s.final for s in stored]
-            return to_record(average_states(finals, [1.0] * len(finals)))
         if self.mode == "pilot" and session > self.pilot_sessions and self.store.pilots():
+            # The aux rounds run even in a reset session: its pseudo-gradient is stored.
             self.aux_start = pilot_model([s.final for s in self.store.pilots()])
             self.aux_left = self.aux_rounds
             self.phase = "aux"
             self.start_from = to_record(self.aux_start)
             return None
+        if (self.mode == "fresh" and session > 1) or self._resets(session):
+            return to_record(self.initial)
+        if self.mode == "average" and stored:
+            finals = [s.final for s in stored]
+            return to_record(average_states(finals, [1.0] * len(finals)))
         return arrays
 
     def _warm_model(self, aux_result: ArrayRecord, previous: ArrayRecord) -> ArrayRecord:
@@ -159,7 +234,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         candidates = self.store.candidates()
         if not candidates:
             self._round_info["warmstart_weights"] = []
-            return previous
+            return to_record(self.initial) if self._resets(self.tracker.session) else previous
         model, weights = warm_start_model(
             self.pending_grad, candidates, self.keys, self.temperature
         )
@@ -199,12 +274,14 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
                 self._finish_session(previous_session, arrays)
                 self.previous = arrays
             self.session_devices = sorted(self.present)
+            self.session_round, self.teacher_holders = 0, set()
             assert self.previous is not None
             start = self._open_session(change.session, self.previous)
             if start is not None and start is not arrays:
                 self.start_from = start
             super().on_session(start)
             self._round_info.update(arrived=sorted(change.arrived), left=sorted(change.left))
+        self._asked = set()
         if not nodes:
             asked = self._round_info["presence_queries"]
             why = f"sessions: no device present ({self._answered} of {asked} nodes answered)"
@@ -215,7 +292,59 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         # After on_session (FedSAG forgets its devices there): the present devices' answers
         # go down so that energy selection reuses their batteries instead of asking again.
         self.on_status(server_round, self._answers)
-        return super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
+        config = self._train_config(config)
+        messages = list(
+            super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
+        )
+        if self.phase == "train":
+            self.session_round += 1
+        return self._with_teacher(messages)
+
+    def _train_config(self, config: ConfigRecord) -> ConfigRecord:
+        """The round's config with the learning rate and, in mode continuous, the KL
+        term's weight and the session its teacher belongs to."""
+        out = ConfigRecord(dict(config))
+        if self.lr is not None:
+            if self.phase == "aux":
+                lr = self.lr * self.aux_lr_scale
+            elif self.lr_min_ratio < 1:
+                t, rounds = self.session_round, self.tracker.max_rounds
+                lr = session_lr(self.lr, self.lr_min_ratio, t, rounds)
+            else:
+                lr = self.lr
+            out[CONFIG_LR] = lr
+            self._round_info["lr"] = lr
+        if self._teacher() is not None:
+            out[CONFIG_KL_LAMBDA] = self.kl_lambda
+            out[CONFIG_TEACHER_SESSION] = self.tracker.session
+        return out
+
+    def _teacher(self) -> ArrayRecord | None:
+        """Mode continuous: the last session's final model, which this session's local
+        losses stay close to (None in the first session, or with lambda 0)."""
+        if self.mode != "continuous" or self.tracker.session < 2 or self.kl_lambda <= 0:
+            return None
+        return self.previous
+
+    def _with_teacher(self, messages: list[Message]) -> list[Message]:
+        """Add the teacher to the train message of every node that has not yet trained
+        with it in this session."""
+        self._asked = {m.metadata.dst_node_id for m in messages}
+        teacher = self._teacher()
+        if teacher is None:
+            return messages
+        out, sent = [], 0
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            if node in self.teacher_holders:
+                out.append(msg)
+                continue
+            # The inner strategy shares one RecordDict between its messages: a new one each.
+            content = RecordDict({**dict(msg.content.items()), TEACHER_RECORD: teacher})
+            out.append(Message(content, dst_node_id=node, message_type=msg.metadata.message_type))
+            sent += 1
+        self._round_info["teacher_downloads"] = sent
+        return out
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -227,6 +356,12 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        if self._teacher() is not None:
+            # A node asked to train without an accepted reply may have lost the teacher (a
+            # restarted SuperNode declines for that): it is sent again next time.
+            replied = {m.metadata.src_node_id for m in replies if not m.has_error()}
+            self.teacher_holders = (self.teacher_holders - self._asked) | (replied & self._asked)
         arrays, metrics = super().aggregate_train(server_round, replies)
         trained = arrays is not None
         if not trained:  # nobody trained: the model the round started from stands
@@ -273,6 +408,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             session_devices=self.session_devices,
             phase=self.phase,
             aux_left=self.aux_left,
+            session_round=self.session_round,
             aux_start=self.aux_start,
             pending_grad=self.pending_grad,
             start_from=None if self.start_from is None else to_numpy(self.start_from),
@@ -288,6 +424,8 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.labels = state["labels"]
         self.session_devices = state["session_devices"]
         self.phase, self.aux_left = state["phase"], state["aux_left"]
+        # Not checkpointed: after a restart every node is sent the teacher once more.
+        self.session_round, self.teacher_holders = state.get("session_round", 0), set()
         self.aux_start, self.pending_grad = state["aux_start"], state["pending_grad"]
         for key in ("start_from", "previous"):
             setattr(self, key, None if state[key] is None else to_record(state[key]))

@@ -31,6 +31,20 @@ wrapper strategy that runs sessions and auxiliary rounds lives elsewhere.
   session is much like the new one.
 - ``"fresh"``: the initial random model, as if the federation were new. For comparison only,
   or when earlier knowledge is known to hurt.
+- ``"continuous"``: the paper's *Continuous* baseline (the reference's
+  ``local_training_continuous``): the session starts from the last session's final model, as
+  ``previous``, and every device adds lambda x KL(p_last || p_local) to its cross-entropy,
+  with p_last the softmax of the last session's final model on the same mini-batch
+  (temperature 1, mean over the batch; the reference's ``F.kl_div(log_softmax(local),
+  softmax(last), "batchmean")``). It keeps what the last session learnt while the new one
+  trains, a continual-learning baseline. It needs a ClientApp that implements the term
+  (EdgeFleet's does, see :mod:`edgefleet.strategies.sessions` for what goes on the wire);
+  a ClientApp that ignores it trains as ``previous``.
+
+Learning rates (the reference's experiments): within each session the client rate decays
+polynomially, lr_t = (lr - lr_min) (1 - t/T)^0.9 + lr_min over the session's T rounds
+(:func:`session_lr`), and auxiliary rounds train at a constant lr/2. Both reach the devices
+as the ``lr`` entry of the train config.
 
 Temperature: the softmin weight is w_z = exp(-R d_z) / sum_y exp(-R d_y), with R the
 reference's ``--similarity_scale`` (its README example uses R = 10). Larger R concentrates the
@@ -59,7 +73,17 @@ import numpy as np
 
 from edgefleet.fileio import atomic_write, atomic_write_bytes
 
-WARMSTART_MODES: tuple[str, ...] = ("pilot", "previous", "average", "fresh")
+WARMSTART_MODES: tuple[str, ...] = ("pilot", "previous", "average", "fresh", "continuous")
+# The reference's decay exponent for every data set and algorithm (its README).
+LR_POWER = 0.9
+
+# On the wire (train messages; EdgeFleet's ClientApp reads them): the round's client learning
+# rate, and for mode "continuous" the KL weight, the session the teacher belongs to, and the
+# teacher itself (an ArrayRecord beside the model, sent once per device and session).
+CONFIG_LR = "lr"
+CONFIG_KL_LAMBDA = "kl-lambda"
+CONFIG_TEACHER_SESSION = "teacher-session"
+TEACHER_RECORD = "teacher"
 
 State = dict[str, np.ndarray]
 
@@ -90,6 +114,28 @@ def softmin_weights(distances: Sequence[float] | np.ndarray, temperature: float)
         raise WarmStartError(f"temperature R={temperature!r} must be finite and > 0")
     e = np.exp(-r * (d - d.min()))
     return e / e.sum()
+
+
+def session_lr(
+    base: float, min_ratio: float, t: int, rounds: int, power: float = LR_POWER
+) -> float:
+    """The client learning rate of a session's training round ``t`` (0-based) of ``rounds``.
+
+    (base - base x min_ratio) (1 - t/rounds)^power + base x min_ratio: ``base`` at t = 0,
+    decaying towards base x min_ratio, as the reference's
+    ``calculate_polynomial_decay_lr_schedule`` restarted at each session. ``min_ratio`` = 1
+    is a constant rate. A round past ``rounds`` (a session longer than planned) keeps the
+    last rate instead of going below it.
+    """
+    if not (math.isfinite(base) and base > 0):
+        raise WarmStartError(f"base learning rate {base!r} must be finite and > 0")
+    if not 0 < min_ratio <= 1:
+        raise WarmStartError(f"min_ratio {min_ratio!r} must be in (0, 1]")
+    if rounds < 1 or t < 0:
+        raise WarmStartError(f"round {t} of {rounds}: need rounds >= 1 and t >= 0")
+    low = base * min_ratio
+    fraction = 1.0 - min(t, rounds - 1) / rounds
+    return (base - low) * fraction**power + low
 
 
 def distance_keys(state: Mapping[str, np.ndarray], param_keys: Sequence[str]) -> list[str]:

@@ -57,10 +57,23 @@ def train_local(
     momentum: float,
     seed: int,
     proximal_mu: float = 0.0,
+    teacher: nn.Module | None = None,
+    kl_lambda: float = 0.0,
 ) -> TrainResult:
-    """Run ``steps`` mini-batch SGD steps on ``data``; FedProx's proximal term when mu > 0."""
+    """Run ``steps`` mini-batch SGD steps on ``data``; FedProx's proximal term when mu > 0.
+
+    With a ``teacher`` and ``kl_lambda`` > 0 (warm start's Continuous baseline, arXiv
+    2410.05662) the loss adds kl_lambda x KL(softmax(teacher(x)) || softmax(model(x))),
+    averaged over the batch, the teacher frozen: the reference's ``_train_continuous``.
+    The teacher may be the full model while ``model`` is a pruned submodel: only their
+    outputs meet.
+    """
     if len(data) == 0:
         raise ValueError("cannot train on an empty partition")
+    if kl_lambda <= 0:
+        teacher = None
+    if teacher is not None:
+        teacher.eval()
     gen = torch.Generator().manual_seed(seed)
     x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
     anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
@@ -70,7 +83,15 @@ def train_local(
     total, seen = 0.0, 0
     for idx in _batches(len(data), batch_size, steps, gen):
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x[idx]), y[idx])
+        logits = model(x[idx])
+        loss = loss_fn(logits, y[idx])
+        if teacher is not None:
+            with torch.no_grad():
+                target = torch.softmax(teacher(x[idx]), dim=1)
+            kl = nn.functional.kl_div(
+                torch.log_softmax(logits, dim=1), target, reduction="batchmean"
+            )
+            loss = loss + kl_lambda * kl
         if anchor:
             prox = sum(
                 ((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor, strict=True)
