@@ -10,6 +10,8 @@ Engine with the same seeds:
   submodels with the global values (CA-HFP); ``curvature`` uses the Taylor score
   ``|g w - h w^2 / 2|``;
 - ``curvature-signed``: curvature with the seed's signed score ``g w + h w^2``;
+- ``curvature-hutchinson`` (optional): the Taylor score with Hutchinson's estimate of the
+  true Hessian diagonal instead of the empirical Fisher;
 - ``no-reconstruction``: curvature pruning, pruned entries filled with zeros (the paper's
   ablation);
 - ``elementwise`` (optional, ``--variants``): each entry averaged over the devices that
@@ -51,6 +53,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "full": {"pruning.keep-ratios": "1.0"},
     "curvature": {"pruning.criterion": "curvature"},
     "curvature-signed": {"pruning.criterion": "curvature", "pruning.score": "signed"},
+    "curvature-hutchinson": {"pruning.criterion": "curvature", "pruning.hessian": "hutchinson"},
     "magnitude": {"pruning.criterion": "magnitude"},
     "random": {"pruning.criterion": "random"},
     "no-reconstruction": {"pruning.criterion": "curvature", "pruning.reconstruction": "zeros"},
