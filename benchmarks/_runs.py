@@ -1,15 +1,31 @@
-"""Shared by the claim benchmarks: one run per name, reused when it already finished."""
+"""Shared by the claim benchmarks: one run per name, reused when it already finished.
+
+Two engines run a scenario:
+
+- ``simulation``: Flower's Simulation Engine (``edgefleet run``: a SuperLink, Ray actors).
+- ``inprocess``: EdgeFleet's own ServerApp and ClientApp objects called directly in one child
+  process: the server's ``main`` gets a grid that hands each message to the ClientApp (its
+  mods included) of the node it is addressed to, one after the other, and returns the replies.
+  Same apps, same config, same seeds; no SuperLink, no Ray, no message serialisation. For long
+  sweeps on a loaded machine, where Ray's start-up costs minutes a run and can time out
+  ("The current node timed out during startup") when its processes are niced.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from edgefleet.simulation.runner import Scenario, resolve_run_config, run_scenario
+
+ENGINES: tuple[str, ...] = ("simulation", "inprocess")
 
 
 def run_once(
@@ -20,10 +36,11 @@ def run_once(
     timeout: float,
     engine: str = "simulation",
 ) -> list[dict[str, Any]]:
-    """Run ``name`` on the Simulation Engine (or, ``engine="inprocess"``, the same apps in
-    this process: :mod:`_inprocess`) unless ``out/name`` holds a finished run of the same
-    config (so an interrupted sweep resumes where it stopped); its metrics rows. A finished
-    run of another config is an error, not silently reused."""
+    """Run ``name`` on ``engine`` unless ``out/name`` holds a finished run of the same config
+    (so an interrupted sweep resumes where it stopped); its metrics rows. A finished run of
+    another config is an error, not silently reused."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r}; valid choices: {', '.join(ENGINES)}")
     run_dir = out / name
     config = {**run_config, "output-dir": str(out), "run-name": name}
     summary = run_dir / "summary.json"
@@ -46,12 +63,89 @@ def run_once(
         if run_dir.exists():  # an unfinished run: start it again
             shutil.rmtree(run_dir)
         t0 = time.monotonic()
-        scenario = Scenario(name, federation, config)
-        if engine == "inprocess":
-            from _inprocess import run_inprocess
-
-            run_inprocess(int(federation["num-supernodes"]), resolve_run_config(scenario)[1])
+        if engine == "simulation":
+            run_scenario(Scenario(name, federation, config), timeout=timeout, quiet=True)
         else:
-            run_scenario(scenario, timeout=timeout, quiet=True)
+            run_inprocess(Scenario(name, federation, config), out / f"{name}.log", timeout)
         print(f"{name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_inprocess(scenario: Scenario, log_path: Path, timeout: float) -> None:
+    """Run ``scenario`` with the ``inprocess`` engine (module docstring) in a child process
+    (fresh caches and memory for every run), its output in ``log_path``. Torch gets one thread,
+    as in a Ray actor with one CPU."""
+    _, raw = resolve_run_config(scenario)
+    spec = json.dumps({"run_config": raw, "nodes": scenario.federation["num-supernodes"]})
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("w") as log:
+        proc = subprocess.run(
+            [sys.executable, __file__, spec], stdout=log, stderr=log, env=env, timeout=timeout
+        )
+    if proc.returncode != 0:
+        raise RuntimeError(f"in-process run {raw['run-name']} failed; see {log_path}")
+
+
+class InProcessGrid:
+    """Flower's Grid as the round loop uses it: node ids, and each message handed to the
+    ClientApp of its node. A ClientApp that raises answers with an Error, as Flower's engines
+    answer."""
+
+    def __init__(self, run_config: dict[str, Any], nodes: int) -> None:
+        from flwr.app import Context, RecordDict
+        from flwr.supercore.task_identity import TaskIdentity
+
+        from edgefleet.client.app import app as client_app
+
+        # Messages are stamped with the ids of the task that creates them.
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+        self._app = client_app
+        self._contexts = {
+            i + 1: Context(
+                run_id=1,
+                node_id=i + 1,
+                node_config={"partition-id": i, "num-partitions": nodes},
+                state=RecordDict(),
+                run_config=run_config,
+            )
+            for i in range(nodes)
+        }
+
+    def get_node_ids(self) -> list[int]:
+        return list(self._contexts)
+
+    def send_and_receive(self, messages: Iterable[Any], *, timeout: float | None = None) -> list:
+        from flwr.app import Error, Message
+        from flwr.common.constant import ErrorCode
+
+        replies = []
+        for msg in messages:
+            try:
+                replies.append(self._app(msg, self._contexts[msg.metadata.dst_node_id]))
+            except Exception as err:  # noqa: BLE001 - a node's failure is its reply
+                error = Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"ClientApp raised {err!r}")
+                replies.append(Message(error, reply_to=msg))
+        return replies
+
+
+def _serve(spec: dict[str, Any]) -> None:
+    from flwr.app import Context, RecordDict
+
+    from edgefleet.config import DEFAULTS
+    from edgefleet.server.app import app as server_app
+
+    # As Flower builds it: the app's defaults (pyproject.toml) under the run's overrides.
+    run_config = {**DEFAULTS, **spec["run_config"]}
+    grid = InProcessGrid(run_config, spec["nodes"])
+    context = Context(
+        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
+    )
+    server_app(grid, context)  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    from flwr.common.logger import update_console_handler
+
+    update_console_handler(level=20, timestamps=True, colored=False)
+    _serve(json.loads(sys.argv[1]))

@@ -42,78 +42,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from _runs import run_once  # type: ignore[import-not-found]
-from flwr.app import Context, Error, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
+from _runs import ENGINES, run_once  # type: ignore[import-not-found]
 
-from edgefleet.client.app import app as client_app
-from edgefleet.config import DEFAULTS
-from edgefleet.server.app import main as server_main
-from edgefleet.simulation.runner import Scenario, load_scenario, parse_value, resolve_run_config
+from edgefleet.simulation.runner import load_scenario, parse_value
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("inf-examples", "huge-examples", "scaled", "nan", "spoof-id", "bad-metrics", "noise")
-
-
-class InProcessGrid:
-    """A Grid whose nodes are EdgeFleet's ClientApp, called in this process."""
-
-    def __init__(self, contexts: dict[int, Context]) -> None:
-        # Building a Message needs the ids of the task that sends it.
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-        self.contexts = contexts
-
-    def get_node_ids(self) -> list[int]:
-        return sorted(self.contexts)
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> list[Message]:
-        replies = []
-        for msg in messages:
-            try:
-                replies.append(client_app(msg, self.contexts[msg.metadata.dst_node_id]))
-            except Exception as err:  # as Flower's engines do: an error reply
-                replies.append(Message(Error(0, f"{type(err).__name__}: {err}"), reply_to=msg))
-        return replies
-
-
-def run_inprocess(out: Path, name: str, devices: int, run_config: dict[str, Any]) -> list[Any]:
-    """``run_once`` for ``--engine inprocess``: the ServerApp's main over ``devices``
-    ClientApps (partition i on node i + 1); a finished run of the same config is reused."""
-    scenario = Scenario(name, {"num-supernodes": devices},
-                        {**run_config, "output-dir": str(out), "run-name": name})  # fmt: skip
-    cfg, raw = resolve_run_config(scenario)
-    run_dir = out / name
-    summary = run_dir / "summary.json"
-    if summary.exists() and json.loads(summary.read_text())["config"] == cfg.to_dict():
-        return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    if run_dir.exists():
-        shutil.rmtree(run_dir)
-    full = {**DEFAULTS, **raw}
-    contexts = {
-        i + 1: Context(
-            run_id=1,
-            node_id=i + 1,
-            node_config={"partition-id": i, "num-partitions": devices},
-            state=RecordDict(),
-            run_config=full,
-        )
-        for i in range(devices)
-    }
-    server = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=full)
-    t0 = time.monotonic()
-    server_main(InProcessGrid(contexts), server)  # type: ignore[arg-type]
-    print(f"{name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 def summarize(rows: list[dict[str, Any]], run_dir: Path) -> dict[str, Any]:
@@ -142,7 +82,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/fault_campaign")
     parser.add_argument("--timeout", type=float, default=4 * 3600)
     parser.add_argument("--attempts", type=int, default=3, help="tries a run gets to start")
-    parser.add_argument("--engine", choices=("simulation", "inprocess"), default="simulation")
+    parser.add_argument("--engine", choices=ENGINES, default="simulation")
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override"
     )
@@ -159,12 +99,11 @@ def main() -> None:
     t0 = time.monotonic()
 
     def run(name: str, extra: dict[str, Any]) -> dict[str, Any]:
-        if args.engine == "inprocess":
-            rows = run_inprocess(out, name, args.devices, {**base, **extra})
-            return summarize(rows, out / name)
         for attempt in range(1, args.attempts + 1):
             try:
-                rows = run_once(out, name, federation, {**base, **extra}, args.timeout)
+                rows = run_once(
+                    out, name, federation, {**base, **extra}, args.timeout, engine=args.engine
+                )
                 return summarize(rows, out / name)
             except RuntimeError as err:
                 # On a loaded machine Ray's raylet can miss its fixed 30 s start-up window

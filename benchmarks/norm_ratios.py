@@ -26,14 +26,11 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from flwr.app import Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
+from _runs import InProcessGrid  # type: ignore[import-not-found]
 
-from edgefleet.client.app import train
 from edgefleet.config import parse_run_config
 from edgefleet.server.app import build_strategy, screening_for
 from edgefleet.simulation.runner import parse_value
@@ -55,37 +52,11 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-class InProcessGrid:
-    """Flower's Grid calls the round loop makes, answered by ClientApp functions in-process."""
-
-    def __init__(self, handlers: dict[int, Any]) -> None:
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-        self.handlers = handlers
-
-    def get_node_ids(self) -> list[int]:
-        return sorted(self.handlers)
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> list[Message]:
-        return [self.handlers[m.metadata.dst_node_id](m) for m in messages]
-
-
 def measure(name: str, overrides: dict[str, Any], devices: int, rounds: int) -> dict[str, Any]:
     run_config = {"min-nodes": 1, **overrides}
     cfg = parse_run_config(run_config)
 
-    def device(partition: int) -> Any:
-        ctx = Context(
-            run_id=1,
-            node_id=partition + 1,
-            node_config={"partition-id": partition, "num-partitions": devices},
-            state=RecordDict(),
-            run_config=run_config,
-        )
-        return lambda msg: train(msg, ctx)
-
-    grid = InProcessGrid({p + 1: device(p) for p in range(devices)})
+    grid = InProcessGrid(run_config, devices)
     strategy = build_strategy(cfg)
     info = dataset_info(cfg.data.dataset)
     import torch

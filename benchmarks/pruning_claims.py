@@ -5,8 +5,13 @@ devices) trains SmallCNN on Dirichlet non-IID data. Variants, all on Flower's Si
 Engine with the same seeds:
 
 - ``full``: every device trains the full model (FedAvg, the accuracy ceiling);
-- ``curvature``, ``magnitude``, ``random``: each device keeps its share of the channels by
-  that criterion, the server rebuilds the submodels with the global values (CA-HFP);
+- ``curvature``, ``magnitude``, ``random``: each device keeps its share of the model
+  (``--budget``: of its parameters by default) by that criterion, the server rebuilds the
+  submodels with the global values (CA-HFP); ``curvature`` uses the Taylor score
+  ``|g w - h w^2 / 2|``;
+- ``curvature-signed``: curvature with the seed's signed score ``g w + h w^2``;
+- ``curvature-hutchinson`` (optional): the Taylor score with Hutchinson's estimate of the
+  true Hessian diagonal instead of the empirical Fisher;
 - ``no-reconstruction``: curvature pruning, pruned entries filled with zeros (the paper's
   ablation);
 - ``elementwise`` (optional, ``--variants``): each entry averaged over the devices that
@@ -15,12 +20,17 @@ Engine with the same seeds:
   the model once its channels are known (full model every ``pruning.refresh-rounds``).
 
 Reported per (alpha, variant): final accuracy (mean over seeds and per seed), the mean
-over the last three rounds, and bytes up and down per round. The paper claims
+over the last three rounds, bytes up and down per round, and the share of the parameters the
+devices kept (mean over rounds of the participants' mean). The paper claims
 curvature >= magnitude >= random, near full-model accuracy, and a large drop without
 reconstruction (73.1% -> 62.8% on CIFAR-10 at alpha 0.1).
 
     python benchmarks/pruning_claims.py --data-dir ../shared/data      # full MNIST
+    python benchmarks/pruning_claims.py --dataset cifar10 --model resnet8 --alphas 0.1 \
+        --seeds 0,1 --data-dir ../shared/data                            # CIFAR-10 (JPEG copy)
     python benchmarks/pruning_claims.py --dataset mnist-5k --rounds 5 --seeds 0   # smoke
+
+``--engine inprocess`` runs the same ServerApp and ClientApp without Ray (``_runs.py``).
 """
 
 from __future__ import annotations
@@ -32,8 +42,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _runs import run_once
+from _runs import ENGINES, run_once
 
+from edgefleet.pruning.names import BUDGETS
 from edgefleet.simulation.report import draw_plots, load_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 VARIANTS: dict[str, dict[str, Any]] = {
     "full": {"pruning.keep-ratios": "1.0"},
     "curvature": {"pruning.criterion": "curvature"},
+    "curvature-signed": {"pruning.criterion": "curvature", "pruning.score": "signed"},
+    "curvature-hutchinson": {"pruning.criterion": "curvature", "pruning.hessian": "hutchinson"},
     "magnitude": {"pruning.criterion": "magnitude"},
     "random": {"pruning.criterion": "random"},
     "no-reconstruction": {"pruning.criterion": "curvature", "pruning.reconstruction": "zeros"},
@@ -61,10 +74,13 @@ def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str
         "eval-samples": args.eval_samples,
         "pruning.keep-ratios": args.keep_ratios,
         "pruning.score-batches": args.score_batches,
+        "pruning.budget": args.budget,
+        "batch-size": args.batch_size,
         **overrides,
     }
     federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
-    return run_once(Path(args.out).resolve(), name, federation, run_config, timeout=6 * 3600)
+    out = Path(args.out).resolve()
+    return run_once(out, name, federation, run_config, timeout=6 * 3600, engine=args.engine)
 
 
 def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -74,6 +90,9 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "last3_accuracy": round(statistics.fmean(acc[-3:]), 4),
         "bytes_up_per_round": round(statistics.fmean(r["bytes_up"] for r in rows)),
         "bytes_down_per_round": round(statistics.fmean(r["bytes_down"] for r in rows)),
+        "kept_parameters": round(
+            statistics.fmean(r.get("mean_kept_fraction", 1.0) for r in rows), 4
+        ),
     }
 
 
@@ -84,10 +103,16 @@ def _mean(per_seed: list[dict[str, Any]], key: str) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--alphas", default="0.1,1.0")
-    p.add_argument("--variants", default="full,curvature,magnitude,random,no-reconstruction")
+    p.add_argument(
+        "--variants", default="full,curvature,curvature-signed,magnitude,random,no-reconstruction"
+    )
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--devices", type=int, default=8)
     p.add_argument("--keep-ratios", default="1.0,0.75,0.5,0.25", help="cycled over devices")
+    p.add_argument(
+        "--budget", default="parameters", choices=BUDGETS, help="what a keep ratio is a share of"
+    )
+    p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--score-batches", type=int, default=2)
@@ -96,6 +121,12 @@ def main() -> None:
     p.add_argument("--dataset", default="mnist")
     p.add_argument("--eval-samples", type=int, default=2000)
     p.add_argument("--data-dir", default="", help="default: EdgeFleet's data search")
+    p.add_argument(
+        "--engine",
+        default="simulation",
+        choices=ENGINES,
+        help="simulation: Flower's Simulation Engine; inprocess: the same apps called directly",
+    )
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-pruning"))
     args = p.parse_args()
     variants = args.variants.split(",")
@@ -120,6 +151,7 @@ def main() -> None:
                 "last3_accuracy": _mean(per_seed, "last3_accuracy"),
                 "bytes_up_per_round": round(_mean(per_seed, "bytes_up_per_round")),
                 "bytes_down_per_round": round(_mean(per_seed, "bytes_down_per_round")),
+                "kept_parameters": _mean(per_seed, "kept_parameters"),
                 "seeds": per_seed,
             }
         if "full" in row:
@@ -140,8 +172,9 @@ def main() -> None:
                 "benchmark": "pruning_claims",
                 "sizes": {
                     k: getattr(args, k)
-                    for k in ("dataset", "model", "devices", "keep_ratios", "rounds")
-                    + ("local_steps", "score_batches", "lr", "eval_samples", "seeds")
+                    for k in ("engine", "dataset", "model", "devices", "keep_ratios", "budget")
+                    + ("rounds",)
+                    + ("local_steps", "batch_size", "score_batches", "lr", "eval_samples", "seeds")
                 },
                 "settings": settings,
                 "wall_s": round(time.monotonic() - t0, 1),

@@ -1,9 +1,13 @@
 """What a CA-HFP submodel saves: parameters, upload bytes and local training time per keep ratio.
 
-For each keep ratio the channels are chosen with ``--criterion`` (the costs do not depend on
-which channels, only on how many), the submodel is cut with :meth:`PruningPlan.extract` and:
+For each keep ratio (a share of ``--budget``: parameters by default, compute, or every group's
+channels) the channels are chosen with ``--criterion`` (the costs do not depend on which
+channels, only on how many), the submodel is cut with :meth:`PruningPlan.extract` and:
 
-- ``params_fraction``: submodel parameters / full-model parameters;
+- ``params_fraction``: submodel parameters / full-model parameters (counted on the submodel);
+- ``compute_fraction``: multiply-accumulates of one forward pass, submodel / full model (the
+  plan's count, convolutions and linear layers); ``channel_fraction``: channels kept over all
+  groups;
 - ``upload_fraction``: bytes a client uploads (compact state dict, buffers included, plus the
   kept-channel int64 arrays) / bytes of the full state dict;
 - ``step_time_fraction`` (and ``speedup`` = its inverse): time of one SGD step (forward,
@@ -19,6 +23,7 @@ how busy the machine was. Prints one JSON line on stdout; progress goes to stder
 
     .venv/bin/python benchmarks/pruning_costs.py                        # smallcnn, 1x28x28
     .venv/bin/python benchmarks/pruning_costs.py --model resnet8 --input 3,32,32
+    .venv/bin/python benchmarks/pruning_costs.py --budget channels   # the earlier meaning
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import torch
 from torch import nn
 
 from edgefleet.pruning.importance import CRITERIA, weight_scores
+from edgefleet.pruning.names import BUDGETS
 from edgefleet.pruning.submodel import PruningPlan
 from edgefleet.task.models import build_model
 
@@ -95,6 +101,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--criterion", default="magnitude", choices=CRITERIA)
+    p.add_argument("--budget", default="parameters", choices=BUDGETS)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     shape = tuple(int(v) for v in args.input.split(","))
@@ -126,7 +133,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     submodels: list[nn.Module] = []
     for ratio in ratios:
-        kept = plan.select(scores, ratio)
+        kept = plan.select(scores, ratio, args.budget)
         t = time.perf_counter()
         sub = plan.extract(full, kept)
         extract_s = time.perf_counter() - t
@@ -144,6 +151,10 @@ def main() -> None:
                 "channels": {g: len(k) for g, k in kept.items()},
                 "params": _params(sub),
                 "params_fraction": round(_params(sub) / full_params, 4),
+                "compute_fraction": round(plan.shares(kept)["compute"], 4),
+                "channel_fraction": round(
+                    sum(len(k) for k in kept.values()) / sum(plan.groups.values()), 4
+                ),
                 "upload_bytes": upload,
                 "upload_fraction": round(upload / full_bytes, 4),
                 "extract_ms": _ms(extract_s),
@@ -182,6 +193,7 @@ def main() -> None:
                 "threads": args.threads,
                 "repeats": args.repeats,
                 "criterion": args.criterion,
+                "budget": args.budget,
                 "full_params": full_params,
                 "full_state_bytes": full_bytes,
                 "full_step_ms": _ms(statistics.median(full_times)),

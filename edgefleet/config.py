@@ -19,7 +19,13 @@ from typing import Any
 
 from edgefleet.client.battery import SOURCES
 from edgefleet.client.faults import KINDS as FAULT_KINDS
-from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS, RECONSTRUCTIONS
+from edgefleet.pruning.names import (
+    BUDGETS,
+    CRITERIA,
+    CURVATURE_SCORES,
+    HESSIAN_ESTIMATORS,
+    RECONSTRUCTIONS,
+)
 from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
 from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR
 from edgefleet.strategies.selection import SELECTION_ORDERS
@@ -431,11 +437,15 @@ class PruningConfig:
     """``pruning.*``: CA-HFP's resource classes and curvature-aware structured pruning.
 
     ``keep_ratios`` (simulation) gives partition i the keep ratio ``keep_ratios[i % len]``;
-    a SuperNode's ``--node-config keep-ratio=...`` overrides both.
+    a SuperNode's ``--node-config keep-ratio=...`` overrides both. ``budget`` says what a keep
+    ratio is a share of (``edgefleet.pruning.submodel`` explains the choices).
     """
 
     keep_ratio: float = key(
-        "pruning.keep-ratio", 1.0, _fraction, "share of channels every device keeps"
+        "pruning.keep-ratio",
+        1.0,
+        _fraction,
+        "share of the model every device keeps (of what: `pruning.budget`)",
     )
     keep_ratios: tuple[float, ...] = key(
         "pruning.keep-ratios",
@@ -448,7 +458,21 @@ class PruningConfig:
         "pruning.criterion",
         "curvature",
         _choice(CRITERIA),
-        "channel importance: `curvature` (\\|g w - h w^2 / 2\\|), `magnitude`, `random`",
+        "channel importance: `curvature` (see `pruning.score`), `magnitude`, `random`",
+    )
+    score: str = key(
+        "pruning.score",
+        "taylor",
+        _choice(CURVATURE_SCORES),
+        "curvature score per weight: `taylor` (\\|g w - h w^2 / 2\\|) or `signed` "
+        "(g w + h w^2, lowest channels pruned first, as CA-HFP's seed writes it)",
+    )
+    budget: str = key(
+        "pruning.budget",
+        "parameters",
+        _choice(BUDGETS),
+        "a keep ratio is a share of the model's `parameters`, of its `compute` (forward "
+        "multiply-accumulates), or of every group's `channels` (parameters then ~ ratio^2)",
     )
     hessian: str = key(
         "pruning.hessian",

@@ -18,11 +18,14 @@ from edgefleet.pruning.importance import (
     hutchinson_diagonal,
     weight_scores,
 )
+from edgefleet.pruning.names import BUDGETS, CURVATURE_SCORES
 from edgefleet.pruning.reconstruct import FILL_MODES, elementwise_average, scatter
 from edgefleet.pruning.submodel import PruningPlan
 from edgefleet.task.models import build_model
 
 SHAPES = {"smallcnn": (1, 28, 28), "resnet8": (3, 16, 16), "mlp": (1, 8, 8)}
+# For the budget tests: the models at the sizes the claims benchmarks run them.
+BUDGET_SHAPES = {"smallcnn": (1, 28, 28), "resnet8": (3, 32, 32), "resnet20": (3, 32, 32)}
 
 # The layers whose output produces each group's channels (hand-listed from models.py, not from
 # Torch-Pruning): zeroing their weight and bias entries makes the channel exactly 0 everywhere.
@@ -61,7 +64,13 @@ def plans() -> dict[str, PruningPlan]:
 
 
 def _random_kept(plan: PruningPlan, model: nn.Module, ratio: float, seed: int = 3):
-    return plan.select(plan.group_scores(weight_scores(model, [], "random", seed=seed)), ratio)
+    scores = plan.group_scores(weight_scores(model, [], "random", seed=seed))
+    return plan.select(scores, ratio, "channels")
+
+
+def _first(counts: dict[str, int]) -> dict[str, np.ndarray]:
+    """The first ``counts[g]`` channels of every group (sizes depend only on how many)."""
+    return {g: np.arange(k, dtype=np.int64) for g, k in counts.items()}
 
 
 def _numpy_state(model: nn.Module) -> dict[str, np.ndarray]:
@@ -96,6 +105,13 @@ def test_curvature_score_by_hand_on_linear() -> None:
     np.testing.assert_allclose(scores["bias"].numpy(), np.abs(-gb * b + 0.5 * fb * b**2), 1e-5)
     fisher = fisher_diagonal(layer, x, y)
     np.testing.assert_allclose(fisher["weight"].numpy(), fw, rtol=1e-5)
+    # The seed's form: g w + h w^2, signed.
+    signed = weight_scores(
+        layer, [(x[:2], y[:2]), (x[2:], y[2:])], "curvature", "fisher", score="signed"
+    )
+    np.testing.assert_allclose(signed["weight"].numpy(), gw * w + fw * w**2, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(signed["bias"].numpy(), gb * b + fb * b**2, rtol=1e-5, atol=1e-7)
+    assert float(signed["weight"].min()) < 0  # signed indeed: some g w outweigh h w^2 here
 
 
 def test_magnitude_and_random_scores() -> None:
@@ -116,7 +132,10 @@ def test_unknown_criterion_or_estimator() -> None:
         weight_scores(layer, [], "taylor")
     with pytest.raises(ValueError, match="fisher, hutchinson"):
         weight_scores(layer, [], "curvature", hessian="kfac")
+    with pytest.raises(ValueError, match="taylor, signed"):
+        weight_scores(layer, [], "curvature", score="absolute")
     assert CRITERIA == ("curvature", "magnitude", "random")
+    assert CURVATURE_SCORES == ("taylor", "signed")
     assert HESSIAN_ESTIMATORS == ("fisher", "hutchinson")
 
 
@@ -293,7 +312,7 @@ def test_group_scores_match_torch_pruning_magnitude(
 def test_select(plans: dict[str, PruningPlan]) -> None:
     plan = plans["smallcnn"]
     scores = {g: np.arange(n, dtype=float)[::-1].copy() for g, n in plan.groups.items()}
-    kept = plan.select(scores, 0.25)
+    kept = plan.select(scores, 0.25, "channels")
     assert {g: k.tolist() for g, k in kept.items()} == {
         "conv1": list(range(8)),
         "conv2": list(range(16)),
@@ -301,11 +320,80 @@ def test_select(plans: dict[str, PruningPlan]) -> None:
     }
     assert all(k.dtype == np.int64 for k in kept.values())
     scores["conv1"] = np.array([5.0, 1, 9, 3] + [0.0] * 28)
-    assert plan.select(scores, 0.1)["conv1"].tolist() == [0, 2, 3]  # round(3.2) = 3, sorted
-    assert all(len(k) == 1 for k in plan.select(scores, 1e-6).values())
+    assert plan.select(scores, 0.1, "channels")["conv1"].tolist() == [0, 2, 3]  # round(3.2) = 3
+    # Signed scores (the seed's form): the lowest, negative ones included, go first.
+    scores["conv1"] = np.array([-5.0, 1, -9, 3] + [-20.0] * 28)
+    assert plan.select(scores, 0.1, "channels")["conv1"].tolist() == [0, 1, 3]
+    assert all(len(k) == 1 for k in plan.select(scores, 1e-6, "channels").values())
     for bad in (0.0, -0.5, 1.5):
         with pytest.raises(ValueError, match="keep_ratio"):
             plan.select(scores, bad)
+    with pytest.raises(ValueError, match="parameters, compute, channels"):
+        plan.select(scores, 0.5, "flops")
+
+
+def _macs(model: nn.Module, x: torch.Tensor) -> int:
+    """Multiply-accumulates of the convolutions and linear layers of one forward pass of one
+    sample, counted on the model itself: each weight entry once per output position."""
+    total = 0
+
+    def hook(module: nn.Module, _inp: object, out: torch.Tensor) -> None:
+        nonlocal total
+        positions = out[0, 0].numel() if isinstance(module, nn.Conv2d) else 1
+        total += module.weight.numel() * positions
+
+    hooks = [
+        m.register_forward_hook(hook)
+        for m in model.modules()
+        if isinstance(m, nn.Conv2d | nn.Linear)
+    ]
+    with torch.no_grad():
+        model.eval()(x)
+    for h in hooks:
+        h.remove()
+    return total
+
+
+@pytest.mark.parametrize("name", sorted(BUDGET_SHAPES))
+def test_budget_meets_parameter_and_compute_shares(name: str) -> None:
+    shape = BUDGET_SHAPES[name]
+    torch.manual_seed(0)
+    full = build_model(name, shape, 10)
+    x = torch.zeros(1, *shape)
+    plan = PruningPlan(full, x)
+    scores = plan.group_scores(weight_scores(full, [], "magnitude"))
+    full_params = sum(p.numel() for p in full.parameters())
+    full_macs = _macs(full, x)
+    for budget in ("parameters", "compute"):
+        for target in (0.75, 0.5, 0.25, 0.1):
+            kept = plan.select(scores, target, budget)
+            compact = plan.extract(full, kept)
+            params = sum(p.numel() for p in compact.parameters()) / full_params
+            macs = _macs(compact, x) / full_macs
+            # The plan's own accounting is exact on the submodel it cuts.
+            assert plan.shares(kept) == pytest.approx({"parameters": params, "compute": macs})
+            achieved = {"parameters": params, "compute": macs}[budget]
+            # Within the budget, and as close as whole channels allow: one more step of the
+            # shared channel share would overshoot.
+            assert target - 0.04 < achieved <= target
+            counts = plan.channel_counts(target, budget)
+            bigger = {g: min(n, counts[g] + 1) for g, n in plan.groups.items()}
+            assert plan.shares(_first(bigger))[budget] > target
+    # The earlier meaning: a share of every group's channels, about r^2 of the parameters.
+    half = plan.shares(plan.select(scores, 0.5, "channels"))["parameters"]
+    assert 0.24 < half < 0.28
+
+
+def test_budget_below_the_minimum_keeps_one_channel_a_group(
+    plans: dict[str, PruningPlan],
+) -> None:
+    assert BUDGETS == ("parameters", "compute", "channels")
+    for plan in plans.values():
+        for budget in BUDGETS:
+            counts = plan.channel_counts(1e-6, budget)
+            assert counts == {g: 1 for g in plan.groups}
+            assert 0 < plan.shares(_first(counts))["parameters"] < 0.05
+        assert plan.channel_counts(1.0, "parameters") == plan.groups
 
 
 def test_smallcnn_half_keeps_a_quarter_of_parameters(plans: dict[str, PruningPlan]) -> None:

@@ -101,10 +101,12 @@ def test_clients_train_submodels_and_server_rebuilds_them() -> None:
         assert res.rejected == [] and res.declined == []
         assert len(res.participants) == 3
         assert res.extra["compact_replies"] == 2
-        assert res.extra["mean_kept_fraction"] < 0.65
+        # A keep ratio is a share of the parameters: (1 + 0.5 + 0.25) / 3 at most, and
+        # whole channels land within a few points below.
+        assert 0.55 < res.extra["mean_kept_fraction"] <= 1.75 / 3
     full_bytes = sum(a.numpy().nbytes for a in start.values())
-    # one full reply, one with about a quarter, one with about 1/16 of the parameters
-    assert results[0].bytes_up < 1.45 * full_bytes
+    # one full reply, one with at most half, one with at most a quarter of the parameters
+    assert 1.6 * full_bytes < results[0].bytes_up < 1.76 * full_bytes
     replies = [m for m in grid.sent if m.metadata.dst_node_id == 3]
     assert all("arrays" in m.content.array_records for m in replies)
     new = to_numpy(arrays)
@@ -218,7 +220,8 @@ def test_compact_download_sends_the_kept_slice_and_refreshes() -> None:
     got_kept = [KEPT in m.content.array_records for m in to_pruned]
     assert got_kept == [False, True, True, False]  # full, compact, compact, refresh
     assert [r.extra["compact_downloads"] for r in res] == [0, 1, 1, 0]
-    assert res[1].bytes_down < 0.6 * res[0].bytes_down
+    # the full model and a slice of at most a quarter of the parameters, against two full ones
+    assert res[1].bytes_down < 0.63 * res[0].bytes_down
     assert all(r.rejected == [] and r.declined == [] and len(r.participants) == 2 for r in res)
     # the client trained what it was sent: its reply keeps the same channels
     assert strategy.masks[2].keys() == plan.groups.keys()
@@ -229,6 +232,10 @@ def test_pruning_config_errors_name_the_choices() -> None:
         parse_run_config({"pruning.reconstruction": "elementwise", "strategy": "fedsag"})
     with pytest.raises(ConfigError, match="pruning.keep-ratio"):
         parse_run_config({"pruning.keep-ratio": 0.0})
+    with pytest.raises(ConfigError, match="taylor, signed"):
+        parse_run_config({"pruning.score": "abs"})
+    with pytest.raises(ConfigError, match="parameters, compute, channels"):
+        parse_run_config({"pruning.budget": "flops"})
     with pytest.raises(NodeConfigError, match="keep-ratio"):
         get_profile({}, {"partition-id": 0, "num-partitions": 2, "keep-ratio": 1.5})
     _, profile = get_profile(

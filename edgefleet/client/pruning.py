@@ -1,8 +1,10 @@
 """CA-HFP on the client: the submodel a device trains this round.
 
 A device with keep ratio < 1 scores every weight of the global model it was sent on a few
-local mini-batches (``pruning.criterion``; curvature by default), keeps the best-scoring
-share of the channels of every group, and trains a physically smaller copy of the model
+local mini-batches (``pruning.criterion``; curvature by default, in the form
+``pruning.score``), keeps the best-scoring channels of every group, as many as its keep ratio
+allows (a share of parameters by default, ``pruning.budget``), and trains a physically smaller
+copy of the model
 (:meth:`~edgefleet.pruning.submodel.PruningPlan.extract`). When the server sent a compact
 slice with the channels to keep (``pruning.compact-download``), the device trains that
 submodel as it is, without scoring.
@@ -61,8 +63,10 @@ def round_model(
     if keep >= 1.0:
         return device.model, None
     p = device.config.pruning
-    scores = weight_scores(device.model, score_batches(device, seed), p.criterion, p.hessian, seed)
-    kept = plan.select(plan.group_scores(scores), keep)
+    scores = weight_scores(
+        device.model, score_batches(device, seed), p.criterion, p.hessian, seed, score=p.score
+    )
+    kept = plan.select(plan.group_scores(scores), keep, p.budget)
     return plan.extract(device.model, kept), kept
 
 

@@ -6,11 +6,21 @@ the highest-scoring channels.
 
 Criteria (``CRITERIA``):
 
-- ``"curvature"`` (CA-HFP's): the second-order Taylor estimate of the loss change caused by
-  removing a weight. Removing weight i moves it by ``-w_i``, so
-  ``dL_i ~ -g_i w_i + 1/2 h_i w_i^2`` with ``g`` the loss gradient and ``h`` the Hessian
-  diagonal, and the score is ``s_i = |g_i w_i - 1/2 h_i w_i^2|``. Needs data and one or more
-  backward passes per batch; choose it whenever the client has a few batches to spare.
+- ``"curvature"`` (CA-HFP's): a second-order score from the loss gradient ``g`` and the Hessian
+  diagonal ``h``, in one of two forms (``CURVATURE_SCORES``, run-config ``pruning.score``):
+
+  - ``"taylor"`` (default): the second-order Taylor estimate of the loss change caused by
+    removing a weight. Removing weight i moves it by ``-w_i``, so
+    ``dL_i ~ -g_i w_i + 1/2 h_i w_i^2``, and the score is ``s_i = |g_i w_i - 1/2 h_i w_i^2|``.
+  - ``"signed"``: ``s_i = g_i w_i + h_i w_i^2``, signed, summed per channel, the lowest
+    channels pruned first: the form CA-HFP's seed text gives (the paper's derivation was not
+    readable here, only its abstract). It differs from the Taylor estimate in the sign of the
+    first-order term and the weight of the second: a weight whose removal would lower the loss
+    to first order (``g w > 0``) scores high and is kept, and inside a channel positive and
+    negative first-order terms cancel, leaving mostly the curvature term ``h w^2``.
+
+  Needs data and one or more backward passes per batch; choose it whenever the client has a
+  few batches to spare.
 - ``"magnitude"``: ``|w|``. No data, no backward pass; the classic baseline and the choice for
   a device that cannot afford the extra passes.
 - ``"random"``: seeded uniform scores, the floor that any criterion has to beat (ablation).
@@ -25,11 +35,12 @@ Hessian diagonal estimators (``HESSIAN_ESTIMATORS``, curvature only):
   early in training, where the Fisher is a poor stand-in for the Hessian, and give it enough
   probes (its variance falls as 1/probes).
 
-Why the absolute value per weight and not per channel: a channel's score is the sum of its
-weights' scores. Summing signed ``dL_i`` first would let large increases and decreases inside a
-channel cancel and make a channel full of important weights look free to remove, and the cross
-terms that would decide such a cancellation are exactly what the diagonal approximation drops.
-Torch-Pruning's Taylor importance makes the same choice (``|g w|`` per weight, summed).
+Why the Taylor form takes the absolute value per weight and not per channel: a channel's score
+is the sum of its weights' scores. Summing signed ``dL_i`` first would let large increases and
+decreases inside a channel cancel and make a channel full of important weights look free to
+remove, and the cross terms that would decide such a cancellation are exactly what the diagonal
+approximation drops. Torch-Pruning's Taylor importance makes the same choice (``|g w|`` per
+weight, summed). The ``signed`` form keeps the seed's choice so that the two can be compared.
 
 Every estimate evaluates the model in eval mode: BatchNorm then uses its running statistics, so
 samples do not interact and per-sample gradients exist, and scoring never moves the running
@@ -46,7 +57,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS
+from edgefleet.pruning.names import CRITERIA, CURVATURE_SCORES, HESSIAN_ESTIMATORS
 
 # Per-sample gradients and Hutchinson probes are computed this many parameter-sized tensors'
 # worth at a time (2^23 floats = 32 MB per buffer): small models get everything in one
@@ -174,10 +185,12 @@ def weight_scores(
     seed: int = 0,
     *,
     hutchinson_samples: int = 16,
+    score: str = "taylor",
 ) -> dict[str, Tensor]:
     """Per-weight importance of every named parameter (see the module docstring).
 
-    ``curvature``: ``|g * w - 1/2 * h * w^2|`` with ``g`` the gradient of the mean loss over all
+    ``curvature``: ``|g * w - 1/2 * h * w^2|`` (``score="taylor"``) or ``g * w + h * w^2``
+    (``score="signed"``) with ``g`` the gradient of the mean loss over all
     samples of ``batches`` and ``h`` the ``hessian`` estimate, both averaged over the batches
     weighted by their sizes (so they are per-sample means over everything). Hutchinson draws
     ``hutchinson_samples`` probes per batch, batch ``b`` seeded with ``seed + b``.
@@ -189,6 +202,10 @@ def weight_scores(
     if hessian not in HESSIAN_ESTIMATORS:
         raise ValueError(
             f"unknown Hessian estimator {hessian!r}; valid choices: {', '.join(HESSIAN_ESTIMATORS)}"
+        )
+    if score not in CURVATURE_SCORES:
+        raise ValueError(
+            f"unknown curvature score {score!r}; valid choices: {', '.join(CURVATURE_SCORES)}"
         )
     weights, _ = _detached(model)
     if criterion == "magnitude":
@@ -212,4 +229,6 @@ def weight_scores(
         for n in weights:
             g[n].add_(gb[n], alpha=share)
             h[n].add_(hb[n], alpha=share)
+    if score == "signed":
+        return {n: g[n] * w + h[n] * w.square() for n, w in weights.items()}
     return {n: (g[n] * w - 0.5 * h[n] * w.square()).abs() for n, w in weights.items()}

@@ -10,13 +10,33 @@ wraps it for one model architecture:
 - ``groups``: the prunable groups (name -> channels). The classifier's outputs are never a
   group, and the inputs of the first layer cannot be one (they are coupled to the data only).
 - ``group_scores`` + ``select``: per-weight scores (``edgefleet.pruning.importance``) summed
-  per channel, and the top ``keep_ratio`` share of channels of every group.
+  per channel, and the top-scoring channels of every group, as many as the keep ratio allows
+  (``channel_counts``).
 - ``extract``: a deep copy of the model physically pruned to the kept channels; it trains
   faster and its state dict (same keys, smaller tensors) is what the client uploads.
 - ``index_maps``: for every state-dict entry, the flat indices into the full tensor of the
   compact tensor's entries, which the server needs to scatter an update back
   (``edgefleet.pruning.reconstruct``).
 - ``validate_kept``: why a client's kept-channel dict is unusable, or None.
+
+What a keep ratio r means (``BUDGETS``, run-config ``pruning.budget``):
+
+- ``"parameters"`` (default): the submodel holds at most a share r of the full model's
+  parameters. This is what a device owner's "my device can afford half" means for memory (the
+  weights, their gradients and the optimiser state all scale with it) and for the bytes sent
+  and received, the two costs CA-HFP sets out to cut and the ones a device cannot exceed. Every
+  group keeps the same share c of its channels, c solved for (:meth:`channel_counts`); between
+  two pruned layers parameters scale about c^2, so c is about sqrt(r) (r = 0.25 keeps about
+  half of the channels).
+- ``"compute"``: at most a share r of the multiply-accumulates of one forward pass (of the
+  convolutions and linear layers, which hold nearly all of them). For a device whose limit is
+  time or energy per round; on the models here it lands within a few points of ``parameters``.
+- ``"channels"``: every group keeps round(r n) of its n channels (the earlier meaning); about
+  r^2 of the parameters survive between two pruned layers.
+
+The first layer's inputs and the classifier's outputs are never pruned and a group keeps at
+least one channel, so the smallest share a plan can reach is above 0; a smaller target gets
+that minimum (:meth:`shares` says what a selection achieved).
 
 Group names are stable across processes: a group is named after the first module, in
 ``model.named_modules()`` order, among the convolutions and linear layers whose output channels
@@ -38,6 +58,7 @@ import torch_pruning as tp
 from torch import Tensor, nn
 
 from edgefleet.pruning.importance import evaluating
+from edgefleet.pruning.names import BUDGETS
 
 # Index maps are a pure function of the kept channels; clients that keep the same channels
 # (every keep-ratio-1 client, or a client whose scores did not change) share one entry.
@@ -83,6 +104,27 @@ def _output_layer(model: nn.Module, example_input: Tensor) -> nn.Module:
     if not called:
         raise ValueError("the model has no convolution or linear layer to prune")
     return called[-1]
+
+
+def _positions(model: nn.Module, example_input: Tensor) -> dict[nn.Module, int]:
+    """Per convolution or linear layer, how many output positions one sample gives it (H x W
+    for a 2-D convolution, 1 for a linear layer on flat features): each weight entry costs that
+    many multiply-accumulates per sample."""
+    counts: dict[nn.Module, int] = {}
+
+    def hook(module: nn.Module, _inp: Any, out: Tensor) -> None:
+        # Channels are dimension 1 of a convolution's output, the last of a linear layer's.
+        channels = out.shape[-1] if isinstance(module, tp.ops.TORCH_LINEAR) else out.shape[1]
+        counts[module] = counts.get(module, 0) + out.numel() // (out.shape[0] * channels)
+
+    hooks = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, _ROOT_TYPES)]
+    try:
+        with evaluating(model), torch.no_grad():
+            model(example_input)
+    finally:
+        for h in hooks:
+            h.remove()
+    return counts
 
 
 def _tensors(module: nn.Module) -> dict[str, Tensor]:
@@ -182,6 +224,12 @@ class PruningPlan:
         self._maps: OrderedDict[tuple[tuple[str, bytes], ...], dict[str, np.ndarray]] = (
             OrderedDict()
         )
+        self._macs_per_entry = {
+            f"{names[m]}.weight" if names[m] else "weight": count
+            for m, count in _positions(scratch, self._example).items()
+        }
+        self._full_size = self._size({g: np.arange(n) for g, n in self._groups.items()})
+        self._counts: dict[tuple[float, str], dict[str, int]] = {}
 
     @property
     def groups(self) -> dict[str, int]:
@@ -218,11 +266,12 @@ class PruningPlan:
                 )
         return out
 
-    def select(self, scores: Mapping[str, np.ndarray], keep_ratio: float) -> dict[str, np.ndarray]:
-        """The ``max(1, round(keep_ratio * n))`` highest-scoring channels of every group
-        (rounding half up; ties go to the lower channel index), sorted ascending, int64."""
-        if not 0.0 < keep_ratio <= 1.0:
-            raise ValueError(f"keep_ratio must be in (0, 1], got {keep_ratio}")
+    def select(
+        self, scores: Mapping[str, np.ndarray], keep_ratio: float, budget: str = "parameters"
+    ) -> dict[str, np.ndarray]:
+        """The highest-scoring ``channel_counts(keep_ratio, budget)[g]`` channels of every
+        group ``g`` (ties go to the lower channel index), sorted ascending, int64."""
+        counts = self.channel_counts(keep_ratio, budget)
         if set(scores) != set(self._groups):
             raise ValueError(
                 f"scores must cover exactly the groups {sorted(self._groups)}, got {sorted(scores)}"
@@ -232,9 +281,71 @@ class PruningPlan:
             s = np.asarray(scores[g], dtype=np.float64)
             if s.shape != (n,) or not np.isfinite(s).all():
                 raise ValueError(f"scores of group {g!r} must be {n} finite values")
-            k = max(1, int(np.floor(keep_ratio * n + 0.5)))
-            kept[g] = np.sort(np.argsort(-s, kind="stable")[:k]).astype(np.int64)
+            kept[g] = np.sort(np.argsort(-s, kind="stable")[: counts[g]]).astype(np.int64)
         return kept
+
+    def channel_counts(self, keep_ratio: float, budget: str = "parameters") -> dict[str, int]:
+        """How many channels every group keeps for ``keep_ratio`` (see the module docstring).
+
+        ``channels``: ``max(1, round(keep_ratio * n))`` of a group's n (rounding half up).
+        ``parameters`` / ``compute``: the same rule with the largest channel share c whose
+        submodel stays within ``keep_ratio`` of the full model's parameters / multiply-
+        accumulates; the minimum of one channel a group when no c meets the target. The counts
+        change only where some c n crosses a half-integer, so a binary search over those steps
+        (the size only grows with c) finds c exactly in about log2(total channels) sizings."""
+        if not 0.0 < keep_ratio <= 1.0:
+            raise ValueError(f"keep_ratio must be in (0, 1], got {keep_ratio}")
+        if budget not in BUDGETS:
+            raise ValueError(f"unknown budget {budget!r}; valid choices: {', '.join(BUDGETS)}")
+        cache_key = (keep_ratio, budget)
+        if cache_key not in self._counts:
+            if budget == "channels" or keep_ratio >= 1.0:
+                counts = self._uniform_counts(keep_ratio)
+            else:
+                limit = keep_ratio * self._full_size[budget]
+                steps = sorted(
+                    {(k - 0.5) / n for n in self._groups.values() for k in range(2, n + 1)}
+                )
+                edges = [0.0, *steps, 1.0]
+                # One share inside each interval between steps (never on a step, where
+                # rounding could land on either side), in increasing order of size.
+                inside = [(a + b) / 2 for a, b in zip(edges[:-1], edges[1:], strict=True)]
+                low, high = 0, len(inside)  # inside[low] fits (or is the minimum); high does not
+                while high - low > 1:
+                    mid = (low + high) // 2
+                    size = self._size(self._first(self._uniform_counts(inside[mid])))
+                    if size[budget] <= limit:
+                        low = mid
+                    else:
+                        high = mid
+                counts = self._uniform_counts(inside[low])
+            self._counts[cache_key] = counts
+        return dict(self._counts[cache_key])
+
+    def shares(self, kept: Mapping[str, np.ndarray]) -> dict[str, float]:
+        """The share of the full model's ``parameters`` and ``compute`` (multiply-accumulates of
+        the convolutions and linear layers in one forward pass) that the submodel keeping
+        ``kept`` has."""
+        self._checked(kept)
+        size = self._size(kept)
+        return {k: size[k] / self._full_size[k] for k in ("parameters", "compute")}
+
+    def _uniform_counts(self, share: float) -> dict[str, int]:
+        return {g: max(1, int(np.floor(share * n + 0.5))) for g, n in self._groups.items()}
+
+    @staticmethod
+    def _first(counts: Mapping[str, int]) -> dict[str, np.ndarray]:
+        # Sizes depend on how many channels a group keeps, not which (a channel owns the same
+        # number of positions in every tensor it touches), so the first ones stand for any.
+        return {g: np.arange(k, dtype=np.int64) for g, k in counts.items()}
+
+    def _size(self, kept: Mapping[str, np.ndarray]) -> dict[str, int]:
+        params = macs = 0
+        for key in self._param_names:
+            numel = int(np.prod([len(a) for a in self._kept_axes(key, kept)]))
+            params += numel
+            macs += numel * self._macs_per_entry.get(key, 0)
+        return {"parameters": params, "compute": macs}
 
     def validate_kept(self, kept: Mapping[str, Any]) -> str | None:
         """Why ``kept`` (e.g. a client's reply) cannot be used with this plan, or None."""
