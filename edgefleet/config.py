@@ -22,7 +22,7 @@ from edgefleet.pruning.names import CRITERIA, HESSIAN_ESTIMATORS, RECONSTRUCTION
 from edgefleet.strategies.saga import SAGA_ESTIMATORS, SAGA_INITS
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.data import DATASETS, PARTITIONS
-from edgefleet.task.names import MODELS
+from edgefleet.task.names import ACCELERATORS, MODELS
 
 STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox", "fedsag")
 SELECTIONS: tuple[str, ...] = ("all", "energy-age")
@@ -219,6 +219,13 @@ class TrainConfig:
     proximal_mu: float = key("proximal-mu", 0.01, _at_least(0.0), "FedProx's mu")
     client_threads: int = key(
         "client-threads", 1, _at_least(1), "torch threads per ClientApp process"
+    )
+    accelerator: str = key(
+        "accelerator",
+        "auto",
+        _choice(ACCELERATORS),
+        "where training, evaluation and pruning scores run: `auto` (cuda, else mps, else "
+        "cpu), `cpu`, `cuda`, `mps`; a SuperNode's `--node-config accelerator=...` wins",
     )
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from edgefleet.config import RunConfig, parse_run_config
+from edgefleet.task.accelerator import resolve_accelerator
 from edgefleet.task.data import (
     ArrayDataset,
     dataset_info,
@@ -27,7 +28,8 @@ from edgefleet.task.data import (
     split_local,
 )
 from edgefleet.task.models import build_model
-from edgefleet.task.train import seed_for
+from edgefleet.task.names import ACCELERATORS
+from edgefleet.task.train import model_device, seed_for
 
 if TYPE_CHECKING:
     from edgefleet.pruning.submodel import PruningPlan
@@ -42,8 +44,9 @@ class DeviceProfile:
     """The node-level facts a device reports. In simulation Flower sets only
     ``partition-id`` and ``num-partitions``; the rest derive from them and the run config.
     On a SuperNode, ``--node-config`` may set ``device-id``, ``capacity``, ``harvest-prob``,
-    ``energy-source``, ``trace-path``, ``keep-ratio`` (CA-HFP's resource class) and
-    ``data-path`` (the device's own data instead of a partition of the run's data set)."""
+    ``energy-source``, ``trace-path``, ``keep-ratio`` (CA-HFP's resource class),
+    ``data-path`` (the device's own data instead of a partition of the run's data set) and
+    ``accelerator`` (``auto``, ``cpu``, ``cuda``, ``mps``; default: the run config's)."""
 
     partition_id: int
     num_partitions: int
@@ -54,6 +57,7 @@ class DeviceProfile:
     trace_path: str = ""
     keep_ratio: float = 1.0
     data_path: str = ""
+    accelerator: str = "auto"
 
     @classmethod
     def from_configs(cls, node_config: Mapping[str, Any], cfg: RunConfig) -> DeviceProfile:
@@ -77,9 +81,15 @@ class DeviceProfile:
                     node_config.get("keep-ratio", cfg.pruning.ratio_for(base.partition_id))
                 ),
                 data_path=str(node_config.get("data-path", "")),
+                accelerator=str(node_config.get("accelerator", cfg.train.accelerator)),
             )
         except (TypeError, ValueError) as err:
             raise NodeConfigError(f"node config energy or keep-ratio keys: {err}") from None
+        if profile.accelerator not in ACCELERATORS:
+            raise NodeConfigError(
+                f"node config accelerator={profile.accelerator!r}; valid choices: "
+                f"{', '.join(ACCELERATORS)}"
+            )
         if not 0.0 < profile.keep_ratio <= 1.0:
             raise NodeConfigError(f"keep-ratio={profile.keep_ratio} must be in (0, 1]")
         if profile.capacity < e.round_cost and profile.energy_source != "always-on":
@@ -117,7 +127,7 @@ class Device:
     config: RunConfig
     train_data: ArrayDataset
     test_data: ArrayDataset
-    model: nn.Module
+    model: nn.Module  # on the device's accelerator: training and scoring follow it there
 
     @cached_property  # asked for by every status query of a sessions run
     def labels(self) -> list[int]:
@@ -130,7 +140,7 @@ class Device:
         from edgefleet.pruning.submodel import PruningPlan
 
         example = torch.zeros((1, *self.train_data.x.shape[1:]), dtype=torch.float32)
-        return PruningPlan(self.model, example)
+        return PruningPlan(self.model, example.to(model_device(self.model)))
 
 
 def is_present(cfg: RunConfig, profile: DeviceProfile, server_round: int) -> bool:
@@ -175,6 +185,8 @@ def get_device(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) ->
 
 
 def _build_device(cfg: RunConfig, profile: DeviceProfile) -> Device:
+    # Resolved first: a device asked for an accelerator it lacks fails before loading data.
+    accelerator = resolve_accelerator(profile.accelerator)
     torch.set_num_threads(cfg.train.client_threads)
     if profile.data_path:
         # A real device's own data: no partitioning, the run's shapes and normalisation, and
@@ -186,7 +198,7 @@ def _build_device(cfg: RunConfig, profile: DeviceProfile) -> Device:
             seed=seed_for(cfg.seed, profile.partition_id),
         )
         model = build_model(cfg.train.model, info.input_shape, info.num_classes)
-        return Device(profile, cfg, local_train, local_test, model)
+        return Device(profile, cfg, local_train, local_test, model.to(accelerator))
     train_pool, _, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     if cfg.sessions.schedule == "alternate":
         idx = group_partition_indices(
@@ -214,4 +226,4 @@ def _build_device(cfg: RunConfig, profile: DeviceProfile) -> Device:
         seed=seed_for(cfg.seed, profile.partition_id),
     )
     model = build_model(cfg.train.model, info.input_shape, info.num_classes)
-    return Device(profile, cfg, local_train, local_test, model)
+    return Device(profile, cfg, local_train, local_test, model.to(accelerator))

@@ -34,6 +34,7 @@ from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
+from edgefleet.task.accelerator import resolve_accelerator
 from edgefleet.task.data import dataset_info, load_dataset, split_local
 from edgefleet.task.models import build_model
 from edgefleet.task.train import evaluate, get_arrays, set_arrays
@@ -198,6 +199,8 @@ class CentralEvaluation:
 
 
 def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
+    # Resolved before any data is loaded: an accelerator this machine lacks ends the run here.
+    accelerator = resolve_accelerator(cfg.train.accelerator)
     _, test_set, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     validation = test_set
     if cfg.stopping.mode in ("validation", "observe"):
@@ -209,7 +212,8 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
         )
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.train.model, info.input_shape, info.num_classes)
-    initial = get_arrays(model)
+    initial = get_arrays(model)  # built on the CPU: the same initial model on any accelerator
+    model.to(accelerator)
 
     def evaluate_fn(_: int, arrays: ArrayRecord) -> dict[str, float]:
         set_arrays(model, arrays)

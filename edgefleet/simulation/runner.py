@@ -32,6 +32,7 @@ from typing import Any
 from edgefleet.config import DEFAULTS, ConfigError, RunConfig, parse_run_config
 from edgefleet.processes import BIN_DIR, FleetError, FlowerFleet, config_arg
 from edgefleet.server.results import default_run_name, prepare_run_dir
+from edgefleet.task.accelerator import AcceleratorError, simulation_gpu_share
 from edgefleet.task.data import default_data_dir
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -129,6 +130,22 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
     return parse_run_config(raw), raw
 
 
+def with_gpu_share(federation: Mapping[str, Any], accelerator: str) -> dict[str, Any]:
+    """``federation`` plus a ``client-resources-num-gpus`` share when the ClientApps are to
+    use a GPU that Ray would otherwise hide from them (see :mod:`edgefleet.task.accelerator`);
+    unchanged on a CPU-only machine or when the scenario sets its own share."""
+    out = dict(federation)
+    if "client-resources-num-gpus" in out:
+        return out
+    try:  # Flower's Ray backend gives an actor 2 CPUs unless told otherwise
+        share = simulation_gpu_share(accelerator, out.get("client-resources-num-cpus", 2))
+    except AcceleratorError as err:
+        raise ConfigError(f"run config 'accelerator' = {accelerator!r}: {err}") from None
+    if share:
+        out["client-resources-num-gpus"] = share
+    return out
+
+
 def app_copy(dest: Path) -> Path:
     """The app's own files (``pyproject.toml`` and the package) in a folder of their own.
 
@@ -146,6 +163,7 @@ def app_copy(dest: Path) -> Path:
 def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = False) -> Path:
     """Run ``scenario`` to completion on the Simulation Engine; return its run folder."""
     cfg, raw = resolve_run_config(scenario)
+    federation = with_gpu_share(scenario.federation, cfg.train.accelerator)
     try:
         run_dir = prepare_run_dir(cfg)
     except (ValueError, FileExistsError) as err:
@@ -170,7 +188,7 @@ def run_scenario(scenario: Scenario, *, timeout: float = 3600.0, quiet: bool = F
             "--run-config",
             config_arg(raw),
             "--federation-config",
-            config_arg(scenario.federation),
+            config_arg(federation),
         ]
         out = subprocess.DEVNULL if quiet else None
         proc = subprocess.run(cmd, env=fleet.env, stdout=out, stderr=out, timeout=timeout)
