@@ -1,4 +1,6 @@
-"""``edgefleet`` command line: ``run`` a scenario on the Simulation Engine, ``report`` runs."""
+"""``edgefleet`` command line: ``run`` a scenario on the Simulation Engine, ``report`` runs,
+``supernode``/``worker``: a SuperNode whose ClientApp messages run in one warm process
+(:mod:`edgefleet.client.worker`)."""
 
 from __future__ import annotations
 
@@ -61,13 +63,22 @@ def _run(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = {"run": "run a scenario", "report": "plot and compare run folders"}
+    commands = {
+        "run": "run a scenario",
+        "report": "plot and compare run folders",
+        "supernode": "flower-supernode with its ClientApp kept warm in one process",
+        "worker": "the warm ClientApp executor of a `flower-supernode --isolation process`",
+    }
     if not argv or argv[0] not in commands:
-        usage = "\n".join(f"  edgefleet {c:<7} {h}" for c, h in commands.items())
+        usage = "\n".join(f"  edgefleet {c:<9} {h}" for c, h in commands.items())
         print(f"usage:\n{usage}", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     if argv[0] == "run":
         return _run(argv[1:])
+    if argv[0] in ("supernode", "worker"):
+        from edgefleet.client.worker import main as worker_main
+
+        return worker_main(argv)
     from edgefleet.simulation.report import main as report_main
 
     return report_main(argv[1:])

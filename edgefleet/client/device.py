@@ -154,12 +154,21 @@ def is_present(cfg: RunConfig, profile: DeviceProfile, server_round: int) -> boo
     return session % s.groups == profile.partition_id % s.groups
 
 
+# Per process, the devices (and profiles) of one run config: a Ray actor serves many devices
+# of one run; a warm worker (edgefleet.client.worker) serves one device over many runs, and
+# must not keep every earlier run's data and model.
 _DEVICES: dict[tuple[Any, ...], Device] = {}
 _PROFILES: dict[tuple[Any, ...], tuple[RunConfig, DeviceProfile]] = {}
+_cached_run: list[tuple[Any, ...]] = []  # the run config the caches hold
 
 
 def _key(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (tuple(sorted(run_config.items())), tuple(sorted(node_config.items())))
+    run_key = tuple(sorted(run_config.items()))
+    if [run_key] != _cached_run:  # another run config: forget the previous one's devices
+        _DEVICES.clear()
+        _PROFILES.clear()
+        _cached_run[:] = [run_key]
+    return (run_key, tuple(sorted(node_config.items())))
 
 
 def get_profile(
