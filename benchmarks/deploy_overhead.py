@@ -35,10 +35,13 @@ SuperNode polls every 3 s when idle), nor the ServerApp's own 3-s polls for repl
 Flower's, cost the device no work, and show in ``server_round_s`` (the ServerApp's
 ``RoundLoop.run_round``, steady mean), reported for completeness.
 
-CPU: ``cpu_per_round_s`` is the CPU time of all the node's processes (SuperNode, SuperExec,
-``flwr-clientapp``s or worker) per steady round; ``cpu_overhead_per_round_s`` subtracts the
-warm training's CPU time. On a shared machine wall times inflate with the load; CPU time does
-much less, and it is what a battery pays.
+CPU: ``cpu_busy_per_round_s`` is the CPU time the node spends handling a message (the
+SuperNode's pull and push, the ``flwr-clientapp`` processes the message started, or the
+worker's task), ``cpu_overhead_per_round_s`` the same minus the warm training's CPU time;
+``cpu_per_round_s`` adds everything else the node's processes spent until the next message
+(``cpu_polling_per_round_s``: the SuperExec's or worker's and the SuperNode's polling). On a
+shared machine wall times inflate with the load; CPU time much less, and it is what a
+battery pays.
 
 Instrumentation without touching the app: the node's processes get a ``sitecustomize.py`` on
 ``PYTHONPATH`` that timestamps process start and wraps Flower's and EdgeFleet's functions as
@@ -613,10 +616,12 @@ def summarize(rows: list[dict], server: list[float], warm: Mapping[str, float]) 
         "warm": {k: round(v, 4) for k, v in warm.items() if isinstance(v, float)},
     }
     if totals:
-        idle_cpu = sum(r["cpu_total_s"] - r["cpu_busy_s"] for r in totals)
-        idle_s = sum(r["gap_s"] - r["window_s"] for r in totals)
+        # Everything else the node's processes spent from one message to the next: the
+        # executor's and the SuperNode's polling (SuperExec's too while a message runs).
         out["cpu_per_round_s"] = round(mean(r["cpu_total_s"] for r in totals), 3)
-        out["cpu_idle_per_s"] = round(idle_cpu / idle_s, 4) if idle_s > 0 else None
+        out["cpu_polling_per_round_s"] = round(
+            mean(r["cpu_total_s"] - r["cpu_busy_s"] for r in totals), 3
+        )
     return out
 
 

@@ -1,8 +1,10 @@
 """The warm worker on the Deployment Engine (issue 16): ``edgefleet supernode`` nodes keep
 every behaviour that the per-message ``flwr-clientapp`` processes have.
 
-A real SuperLink and four ``edgefleet supernode`` processes (``flower-supernode --isolation
-process`` + EdgeFleet's worker as the executor) on loopback, energy-aware selection, 3 rounds:
+A real SuperLink and four SuperNodes on loopback, three as ``edgefleet supernode`` (a
+``flower-supernode --isolation process`` child, EdgeFleet's worker as its executor) and one as
+``flower-supernode --isolation process`` with ``edgefleet worker`` beside it; energy-aware
+selection, 3 rounds:
 
 - node 0 harvests nothing (a trace of zeros) and holds exactly one round's energy: it trains
   in round 1 and never again. The battery lives in ``Context.state``, which the worker pulls
@@ -50,9 +52,28 @@ def test_warm_workers_keep_batteries_pruning_and_error_replies(tmp_path: Path) -
     fleet = FlowerFleet(tmp_path / "flower", connection="deploy-worker")
     with stopped_after(fleet, tmp_path):
         fleet.start_superlink(timeout=STARTUP_TIMEOUT)
+        executors = []
         for i, extra in enumerate(nodes):
             node = {"partition-id": i, "num-partitions": len(nodes), **extra}
-            fleet.start_supernode(node, warm=True)
+            if i != 1:
+                executors.append(fleet.start_supernode(node, warm=True))
+                continue
+            # Node 1 the other way: flower-supernode --isolation process + `edgefleet worker`.
+            sn = fleet.start_supernode(node, ["--isolation", "process"])
+            port = sn.args[sn.args.index("--port") + 1]
+            executors.append(
+                fleet.start(
+                    "worker-1",
+                    [
+                        "edgefleet",
+                        "worker",
+                        "--runtime-api-address",
+                        f"127.0.0.1:{port}",
+                        "--parent-pid",
+                        str(sn.pid),
+                    ],
+                )
+            )
         run_dir = tmp_path / "out" / RUN_NAME
         flwr_run = submit(
             fleet,
@@ -72,7 +93,8 @@ def test_warm_workers_keep_batteries_pruning_and_error_replies(tmp_path: Path) -
         )
         wait_for_summary(fleet, flwr_run, run_dir / "summary.json", t0 + RUN_DEADLINE)
         summary, rows = summary_and_rows(run_dir)
-        logs = [p.log_path.read_text(errors="replace") for p in fleet.supernodes()]
+        logs = [p.log_path.read_text(errors="replace") for p in executors]
+        plain = sn.log_path.read_text(errors="replace")  # node 1's SuperNode
 
     assert summary["rounds_run"] == NUM_ROUNDS
     cuda_here = "cuda" in available_accelerators()
@@ -85,8 +107,8 @@ def test_warm_workers_keep_batteries_pruning_and_error_replies(tmp_path: Path) -
         assert WHY[kind] in row["rejected"][0]["reason"], (kind, row["rejected"])
         assert row["compact_replies"] == 1, row
         assert len(row["declined"]) == (0 if cuda_here else 1), row
-    for i, text in enumerate(logs):
+    for i, text in enumerate(logs):  # one ClientApp load per node, no per-message process
         assert text.count("Worker: loaded the ClientApp") == 1, f"node {i}"
-        assert "Start `flwr-clientapp` process" not in text, f"node {i}"
+    assert "Start `flwr-clientapp` process" not in "".join([*logs, plain])
     if not cuda_here:
         assert "accelerator 'cuda' requested but this machine has none" in fleet.report(400)
