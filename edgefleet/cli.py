@@ -1,5 +1,6 @@
 """``edgefleet`` command line: ``run`` a scenario on the Simulation Engine, ``sweep`` it over a
-grid of settings and seeds, ``report`` runs."""
+grid of settings and seeds, ``report`` runs, ``supernode``/``worker``: a SuperNode whose
+ClientApp messages run in one warm process (:mod:`edgefleet.client.worker`)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ COMMANDS = {
     "run": "run a scenario",
     "sweep": "run a scenario over a grid of settings and seeds",
     "report": "plot and compare run folders (or sweeps)",
+    "supernode": "flower-supernode with its ClientApp kept warm in one process",
+    "worker": "the warm ClientApp executor of a `flower-supernode --isolation process`",
 }
 
 
@@ -247,13 +250,17 @@ def _sweep(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
-        usage = "\n".join(f"  edgefleet {c:<7} {h}" for c, h in COMMANDS.items())
+        usage = "\n".join(f"  edgefleet {c:<9} {h}" for c, h in COMMANDS.items())
         print(f"usage:\n{usage}", file=sys.stderr)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     if argv[0] == "run":
         return _run(argv[1:])
     if argv[0] == "sweep":
         return _sweep(argv[1:])
+    if argv[0] in ("supernode", "worker"):
+        from edgefleet.client.worker import main as worker_main
+
+        return worker_main(argv)
     from edgefleet.simulation.report import main as report_main
 
     return report_main(argv[1:])

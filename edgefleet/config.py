@@ -32,7 +32,7 @@ from edgefleet.strategies.selection import SELECTION_ORDERS
 from edgefleet.strategies.stopping import VALIDATION_RULES
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.datasets import DATASETS
-from edgefleet.task.names import MODELS
+from edgefleet.task.names import ACCELERATORS, MODELS
 from edgefleet.task.partition import PARTITIONS
 
 STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox", "fedsag")
@@ -323,6 +323,13 @@ class TrainConfig:
     proximal_mu: float = key("proximal-mu", 0.01, _at_least(0.0), "FedProx's mu")
     client_threads: int = key(
         "client-threads", 1, _at_least(1), "torch threads per ClientApp process"
+    )
+    accelerator: str = key(
+        "accelerator",
+        "auto",
+        _choice(ACCELERATORS),
+        "where training, evaluation and pruning scores run: `auto` (cuda, else mps, else "
+        "cpu), `cpu`, `cuda`, `mps`; a SuperNode's `--node-config accelerator=...` wins",
     )
 
 

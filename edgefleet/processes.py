@@ -377,13 +377,15 @@ class FlowerFleet:
         extra_args: Sequence[str] = (),
         *,
         name: str | None = None,
+        warm: bool = False,
     ) -> FlowerProcess:
         """A SuperNode connected to our SuperLink, its Runtime API on a free port, ClientApps
-        in subprocesses. ``--insecure`` unless the SuperLink has TLS (then it gets
-        ``--root-certificates``)."""
+        in subprocesses (``warm``: ``edgefleet supernode``, every ClientApp message in one
+        warm worker process, :mod:`edgefleet.client.worker`). ``--insecure`` unless the
+        SuperLink has TLS (then it gets ``--root-certificates``)."""
         if self.superlink_address is None:
             raise FleetError("start the SuperLink first")
-        args = ["flower-supernode"]
+        args = ["edgefleet", "supernode"] if warm else ["flower-supernode"]
         if self.root_certificates is None:
             args.append("--insecure")
         else:
@@ -400,7 +402,7 @@ class FlowerFleet:
         return self.start(name or f"supernode-{len(self.supernodes())}", args)
 
     def supernodes(self) -> list[FlowerProcess]:
-        return [p for p in self.processes if p.args[0].endswith("flower-supernode")]
+        return [p for p in self.processes if _is_supernode(p)]
 
     # -- the flwr CLI ---------------------------------------------------------------------
 
@@ -522,8 +524,13 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def _is_supernode(proc: FlowerProcess) -> bool:
+    name = Path(proc.args[0]).name
+    return name == "flower-supernode" or (name == "edgefleet" and proc.args[1:2] == ["supernode"])
+
+
 def _is_server(proc: FlowerProcess) -> bool:
-    return Path(proc.args[0]).name in ("flower-superlink", "flower-supernode", "ray")
+    return Path(proc.args[0]).name in ("flower-superlink", "ray") or _is_supernode(proc)
 
 
 def _signal_all(processes: Sequence[FlowerProcess], members: Sequence[_ProcInfo], sig: int) -> None:

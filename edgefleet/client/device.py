@@ -18,11 +18,13 @@ import torch
 from torch import nn
 
 from edgefleet.config import RunConfig, parse_run_config
+from edgefleet.task.accelerator import resolve_accelerator
 from edgefleet.task.datasets import ArrayDataset, dataset_info, load_dataset
 from edgefleet.task.local import load_local_data
 from edgefleet.task.models import build_model
+from edgefleet.task.names import ACCELERATORS
 from edgefleet.task.partition import group_partition_indices, partition_indices, split_local
-from edgefleet.task.train import seed_for
+from edgefleet.task.train import model_device, seed_for
 
 if TYPE_CHECKING:
     from edgefleet.pruning.submodel import PruningPlan
@@ -37,8 +39,9 @@ class DeviceProfile:
     """The node-level facts a device reports. In simulation Flower sets only
     ``partition-id`` and ``num-partitions``; the rest derive from them and the run config.
     On a SuperNode, ``--node-config`` may set ``device-id``, ``capacity``, ``harvest-prob``,
-    ``energy-source``, ``trace-path``, ``keep-ratio`` (CA-HFP's resource class) and
-    ``data-path`` (the device's own data instead of a partition of the run's data set)."""
+    ``energy-source``, ``trace-path``, ``keep-ratio`` (CA-HFP's resource class),
+    ``data-path`` (the device's own data instead of a partition of the run's data set) and
+    ``accelerator`` (``auto``, ``cpu``, ``cuda``, ``mps``; default: the run config's)."""
 
     partition_id: int
     num_partitions: int
@@ -49,6 +52,7 @@ class DeviceProfile:
     trace_path: str = ""
     keep_ratio: float = 1.0
     data_path: str = ""
+    accelerator: str = "auto"
 
     @classmethod
     def from_configs(cls, node_config: Mapping[str, Any], cfg: RunConfig) -> DeviceProfile:
@@ -72,9 +76,15 @@ class DeviceProfile:
                     node_config.get("keep-ratio", cfg.pruning.ratio_for(base.partition_id))
                 ),
                 data_path=str(node_config.get("data-path", "")),
+                accelerator=str(node_config.get("accelerator", cfg.train.accelerator)),
             )
         except (TypeError, ValueError) as err:
             raise NodeConfigError(f"node config energy or keep-ratio keys: {err}") from None
+        if profile.accelerator not in ACCELERATORS:
+            raise NodeConfigError(
+                f"node config accelerator={profile.accelerator!r}; valid choices: "
+                f"{', '.join(ACCELERATORS)}"
+            )
         if not 0.0 < profile.keep_ratio <= 1.0:
             raise NodeConfigError(f"keep-ratio={profile.keep_ratio} must be in (0, 1]")
         if profile.capacity < e.round_cost and profile.energy_source != "always-on":
@@ -112,7 +122,7 @@ class Device:
     config: RunConfig
     train_data: ArrayDataset
     test_data: ArrayDataset
-    model: nn.Module
+    model: nn.Module  # on the device's accelerator: training and scoring follow it there
 
     @cached_property  # asked for by every status query of a sessions run
     def labels(self) -> list[int]:
@@ -131,7 +141,7 @@ class Device:
         from edgefleet.pruning.submodel import PruningPlan
 
         example = torch.zeros((1, *self.train_data.x.shape[1:]), dtype=torch.float32)
-        return PruningPlan(self.model, example)
+        return PruningPlan(self.model, example.to(model_device(self.model)))
 
 
 def is_present(cfg: RunConfig, profile: DeviceProfile, server_round: int) -> bool:
@@ -145,12 +155,21 @@ def is_present(cfg: RunConfig, profile: DeviceProfile, server_round: int) -> boo
     return session % s.groups == profile.partition_id % s.groups
 
 
+# Per process, the devices (and profiles) of one run config: a Ray actor serves many devices
+# of one run; a warm worker (edgefleet.client.worker) serves one device over many runs, and
+# must not keep every earlier run's data and model.
 _DEVICES: dict[tuple[Any, ...], Device] = {}
 _PROFILES: dict[tuple[Any, ...], tuple[RunConfig, DeviceProfile]] = {}
+_cached_run: list[tuple[Any, ...]] = []  # the run config the caches hold
 
 
 def _key(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> tuple[Any, ...]:
-    return (tuple(sorted(run_config.items())), tuple(sorted(node_config.items())))
+    run_key = tuple(sorted(run_config.items()))
+    if [run_key] != _cached_run:  # another run config: forget the previous one's devices
+        _DEVICES.clear()
+        _PROFILES.clear()
+        _cached_run[:] = [run_key]
+    return (run_key, tuple(sorted(node_config.items())))
 
 
 def get_profile(
@@ -176,6 +195,8 @@ def get_device(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) ->
 
 
 def _build_device(cfg: RunConfig, profile: DeviceProfile) -> Device:
+    # Resolved first: a device asked for an accelerator it lacks fails before loading data.
+    accelerator = resolve_accelerator(profile.accelerator)
     torch.set_num_threads(cfg.train.client_threads)
     if profile.data_path:
         # A real device's own data: no partitioning, the run's shapes and normalisation, and
@@ -187,7 +208,7 @@ def _build_device(cfg: RunConfig, profile: DeviceProfile) -> Device:
             seed=seed_for(cfg.seed, profile.partition_id),
         )
         model = build_model(cfg.train.model, info.input_shape, info.num_classes)
-        return Device(profile, cfg, local_train, local_test, model)
+        return Device(profile, cfg, local_train, local_test, model.to(accelerator))
     train_pool, _, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     if cfg.sessions.schedule == "alternate":
         idx = group_partition_indices(
@@ -215,4 +236,4 @@ def _build_device(cfg: RunConfig, profile: DeviceProfile) -> Device:
         seed=seed_for(cfg.seed, profile.partition_id),
     )
     model = build_model(cfg.train.model, info.input_shape, info.num_classes)
-    return Device(profile, cfg, local_train, local_test, model)
+    return Device(profile, cfg, local_train, local_test, model.to(accelerator))

@@ -140,8 +140,11 @@ def _grad_and_hutchinson(
         chunk = _chunk(model)
         for start in range(0, samples, chunk):
             k = min(chunk, samples - start)
+            # Drawn on the CPU generator, then moved: the same probes on any device.
             zs = [
-                torch.randint(0, 2, (k, *p.shape), generator=gen, dtype=p.dtype) * 2 - 1
+                (torch.randint(0, 2, (k, *p.shape), generator=gen, dtype=p.dtype) * 2 - 1).to(
+                    p.device
+                )
                 for p in leaves
             ]
             if not live:
@@ -212,15 +215,20 @@ def weight_scores(
         return {n: w.abs() for n, w in weights.items()}
     if criterion == "random":
         gen = torch.Generator().manual_seed(seed)
-        return {n: torch.rand(w.shape, generator=gen, dtype=w.dtype) for n, w in weights.items()}
+        return {
+            n: torch.rand(w.shape, generator=gen, dtype=w.dtype).to(w.device)
+            for n, w in weights.items()
+        }
     total = sum(len(y) for _, y in batches)
     if total == 0:
         raise ValueError("the curvature criterion needs at least one non-empty batch")
     g = {n: torch.zeros_like(w) for n, w in weights.items()}
     h = {n: torch.zeros_like(w) for n, w in weights.items()}
-    for b, (x, y) in enumerate(batches):
-        if len(y) == 0:
+    dev = next(iter(weights.values())).device if weights else torch.device("cpu")
+    for b, (x_cpu, y_cpu) in enumerate(batches):
+        if len(y_cpu) == 0:
             continue
+        x, y = x_cpu.to(dev), y_cpu.to(dev)  # batches follow the model (no-op on the CPU)
         if hessian == "fisher":
             gb, hb = _grad_and_fisher(model, x, y)
         else:

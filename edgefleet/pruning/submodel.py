@@ -389,7 +389,8 @@ class PruningPlan:
         if shapes != self._shapes:
             raise ValueError("the model's state dict does not match the plan's architecture")
         compact = copy.deepcopy(model)
-        dg = _dependency_graph(compact, self._example)
+        device = next(iter(compact.parameters())).device
+        dg = _dependency_graph(compact, self._example.to(device))
         for g, n in self._groups.items():
             removed = np.setdiff1d(np.arange(n), kept[g])
             if removed.size == 0:

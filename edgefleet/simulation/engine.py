@@ -184,9 +184,15 @@ class Engine:
         as it streams (None: only ``flower.log`` does)."""
         from edgefleet.config import ConfigError
         from edgefleet.server.results import prepare_run_dir
-        from edgefleet.simulation.runner import RAY_CLUSTER_KEYS, check_data, resolve_run_config
+        from edgefleet.simulation.runner import (
+            RAY_CLUSTER_KEYS,
+            check_data,
+            resolve_run_config,
+            with_gpu_share,
+        )
 
         cfg, raw = resolve_run_config(scenario)
+        gpu_federation = with_gpu_share(scenario.federation, cfg.train.accelerator)
         try:
             run_dir = prepare_run_dir(cfg)
         except (ValueError, FileExistsError) as err:
@@ -196,7 +202,7 @@ class Engine:
         else:
             check_data(cfg)  # cached per data set: a sweep pays it once
         assert self.app is not None
-        federation = {k: v for k, v in scenario.federation.items() if k not in RAY_CLUSTER_KEYS}
+        federation = {k: v for k, v in gpu_federation.items() if k not in RAY_CLUSTER_KEYS}
         link = next((p for p in self.fleet.processes if p.name == "superlink"), None)
         link_offset = self._log_mark  # where this run's part of the SuperLink's log starts
         flwr: FlowerProcess | None = None

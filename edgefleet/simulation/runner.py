@@ -194,6 +194,24 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
     return parse_run_config(raw), raw
 
 
+def with_gpu_share(federation: Mapping[str, Any], accelerator: str) -> dict[str, Any]:
+    """``federation`` plus a ``client-resources-num-gpus`` share when the ClientApps are to
+    use a GPU that Ray would otherwise hide from them (see :mod:`edgefleet.task.accelerator`);
+    unchanged on a CPU-only machine or when the scenario sets its own share."""
+    from edgefleet.task.accelerator import AcceleratorError, simulation_gpu_share
+
+    out = dict(federation)
+    if "client-resources-num-gpus" in out:
+        return out
+    try:  # Flower's Ray backend gives an actor 2 CPUs unless told otherwise
+        share = simulation_gpu_share(accelerator, out.get("client-resources-num-cpus", 2))
+    except AcceleratorError as err:
+        raise ConfigError(f"run config 'accelerator' = {accelerator!r}: {err}") from None
+    if share:
+        out["client-resources-num-gpus"] = share
+    return out
+
+
 def check_data(cfg: RunConfig) -> None:
     """Load the run's data set here, once, as the apps will: a missing copy is reported now,
     with every place looked in, instead of from inside the ServerApp a minute later."""

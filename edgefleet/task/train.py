@@ -1,4 +1,9 @@
-"""Local training and evaluation, shared by the ClientApp and the server's central evaluation."""
+"""Local training and evaluation, shared by the ClientApp and the server's central evaluation.
+
+Both run where the model's parameters are (:mod:`edgefleet.task.accelerator` places the model):
+each mini-batch is moved there, and arrays leave as CPU tensors whatever the device. On the CPU
+the moves are no-ops, so the CPU path is exactly the one of before.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +31,18 @@ def seed_for(*parts: int) -> int:
     return h
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """Where ``model``'s parameters (or buffers) are; the CPU for a model with neither."""
+    for param in model.parameters():
+        return param.device
+    for buffer in model.buffers():
+        return buffer.device
+    return torch.device("cpu")
+
+
 def get_arrays(model: nn.Module) -> ArrayRecord:
-    return ArrayRecord(model.state_dict())
+    """The model's state dict as an ArrayRecord of CPU arrays (``.cpu()`` is a no-op there)."""
+    return ArrayRecord({k: v.detach().cpu() for k, v in model.state_dict().items()})
 
 
 def set_arrays(model: nn.Module, arrays: ArrayRecord) -> None:
@@ -72,10 +87,11 @@ def train_local(
         raise ValueError("cannot train on an empty partition")
     if kl_lambda <= 0:
         teacher = None
-    if teacher is not None:
-        teacher.eval()
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)  # on the CPU: the same batches on any device
     x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+    dev = model_device(model)
+    if teacher is not None:
+        teacher.to(dev).eval()
     anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     loss_fn = nn.CrossEntropyLoss()
@@ -83,11 +99,12 @@ def train_local(
     total, seen = 0.0, 0
     for idx in _batches(len(data), batch_size, steps, gen):
         opt.zero_grad(set_to_none=True)
-        logits = model(x[idx])
-        loss = loss_fn(logits, y[idx])
+        xb, yb = x[idx].to(dev), y[idx].to(dev)
+        logits = model(xb)
+        loss = loss_fn(logits, yb)
         if teacher is not None:
             with torch.no_grad():
-                target = torch.softmax(teacher(x[idx]), dim=1)
+                target = torch.softmax(teacher(xb), dim=1)
             kl = nn.functional.kl_div(
                 torch.log_softmax(logits, dim=1), target, reduction="batchmean"
             )
@@ -122,13 +139,13 @@ def evaluate(model: nn.Module, data: ArrayDataset, batch_size: int = 100) -> Eva
         return EvalResult(float("nan"), float("nan"), float("nan"))
     model.eval()
     x, y = torch.from_numpy(data.x), torch.from_numpy(data.y)
+    dev = model_device(model)
     loss_sum, preds = 0.0, []
     for start in range(0, len(data), batch_size):
-        logits = model(x[start : start + batch_size])
-        loss_sum += float(
-            nn.functional.cross_entropy(logits, y[start : start + batch_size], reduction="sum")
-        )
-        preds.append(logits.argmax(1))
+        logits = model(x[start : start + batch_size].to(dev))
+        target = y[start : start + batch_size].to(dev)
+        loss_sum += float(nn.functional.cross_entropy(logits, target, reduction="sum"))
+        preds.append(logits.argmax(1).cpu())
     correct = (torch.cat(preds) == y).numpy()
     labels = y.numpy()
     # float64 throughout: float32 means print as 0.23000000417232513
