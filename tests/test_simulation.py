@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -11,15 +12,18 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edgefleet.cli import main as cli_main
 from edgefleet.config import ConfigError
 from edgefleet.processes import processes_with_env
+from edgefleet.server.checkpoint import FILENAME, Checkpoint, run_identity, save_checkpoint
 from edgefleet.simulation.runner import (
     check_federation,
     load_scenario,
     parse_value,
+    resolve_run_config,
     resume_hint,
     run_scenario,
     serverapp_error,
@@ -294,12 +298,20 @@ def test_runner_finds_shared_data_without_data_dir(tmp_path: Path, monkeypatch) 
 
 @pytest.mark.timeout(300)
 def test_a_serverapp_failure_reaches_the_user(tmp_path: Path, capsys) -> None:
-    """The ServerApp's own error (here: an unreadable checkpoint on resume) is what the
-    command prints, never "exit code 0"; flower.log keeps the ServerApp's log."""
+    """The ServerApp's own error is what the command prints, never "exit code 0";
+    flower.log keeps the ServerApp's log. Here: a checkpoint of this very config (so the
+    command's own resume check passes) holding another model, which only the ServerApp,
+    building the model, can tell."""
     run_dir = tmp_path / "broken"
     run_dir.mkdir()
     (run_dir / "metrics.jsonl").write_text('{"round": 1}\n')
-    (run_dir / "checkpoint.pkl").write_bytes(b"not a checkpoint")
+    overrides = {"output-dir": str(tmp_path), "run-name": "broken", "resume": True}
+    scenario = load_scenario(ROOT / "scenarios" / "fedavg.toml", overrides)
+    cfg, _ = resolve_run_config(scenario)
+    save_checkpoint(
+        run_dir / FILENAME,
+        Checkpoint(1, {"w": np.zeros(3, np.float32)}, {}, random.getstate(), {}, run_identity(cfg)),
+    )
     code = cli_main(
         [
             "run",
@@ -318,7 +330,7 @@ def test_a_serverapp_failure_reaches_the_user(tmp_path: Path, capsys) -> None:
     )
     err = capsys.readouterr().err
     assert code == 1, err
-    assert "CheckpointError" in err and "checkpoint.pkl" in err, err
+    assert "CheckpointError" in err and "another model" in err, err
     assert "exit code 0" not in err
     log = (run_dir / "flower.log").read_text()
     assert "===== ServerApp" in log and "CheckpointError" in log
@@ -366,7 +378,10 @@ def test_an_interrupted_run_stops_everything_and_says_how_to_resume(
         done = len(metrics.read_text().splitlines())
         hint = lines[0].split("resume with: ", 1)[1].split()
         assert hint[:2] == ["edgefleet", "run"]
-        code = cli_main([*hint[1:], "--quiet", "--set", f"num-server-rounds={done + 2}"])
+        code = cli_main(
+            [*hint[1:], "--quiet", "--set", f"num-server-rounds={done + 2}",
+             "--set", "resume-changes=num-server-rounds"]
+        )  # fmt: skip
         assert code == 0
         rows = [json.loads(x) for x in metrics.read_text().splitlines()]
         assert [r["round"] for r in rows] == list(range(1, done + 3))
