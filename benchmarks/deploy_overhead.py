@@ -84,6 +84,7 @@ from edgefleet.processes import BIN_DIR, FlowerFleet, config_arg, free_port  # n
 
 MODES = ("subprocess", "worker")
 TRACE_VAR = "EDGEFLEET_DEPLOY_TRACE"
+TRACEHOOK = Path(__file__).resolve().parent / "_trace" / "tracehook.py"
 PHASES = (
     "network_in",
     "dispatch",
@@ -104,32 +105,18 @@ PHASES = (
 # Written into a temporary folder first on the node's PYTHONPATH; inert without TRACE_VAR.
 # Kept free of heavy imports: it runs at the start of every Python process of the fleet.
 SITECUSTOMIZE = r'''
-"""Timing hook of benchmarks/deploy_overhead.py; inert unless EDGEFLEET_DEPLOY_TRACE is set."""
+"""Timing hook of benchmarks/deploy_overhead.py; inert unless EDGEFLEET_DEPLOY_TRACE is set.
+The machinery is benchmarks/_trace/tracehook.py, copied beside this file."""
 import os
 
 if os.environ.get("EDGEFLEET_DEPLOY_TRACE"):
     import atexit
-    import functools
-    import importlib.abc
-    import json
     import sys
     import time
 
-    _PATH = os.environ["EDGEFLEET_DEPLOY_TRACE"]
+    from tracehook import Tracer
 
-    def _cpu():
-        t = os.times()
-        return t.user + t.system
-
-    def _emit(kind, **fields):
-        rec = {"kind": kind, "pid": os.getpid(), "t": time.time(), "cpu": _cpu()}
-        rec.update(fields)
-        data = (json.dumps(rec, default=str) + "\n").encode()
-        fd = os.open(_PATH, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
+    _tracer = Tracer(os.environ["EDGEFLEET_DEPLOY_TRACE"])
 
     def _proc_start():
         try:
@@ -148,23 +135,8 @@ if os.environ.get("EDGEFLEET_DEPLOY_TRACE"):
         except OSError:
             return list(sys.argv[:3])
 
-    _emit("proc", start=_proc_start(), ppid=os.getppid(), argv=_argv())
-    atexit.register(lambda: _emit("exit"))
-
-    def _timed(fn, kind, keep=None, info=None):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            t0, cpu0 = time.time(), _cpu()
-            result = None
-            try:
-                result = fn(*args, **kwargs)
-                return result
-            finally:
-                if keep is None or keep(args, kwargs, result):
-                    extra = info(args, kwargs, result) if info is not None else {}
-                    _emit(kind, t0=t0, dt=time.time() - t0, cpu0=cpu0, **extra)
-
-        return wrapper
+    _tracer.emit("proc", start=_proc_start(), ppid=os.getppid(), argv=_argv())
+    atexit.register(lambda: _tracer.emit("exit"))
 
     def _msg_type(args, kwargs, result):
         msg = kwargs.get("message", args[1] if len(args) > 1 else None)
@@ -174,50 +146,52 @@ if os.environ.get("EDGEFLEET_DEPLOY_TRACE"):
             return {}
 
     def _supernode(mod):
-        mod._pull_and_store_message = _timed(
-            mod._pull_and_store_message, "sn_pull", keep=lambda a, k, r: r is not None
+        mod._pull_and_store_message = _tracer.timed(
+            "sn_pull", mod._pull_and_store_message, keep=lambda a, k, r: r is not None
         )
-        mod._push_messages = _timed(mod._push_messages, "sn_push")
+        mod._push_messages = _tracer.timed("sn_push", mod._push_messages)
 
     def _nodestate(mod):
         cls = mod.InMemoryNodeState
-        cls.get_messages_legacy = _timed(
-            cls.get_messages_legacy,
+        cls.get_messages_legacy = _tracer.timed(
             "sn_reply_found",
+            cls.get_messages_legacy,
             keep=lambda a, k, r: bool(k.get("is_reply")) and bool(r),
         )
 
     def _run_clientapp(mod):
-        mod.run_clientapp = _timed(mod.run_clientapp, "run_clientapp")
+        mod.run_clientapp = _tracer.timed("run_clientapp", mod.run_clientapp)
         for name in ("pull_task_input", "push_message", "push_task_output"):
-            setattr(mod, name, _timed(getattr(mod, name), name))
+            setattr(mod, name, _tracer.timed(name, getattr(mod, name)))
 
     def _install(mod):
-        mod.install_from_fab = _timed(mod.install_from_fab, "install_from_fab")
+        mod.install_from_fab = _tracer.timed("install_from_fab", mod.install_from_fab)
 
     def _object_ref(mod):
-        mod.load_app = _timed(mod.load_app, "load_app")
+        mod.load_app = _tracer.timed("load_app", mod.load_app)
 
     def _client_app(mod):
-        mod.ClientApp.__call__ = _timed(mod.ClientApp.__call__, "clientapp_call", info=_msg_type)
+        call = mod.ClientApp.__call__
+        mod.ClientApp.__call__ = _tracer.timed("clientapp_call", call, info=_msg_type)
 
     def _superexec(mod):
-        mod.SubprocessExecutor.launch = _timed(mod.SubprocessExecutor.launch, "superexec_launch")
+        launch = mod.SubprocessExecutor.launch
+        mod.SubprocessExecutor.launch = _tracer.timed("superexec_launch", launch)
 
     def _device(mod):
-        mod.get_device = _timed(mod.get_device, "get_device")
+        mod.get_device = _tracer.timed("get_device", mod.get_device)
 
     def _pruning(mod):
-        mod.round_model = _timed(mod.round_model, "round_model")
+        mod.round_model = _tracer.timed("round_model", mod.round_model)
 
     def _train(mod):
-        mod.train_local = _timed(mod.train_local, "train_local")
+        mod.train_local = _tracer.timed("train_local", mod.train_local)
 
     def _loop(mod):
-        mod.RoundLoop.run_round = _timed(mod.RoundLoop.run_round, "server_round")
+        mod.RoundLoop.run_round = _tracer.timed("server_round", mod.RoundLoop.run_round)
 
     def _worker(mod):
-        mod.run_task = _timed(mod.run_task, "worker_task")
+        mod.run_task = _tracer.timed("worker_task", mod.run_task)
 
     _PATCHES = {
         "flwr.supernode.start_client_internal": _supernode,
@@ -234,36 +208,7 @@ if os.environ.get("EDGEFLEET_DEPLOY_TRACE"):
         "edgefleet.client.worker": _worker,
     }
 
-    class _Loader(importlib.abc.Loader):
-        def __init__(self, inner, patch):
-            self.inner, self.patch = inner, patch
-
-        def create_module(self, spec):
-            return self.inner.create_module(spec)
-
-        def exec_module(self, module):
-            self.inner.exec_module(module)
-            try:
-                self.patch(module)
-            except Exception as err:
-                _emit("patch_error", module=module.__name__, error=repr(err))
-
-    class _Finder(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            patch = _PATCHES.get(name)
-            if patch is None:
-                return None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                        spec.loader = _Loader(spec.loader, patch)
-                    return spec
-            return None
-
-    sys.meta_path.insert(0, _Finder())
+    _tracer.install(_PATCHES)
 '''
 
 
@@ -717,6 +662,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         hook_dir = work / "hook"
         hook_dir.mkdir()
         (hook_dir / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        shutil.copy2(TRACEHOOK, hook_dir / "tracehook.py")
         for mode in modes:
             log(f"{mode}: {args.rounds} rounds on a SuperLink + 1 SuperNode")
             t0 = time.monotonic()
