@@ -90,17 +90,7 @@ def _dependency_graph(model: nn.Module, example_input: Tensor) -> tp.DependencyG
 def _output_layer(model: nn.Module, example_input: Tensor) -> nn.Module:
     """The convolution or linear layer that runs last in the forward pass: the classifier."""
     called: list[nn.Module] = []
-    hooks = [
-        m.register_forward_hook(lambda module, _inp, _out: called.append(module))
-        for m in model.modules()
-        if isinstance(m, _ROOT_TYPES)
-    ]
-    try:
-        with evaluating(model), torch.no_grad():
-            model(example_input)
-    finally:
-        for h in hooks:
-            h.remove()
+    _forward_with_hook(model, example_input, lambda module, _inp, _out: called.append(module))
     if not called:
         raise ValueError("the model has no convolution or linear layer to prune")
     return called[-1]
@@ -117,6 +107,12 @@ def _positions(model: nn.Module, example_input: Tensor) -> dict[nn.Module, int]:
         channels = out.shape[-1] if isinstance(module, tp.ops.TORCH_LINEAR) else out.shape[1]
         counts[module] = counts.get(module, 0) + out.numel() // (out.shape[0] * channels)
 
+    _forward_with_hook(model, example_input, hook)
+    return counts
+
+
+def _forward_with_hook(model: nn.Module, example_input: Tensor, hook: Any) -> None:
+    """One evaluation-mode forward pass with ``hook`` on every convolution and linear layer."""
     hooks = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, _ROOT_TYPES)]
     try:
         with evaluating(model), torch.no_grad():
@@ -124,7 +120,6 @@ def _positions(model: nn.Module, example_input: Tensor) -> dict[nn.Module, int]:
     finally:
         for h in hooks:
             h.remove()
-    return counts
 
 
 def _tensors(module: nn.Module) -> dict[str, Tensor]:
