@@ -31,6 +31,18 @@ def stopped_after(fleet: FlowerFleet, workdir: Path) -> Iterator[FlowerFleet]:
     assert fleet.survivors() == [], "Flower processes outlived the test"
 
 
+def start_fleet(fleet: FlowerFleet, num_nodes: int) -> list[FlowerProcess]:
+    """A SuperLink and ``num_nodes`` SuperNodes (node i holds partition i of ``num_nodes``),
+    all connected."""
+    fleet.start_superlink(timeout=60.0)
+    nodes = [
+        fleet.start_supernode({"partition-id": i, "num-partitions": num_nodes})
+        for i in range(num_nodes)
+    ]
+    fleet.wait_for_nodes(num_nodes, timeout=60.0)
+    return nodes
+
+
 def metrics_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``metrics.jsonl`` written so far ([] before the first round)."""
     if not path.exists():

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from edgefleet.processes import FlowerFleet
-from tests.flower_runs import metrics_rows, stopped_after, submit, wait_for_summary
+from tests.flower_runs import metrics_rows, start_fleet, stopped_after, submit, wait_for_summary
 
 NUM_NODES = 3
 NUM_ROUNDS = 4
@@ -31,12 +31,7 @@ def test_killed_supernode_ends_a_session_and_the_run_goes_on(tmp_path: Path) -> 
     run_dir = tmp_path / "out" / RUN_NAME
     fleet = FlowerFleet(tmp_path / "flower", connection="deploy-churn")
     with stopped_after(fleet, tmp_path):
-        fleet.start_superlink(timeout=60.0)
-        nodes = [
-            fleet.start_supernode({"partition-id": i, "num-partitions": NUM_NODES})
-            for i in range(NUM_NODES)
-        ]
-        fleet.wait_for_nodes(NUM_NODES, timeout=60.0)
+        nodes = start_fleet(fleet, NUM_NODES)
         run_config = {
             "num-server-rounds": NUM_ROUNDS,
             "local-steps": 3,

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from edgefleet.processes import FlowerFleet
-from tests.flower_runs import stopped_after, submit, summary_and_rows, wait_for_summary
+from tests.flower_runs import start_fleet, stopped_after, submit, summary_and_rows, wait_for_summary
 
 NUM_NODES = 2
 SESSIONS, ROUNDS = 2, 3
@@ -33,10 +33,7 @@ def test_continuous_teacher_kept_by_supernodes_between_rounds(tmp_path: Path) ->
     run_dir = tmp_path / "out" / RUN_NAME
     fleet = FlowerFleet(tmp_path / "flower", connection="deploy-continuous")
     with stopped_after(fleet, tmp_path):
-        fleet.start_superlink(timeout=60.0)
-        for i in range(NUM_NODES):
-            fleet.start_supernode({"partition-id": i, "num-partitions": NUM_NODES})
-        fleet.wait_for_nodes(NUM_NODES, timeout=60.0)
+        start_fleet(fleet, NUM_NODES)
         run_config = {
             "num-server-rounds": SESSIONS * ROUNDS,
             "model": "linear",

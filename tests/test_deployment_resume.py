@@ -20,7 +20,7 @@ import pytest
 
 from edgefleet.processes import FlowerFleet
 from edgefleet.server.checkpoint import FILENAME, CheckpointError, load_checkpoint
-from tests.flower_runs import metrics_rows, stopped_after, submit, wait_for_summary
+from tests.flower_runs import metrics_rows, start_fleet, stopped_after, submit, wait_for_summary
 
 NUM_NODES = 2
 NUM_ROUNDS = 4
@@ -48,10 +48,7 @@ def test_killed_serverapp_resumes_with_no_round_lost_or_repeated(tmp_path: Path)
     metrics = run_dir / "metrics.jsonl"
     fleet = FlowerFleet(tmp_path / "flower", connection="deploy-resume")
     with stopped_after(fleet, tmp_path):
-        fleet.start_superlink(timeout=60.0)
-        for i in range(NUM_NODES):
-            fleet.start_supernode({"partition-id": i, "num-partitions": NUM_NODES})
-        fleet.wait_for_nodes(NUM_NODES, timeout=60.0)
+        start_fleet(fleet, NUM_NODES)
         run_config = {
             "num-server-rounds": NUM_ROUNDS,
             "local-steps": 3,
