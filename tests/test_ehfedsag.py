@@ -549,3 +549,22 @@ def test_a_round_whose_replies_all_decline_says_so() -> None:
     assert (
         result.extra["no_participants"] == "none of the 2 replies was usable (declined or rejected)"
     )
+
+
+def test_a_hostile_status_answer_is_ignored_not_fatal() -> None:
+    """Status answers with inf, NaN or absurd labels, or a non-integer device id, are ignored
+    with a warning; the honest node's answer stands."""
+
+    def answering(status: dict):  # type: ignore[no-untyped-def]
+        return lambda msg: Message(RecordDict({"status": MetricRecord(status)}), reply_to=msg)
+
+    grid = FakeGrid(
+        {
+            1: answering({"device-id": 1, "labels": [float("inf")]}),
+            2: answering({"device-id": 2, "labels": [float("nan")]}),
+            3: answering({"device-id": 3.5}),
+            4: answering({"device-id": 4, "labels": [0, 1]}),
+        }
+    )
+    answers = StatusQuery(4, timeout=5.0).ask(grid, [1, 2, 3, 4], 1, labels=True)  # type: ignore[arg-type]
+    assert set(answers) == {4} and answers[4].labels == (0, 1)

@@ -147,7 +147,7 @@ def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
             present=bool(status.get("present", 1)),
             labels=tuple(int(c) for c in labels),
         )
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OverflowError) as err:  # int(inf) is an OverflowError
         log(WARNING, "Ignoring a malformed status from node %d: %r", node, err)
         return None
 
