@@ -303,14 +303,7 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     model = model.to(accelerator).to(memory_format=torch.channels_last)
     test_set, validation = _channels_last(test_set), _channels_last(validation)
 
-    last: list[tuple[ArrayRecord, dict[str, float]]] = []
-
     def evaluate_fn(_: int, arrays: ArrayRecord) -> dict[str, float]:
-        # A round whose updates were all declined or dropped hands back the very record it
-        # was given; its figures are the last evaluation's. Under scarce energy (few devices
-        # a round, many rounds with none) the pass over the test set was most of a round.
-        if last and last[0][0] is arrays:
-            return dict(last[0][1])
         set_arrays(model, arrays)
         res = evaluate(model, test_set)
         out = {
@@ -321,7 +314,6 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
         # Per-class counts: the sessions wrapper's accuracy on the classes present.
         for c, (ok, n) in res.per_class.items():
             out[f"class{c}_correct"], out[f"class{c}_total"] = float(ok), float(n)
-        last[:] = [(arrays, dict(out))]
         return out
 
     def validate(arrays: ArrayRecord) -> dict[str, float]:

@@ -181,6 +181,7 @@ class RoundLoop:
         # Update norms accepted in recent rounds: the reference of a round with few replies.
         self.norm_history: deque[list[float]] = deque(maxlen=NORM_HISTORY_ROUNDS)
         self.last_norms: dict[str, float] = {}  # the last round's norms by device (diagnostics)
+        self._last_eval: tuple[ArrayRecord, dict[str, float]] | None = None
 
     def run(
         self,
@@ -210,7 +211,16 @@ class RoundLoop:
         return LoopOutcome(arrays, num_rounds, None, "budget", final)
 
     def evaluate(self, rnd: int, arrays: ArrayRecord) -> dict[str, float]:
-        return self.evaluate_fn(rnd, arrays) if self.evaluate_fn else {}
+        """Central evaluation of ``arrays``. A round that aggregated nothing keeps the very
+        record it was given: its figures are the last evaluation's, not a second pass over
+        the test set (under scarce energy, many rounds have no participant)."""
+        if self.evaluate_fn is None:
+            return {}
+        if self._last_eval is not None and self._last_eval[0] is arrays:
+            return dict(self._last_eval[1])
+        metrics = self.evaluate_fn(rnd, arrays)
+        self._last_eval = (arrays, dict(metrics))
+        return metrics
 
     def run_round(
         self, rnd: int, arrays: ArrayRecord, config: ConfigRecord, t0: float, last: bool = False
