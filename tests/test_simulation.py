@@ -344,7 +344,14 @@ def _start_run(tmp_path: Path, name: str, rounds: int) -> subprocess.Popen[str]:
          "--set", "local-steps=2", "--set", f"output-dir={tmp_path}", "--set", f"run-name={name}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "TMPDIR": str(tmp_path / "tmp")},
+        # A shell starts background commands with SIGINT ignored, and children inherit that:
+        # under such a CI script the run would not see the test's Ctrl-C at all.
+        preexec_fn=_default_sigint,
     )  # fmt: skip
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _wait_for_rows(path: Path, n: int, proc: subprocess.Popen[str], timeout: float) -> None:
