@@ -67,9 +67,20 @@ class FleetError(RuntimeError):
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports on 127.0.0.1 that are free right now. Taken together, every
+    socket held open until all are chosen: ports asked for one after another may repeat (the
+    kernel can hand a just-closed port out again), and Ray refuses one port for two roles."""
+    with contextlib.ExitStack() as stack:
+        ports = []
+        for _ in range(n):
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def toml_value(value: Any) -> str:
@@ -170,6 +181,7 @@ class FlowerFleet:
         self.ray_address: str | None = None
         self.ray_temp_dirs: list[Path] = []
         self._ray_head: FlowerProcess | None = None
+        self._ray_head_port = 0  # the head's GCS port, chosen with its other ports
         self._ray_timeout = 120.0
         self._count: dict[str, int] = {}
 
@@ -271,10 +283,8 @@ class FlowerFleet:
         calls ``ray.init``, which then connects (under a second) instead of starting one
         (about 5 s on 2 idle cores); a sweep reuses it for every run.
         """
-        port = free_port()
-        self._ray_head = self._start_ray(
-            "ray-head", ["--head", f"--port={port}"], num_cpus, num_gpus
-        )
+        self._ray_head = self._start_ray("ray-head", ["--head"], num_cpus, num_gpus)
+        port = self._ray_head_port
         self._ray_timeout = timeout
         self.ray_address = f"127.0.0.1:{port}"
         self.env["RAY_ADDRESS"] = self.ray_address
@@ -298,9 +308,12 @@ class FlowerFleet:
         self.ray_temp_dirs.append(temp_dir)
         head = "--head" in role
         args = ["ray", "start", *role, "--block", "--disable-usage-stats", f"--temp-dir={temp_dir}"]
+        ports = free_ports(len(_RAY_PORT_FLAGS) + 2)  # all distinct: Ray checks
+        args += [f"{flag}={port}" for flag, port in zip(_RAY_PORT_FLAGS, ports, strict=False)]
         if head:  # no dashboard: its API needs ray[default]
-            args += ["--include-dashboard=false", f"--dashboard-port={free_port()}"]
-        args += [f"{flag}={free_port()}" for flag in _RAY_PORT_FLAGS]
+            self._ray_head_port, dashboard = ports[-1], ports[-2]
+            args += [f"--port={ports[-1]}", "--include-dashboard=false"]
+            args.append(f"--dashboard-port={dashboard}")
         if num_cpus is not None:
             args.append(f"--num-cpus={num_cpus}")
         if num_gpus is not None:
