@@ -181,8 +181,9 @@ build_venv() {
     [ -n "$block" ] || die "no <!-- board: install --> block in $EDGE_MD"
     log "board install steps (EDGE.md) as pi, Pi 4 CPU; log: $CACHE/install.log"
     rm -rf --one-file-system "$ROOT/home/pi/edgefleet"
-    # What the operator's `scp -r deploy/pi pi@board:edgefleet` puts on the board.
-    cp -r "$PI_DIR" "$ROOT/home/pi/edgefleet"
+    # What the operator's `scp -r deploy/pi pi@board:edgefleet` puts on the board (scp
+    # follows the worker.py link; so must cp).
+    cp -rL "$PI_DIR" "$ROOT/home/pi/edgefleet"
     chown -R 1000:1000 "$ROOT/home/pi/edgefleet"
     local t0=$SECONDS
     run_cmd --board pi4 -- bash -euo pipefail -c "$block" >"$CACHE/install.log" 2>&1 ||

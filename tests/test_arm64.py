@@ -27,11 +27,13 @@ default ``~/.cache/edgefleet/arm64``) and rebuilt when EDGE.md's install block o
 5. the fleet and both boards stopped in a ``finally`` (their mounts live in mount namespaces
    of their own and go with them).
 
-Status (2026-11-30, 2-core machine under a load average of 25-50): steps 1-3 pass and all
-four nodes come online (the boards in 3-4 minutes), but step 4 does not complete: Flower
-1.42 gives a ClientApp 30 s to pick up its task, an emulated ``flwr-clientapp`` took minutes
-to start, and SuperExec kept starting new ones (32 after 9 minutes). The test now fails at
-once with that reason (``_no_clientapp_pileup``) instead of waiting out its deadline.
+Status (2026-12-01, idle 2-core machine): passes in 167 s with the root and venv cached: both
+boards online 95 s after start (the warm worker's torch import takes about 60 s emulated),
+two rounds in 39 and 64 s. Before the boards ran the warm worker (``supernode.sh`` started a
+plain ``flower-supernode``), step 4 never completed: Flower 1.42 gives a ClientApp 30 s from
+claiming a task to pulling its input, an emulated ``flwr-clientapp`` took minutes to get
+there, and SuperExec kept starting new ones (32 after 9 minutes); ``_no_clientapp_pileup``
+still fails the test at once, saying so, should a board fall back to that.
 """
 
 from __future__ import annotations
@@ -54,13 +56,14 @@ REPO = Path(__file__).resolve().parents[1]
 EMULATED_PI = REPO / "deploy" / "emulated-pi.sh"
 EDGE_MD = REPO / "deploy" / "EDGE.md"
 GEN_CERTS = REPO / "deploy" / "gen-certs.sh"
+PI_DIR = REPO / "deploy" / "pi"
 BOARDS = {"pi4": 104, "pi5": 105}  # board -> device-id
 X86_NODES = 2
 ROUNDS = 2
 RUN_NAME = "arm64"
 BUILD_TIMEOUT = 60 * 60.0  # a cold build: debootstrap and pip under emulation
 ONLINE_TIMEOUT = 420.0  # flwr's import alone takes 20-60 s on an emulated core
-RUN_TIMEOUT = 1500.0  # each train message starts a ClientApp that imports torch emulated
+RUN_TIMEOUT = 1500.0  # the first message loads the app and builds the device, emulated
 BOARD_SAMPLES = 40
 # One ClientApp per board at a time is normal, a second while the first exits; more means
 # Flower's task-claim window is being missed (_no_clientapp_pileup).
@@ -237,6 +240,10 @@ def test_emulated_pis_join_a_live_superlink(tmp_path: Path) -> None:
             handed = tmp_path / f"to-{board}"
             handed.mkdir()
             shutil.copy(certs / "ca.crt", handed / "ca.crt")
+            # deploy/pi as it is now (the cached root holds the copy it was built with; only
+            # the install files are part of its cache key).
+            for name in ("supernode.sh", "worker.py", "edgefleet-supernode.service"):
+                shutil.copy(PI_DIR / name, handed / name)
             board_data(handed / "data.npz", seed=device_id)
             node_config = {
                 "partition-id": 0,

@@ -10,11 +10,14 @@ here="$(cd "$(dirname "$0")" && pwd)"
 set -a
 . "$here/node.env"
 set +a
-# The SuperNode starts `flower-superexec` (which starts each ClientApp) by name from PATH:
-# without the venv there, it cannot run any ClientApp.
+# The SuperNode's ClientApp messages run in one warm process (worker.py, EdgeFleet's
+# edgefleet/client/worker.py: flwr and the standard library only). It runs
+# `flower-supernode --isolation process` from the venv as its child and claims each message
+# itself: a plain flower-supernode starts a new `flwr-clientapp` per message, which imports
+# torch and rebuilds the device's data and model every round (deploy/EDGE.md, section 2).
 PATH="$here/venv/bin:$PATH"
 export PATH FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1
-exec flower-supernode \
+exec "$here/venv/bin/python" "$here/worker.py" supernode \
     --superlink "$SUPERLINK" \
     --root-certificates "$here/ca.crt" \
     --auth-supernode-private-key "$here/node.key" \

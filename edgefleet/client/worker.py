@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import os
 import secrets
@@ -56,7 +57,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from logging import DEBUG, ERROR, INFO, WARNING
 from pathlib import Path
@@ -93,6 +94,12 @@ ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"
 # second at most. Flower's own SuperExec polls once a second (FLWR_SUPEREXEC_TASK_POLL_INTERVAL).
 MIN_POLL_S = 0.02
 MAX_POLL_S = 0.25
+# Flower pulls a message's objects with its first retry after 1 s (PULL_INITIAL_BACKOFF), and
+# a worker that claims within 20 ms often asks before the SuperNode holds all of them: it lost
+# 0.74 s a round waiting out that backoff (benchmarks/deploy_overhead.py, "task_input"). Same
+# pull, first retry after 20 ms, doubling to at most 1 s (500 tries, Flower's limit: ~8 min).
+PULL_FIRST_RETRY_S = 0.02
+PULL_RETRY_CAP_S = 1.0
 DEFAULT_PRELOAD = ("torch",)
 PR_SET_PDEATHSIG = 1
 
@@ -207,6 +214,19 @@ def _heartbeat(client: RuntimeHttpClient, lost: threading.Event) -> Callable[[],
     return beat
 
 
+@contextlib.contextmanager
+def _quick_object_pulls() -> Iterator[None]:
+    """Flower's ``pull_task_input`` as it is, with shorter retry waits for the objects."""
+    flower_pull = flower_task.pull_and_inflate_object_from_tree
+    flower_task.pull_and_inflate_object_from_tree = functools.partial(
+        flower_pull, initial_backoff=PULL_FIRST_RETRY_S, backoff_cap=PULL_RETRY_CAP_S
+    )
+    try:
+        yield
+    finally:
+        flower_task.pull_and_inflate_object_from_tree = flower_pull
+
+
 def run_task(runtime: RuntimeAddress, token: str, warm: WarmApp) -> str:
     """Run one claimed ClientApp task as ``flwr-clientapp`` would; its final sub-status."""
     client = _client(runtime, [RuntimeTokenHttpInterceptor(token)])
@@ -218,7 +238,8 @@ def run_task(runtime: RuntimeAddress, token: str, warm: WarmApp) -> str:
     sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
     try:
         heartbeat.start()
-        message, context, run, fab = flower_task.pull_task_input(client)
+        with _quick_object_pulls():
+            message, context, run, fab = flower_task.pull_task_input(client)
         app = warm.load(run.fab_id, run.fab_version, fab.hash_str, fab.content)
         reply = app(message=message, context=context)
         sub_status, details = SubStatus.COMPLETED, ""

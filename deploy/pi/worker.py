@@ -1,0 +1,1 @@
+../../edgefleet/client/worker.py
