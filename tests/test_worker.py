@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -114,3 +116,33 @@ def test_a_process_keeps_the_devices_of_one_run_config_only() -> None:
     second = dev.get_device({"local-steps": 2}, node)  # a later run on the same worker
     assert second is not first
     assert list(dev._DEVICES.values()) == [second]
+
+
+def _first_retry_after(pull_and_inflate: Callable[..., object]) -> float:
+    """Seconds between a message object's first pull (not there yet) and its retry."""
+    from flwr.proto.message_pb2 import ObjectTree
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
+
+    calls: list[float] = []
+
+    def pull(object_id: str) -> bytes:
+        calls.append(time.monotonic())
+        if len(calls) == 1:
+            raise ObjectUnavailableError(object_id)
+        raise RuntimeError("seen the retry")
+
+    with pytest.raises(RuntimeError, match="seen the retry"):
+        pull_and_inflate(ObjectTree(object_id="a" * 64), pull, lambda _: None)
+    return calls[1] - calls[0]
+
+
+def test_the_worker_retries_an_object_pull_sooner_than_flower() -> None:
+    # A worker claims a task within 20 ms, often before the SuperNode holds every object of
+    # the message; Flower's first retry comes after 1 s, the worker's after 20 ms.
+    from flwr.supernode.runtime import run_clientapp as flower_task
+
+    flower_pull = flower_task.pull_and_inflate_object_from_tree
+    assert _first_retry_after(flower_pull) > 0.7
+    with worker._quick_object_pulls():
+        assert _first_retry_after(flower_task.pull_and_inflate_object_from_tree) < 0.2
+    assert flower_task.pull_and_inflate_object_from_tree is flower_pull

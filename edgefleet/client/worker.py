@@ -15,7 +15,8 @@ queues each message as a task on its Runtime API and waits for an executor to cl
 module is that executor. It claims ``flwr-clientapp`` tasks (``AcquireTask``) and runs each in
 its own interpreter with the very functions ``flwr-clientapp`` uses (``pull_task_input``,
 ``install_from_fab``, Flower's ClientApp loader, ``push_message``, ``push_task_output``), so
-a message gets exactly the handling it would get from Flower. What stays warm between
+a message gets exactly the handling it would get from Flower (only the message's objects are
+pulled with shorter retry waits: ``PULL_FIRST_RETRY_S``). What stays warm between
 messages: the interpreter, the flwr and torch imports (torch is imported at start, before the
 first message), the installed FAB and its loaded ClientApp module, and with it whatever that
 module caches per process (EdgeFleet's :mod:`edgefleet.client.device`: the local data and the
