@@ -7,6 +7,10 @@ The same federated work (``--devices`` devices, ``--participants`` of them train
   devices one after another;
 - **plain N procs**: ``--plain-procs`` processes with one torch thread each train their share
   of the round's devices; the parent averages;
+- **plain Flower** (``--flower``, default on): ``benchmarks/_flower_app``, the same task code
+  in a Flower app with Flower's FedAvg and central evaluation every round, run the way a
+  Flower user runs it (``flwr run APP`` on its local SuperLink): what Flower's engine costs
+  before EdgeFleet adds anything;
 - **EdgeFleet**: ``edgefleet run SCENARIO`` as a user types it (a subprocess), one Ray actor
   per core, with central evaluation every round and, as a second figure, every
   ``--evaluate-every-also`` rounds.
@@ -23,7 +27,8 @@ compute, whatever the machine's speed).
 
 Start-up is the wall time from spawning ``edgefleet run`` to the first call of
 ``edgefleet.client.device.get_device`` (the first statement of the ClientApp's handlers),
-timed by ``benchmarks/_trace/sitecustomize.py`` on the run's ``PYTHONPATH`` (no app change).
+timed by ``benchmarks/_trace/sitecustomize.py`` on the run's ``PYTHONPATH`` (no app change);
+for plain Flower, from spawning ``flwr run`` to its ClientApp's first call.
 
 One JSON line on stdout, progress on stderr::
 
@@ -61,6 +66,7 @@ from edgefleet.task.train import seed_for, train_local
 
 log = logging.getLogger("sim_overhead")
 HOOK_DIR = Path(__file__).resolve().parent / "_trace"
+FLOWER_APP = Path(__file__).resolve().parent / "_flower_app"
 State = dict[str, np.ndarray]
 
 
@@ -249,6 +255,49 @@ def trace_figures(events: list[dict[str, Any]], t_cmd: float) -> dict[str, Any]:
     }
 
 
+# -- the same app on plain Flower --------------------------------------------------------
+
+
+def run_flower(args: argparse.Namespace, raw: dict[str, Any], work: Path) -> dict[str, Any]:
+    """``benchmarks/_flower_app`` (Flower's FedAvg, the same task code, central evaluation
+    every round) the way a Flower user runs it: ``flwr run APP`` on its local SuperLink."""
+    tag = uuid.uuid4().hex
+    trace, home = work / f"flower-{tag}.trace.jsonl", work / f"flwr-home-{tag}"
+    venv_bin = str(Path(sys.executable).parent)  # `flwr run` starts `flower-superlink` by name
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([venv_bin, os.environ.get("PATH", "")]),
+        "FLWR_HOME": str(home),
+        "EDGEFLEET_BENCH_TAG": tag,
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+    }
+    keys = ("num-server-rounds", "min-nodes", "fraction-train", "dataset", "model", "local-steps")
+    run_config = {k: raw[k] for k in keys} | {"seed": raw["seed"], "trace-path": str(trace)}
+    federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
+    cmd = [str(Path(venv_bin) / "flwr"), "run", str(FLOWER_APP), "--stream", "--federation-config",
+           config_arg(federation), "--run-config", config_arg(run_config)]  # fmt: skip
+    t_cmd = time.time()
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    finally:  # `flwr run` leaves its local SuperLink running, by design
+        for entry in processes_with_env(f"EDGEFLEET_BENCH_TAG={tag}"):
+            os.kill(int(entry.split(":")[0]), signal.SIGKILL)
+    events = [json.loads(x) for x in trace.read_text().splitlines()] if trace.exists() else []
+    ends = sorted(e["t"] for e in events if e["kind"] == "round")
+    if proc.returncode != 0 or len(ends) != args.rounds:
+        raise RuntimeError(
+            f"flwr run failed ({proc.returncode}, {len(ends)} rounds):\n{proc.stdout[-3000:]}"
+        )
+    first_calls = sorted(e["t"] for e in events if e["kind"] == "first_client_call")
+    rounds = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+    return {
+        "round_s": median(rounds),
+        "startup_to_first_client_call_s": round(first_calls[0] - t_cmd, 3),
+    }
+
+
 # -- main ---------------------------------------------------------------------------------
 
 
@@ -264,6 +313,12 @@ def main() -> None:
     p.add_argument("--plain-threads", type=int, default=2)
     p.add_argument("--plain-procs", type=int, default=2)
     p.add_argument("--evaluate-every-also", type=int, default=5, help="0: skip that figure")
+    p.add_argument(
+        "--flower",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run the same work as a plain Flower app (benchmarks/_flower_app)",
+    )
     p.add_argument("--repeat", type=int, default=1, help="interleaved repetitions")
     p.add_argument(
         "--cold-cache",
@@ -292,12 +347,18 @@ def main() -> None:
             fig["plain_1proc"] = run_plain(args, raw, 0)
             fig["plain_nproc"] = run_plain(args, raw, args.plain_procs)
             floor = min(fig["plain_1proc"], fig["plain_nproc"], key=lambda f: f["round_s"])
+            if args.flower:
+                fig["flower"] = run_flower(args, raw, Path(tmp))
+                fig["flower"]["ratio"] = round(fig["flower"]["round_s"] / floor["round_s"], 3)
+                log.info("repeat %d, plain Flower: %s", rep + 1, fig["flower"])
             for name, every in variants.items():
                 ef = run_edgefleet(args, {**raw, "evaluate-every": every}, Path(tmp))
                 ef["ratio"] = round(ef["round_s"] / floor["round_s"], 3)
                 ef["ratio_compute_normalized"] = round(
                     ef["round_over_train_path"] / floor["round_over_train_path"], 3
                 )
+                if args.flower:
+                    ef["ratio_to_flower"] = round(ef["round_s"] / fig["flower"]["round_s"], 3)
                 fig[f"edgefleet_{name}"] = ef
                 log.info("repeat %d, %s: %s", rep + 1, name, ef)
             fig["loadavg_end"] = loadavg()
@@ -319,6 +380,21 @@ def main() -> None:
         "startup_to_first_client_call_s": over_reps(
             "edgefleet_every_round", "startup_to_first_client_call_s"
         ),
+        **(
+            {
+                "flower_round_s": over_reps("flower", "round_s"),
+                "ratio_flower": over_reps("flower", "ratio"),
+                **{
+                    f"ratio_to_flower_{n}": over_reps(f"edgefleet_{n}", "ratio_to_flower")
+                    for n in variants
+                },
+                "flower_startup_to_first_client_call_s": over_reps(
+                    "flower", "startup_to_first_client_call_s"
+                ),
+            }
+            if args.flower
+            else {}
+        ),
         "targets": {"ratio_every_round": 1.10, "startup_to_first_client_call_s": 10.0},
     }
     sizes = {k: getattr(args, k) for k in ("devices", "participants", "rounds", "local_steps")}
@@ -327,6 +403,7 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "repeat": args.repeat,
         "cold_cache": args.cold_cache,
+        "flower": args.flower,
         "federation": config_arg({"client-resources-num-cpus": 1}),
     }
     print(json.dumps({"benchmark": "sim_overhead", "sizes": sizes, **headline, "repeats": reps}))
