@@ -56,12 +56,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from _flower_app.flower_app import device_data, new_model  # the same task code as the app
 
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.processes import config_arg, processes_with_env, toml_value
-from edgefleet.task.datasets import load_dataset
-from edgefleet.task.models import build_model
-from edgefleet.task.partition import partition_indices, split_local
 from edgefleet.task.train import seed_for, train_local
 
 log = logging.getLogger("sim_overhead")
@@ -86,22 +84,6 @@ def round_devices(args: argparse.Namespace, rnd: int) -> list[int]:
     work is the same whichever they are: steps x batch size each)."""
     k, m = args.devices, args.participants or args.devices
     return sorted({(rnd * m + i) % k for i in range(m)})
-
-
-def device_data(cfg: RunConfig, n: int, pid: int) -> Any:
-    """A device's training set, as ``edgefleet.client.device`` builds it."""
-    pool, _, _ = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-    d = cfg.data
-    idx = partition_indices(pool.y, n, pid, d.partition, alpha=d.alpha,
-                            shards_per_partition=d.shards_per_device, seed=cfg.seed)  # fmt: skip
-    return split_local(pool.subset(idx), d.local_test_fraction, seed=seed_for(cfg.seed, pid))[0]
-
-
-def new_model(cfg: RunConfig) -> torch.nn.Module:
-    """The ServerApp's seeded initial model."""
-    _, _, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
-    torch.manual_seed(cfg.seed)
-    return build_model(cfg.train.model, info.input_shape, info.num_classes)
 
 
 def train_one(model: torch.nn.Module, data: Any, cfg: RunConfig, state: State, pid: int, rnd: int):
