@@ -47,11 +47,19 @@ Instrumentation without touching the app: the node's processes get a ``sitecusto
 ``PYTHONPATH`` that timestamps process start and wraps Flower's and EdgeFleet's functions as
 they are imported (as ``benchmarks/sim_overhead.py`` does).
 
-For an emulated board: run this script with the board's Python (everything then runs on the
-board), or point ``--node-bin`` at a folder holding the node's ``python``,
-``flower-supernode`` and ``edgefleet`` (the SuperLink and ServerApp stay on this machine's
-Python; the warm baseline runs with the node's ``python``). Emulation slows everything:
-compare the ratios (``overhead_over_train``, ``speedup``), not the seconds.
+For an emulated board: point ``--node-bin`` at a folder holding the node's ``python`` and
+``flower-supernode`` (and ``edgefleet`` where the project is installed there; else the worker
+runs as ``python -m edgefleet.client.worker``): the SuperLink and ServerApp stay on this
+machine's Python, the node and the warm baseline run on the board.
+``deploy/emulated-pi.sh node-bin DIR`` writes such a folder for the emulated Pi 5; a board
+without the data set gets its own (``--node-set data-path=...``)::
+
+    bash deploy/emulated-pi.sh node-bin /tmp/pi5-bin
+    .venv/bin/python benchmarks/deploy_overhead.py --node-bin /tmp/pi5-bin --modes worker \\
+        --rounds 4 --local-steps 2 --batch-size 8 --node-set data-path=/tmp/board/data.npz
+
+Emulation slows everything: compare the ratios (``overhead_over_train``, ``speedup``), not
+the seconds.
 
 Prints one JSON line on stdout; progress goes to stderr. Example::
 
@@ -595,6 +603,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE", help="more run config"
     )
     parser.add_argument(
+        "--node-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="more node config (e.g. data-path=... for a board without the data set)",
+    )
+    parser.add_argument(
         "--node-bin",
         type=Path,
         default=BIN_DIR,
@@ -627,12 +642,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "node-wait-timeout": 600.0,
         "eval-samples": 100,
     }
-    extra: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--set {item!r}: expected KEY=VALUE")
-        extra[key.strip()] = parse_value(value.strip())
+
+    def key_values(flag: str, items: list[str]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep:
+                parser.error(f"{flag} {item!r}: expected KEY=VALUE")
+            out[key.strip()] = parse_value(value.strip())
+        return out
+
+    extra = key_values("--set", args.set)
     run_config.update(extra)
     from edgefleet.config import parse_run_config
 
@@ -640,6 +660,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     node_config: dict[str, Any] = {"partition-id": 0, "num-partitions": args.partitions}
     if args.keep_ratio < 1.0:
         node_config["keep-ratio"] = args.keep_ratio
+    node_config.update(key_values("--node-set", args.node_set))
 
     node_python = args.node_bin / "python"
     local = args.node_bin.resolve() == BIN_DIR.resolve()
@@ -722,6 +743,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "train_samples": blocks[0]["train_samples"],
         "keep_ratio": args.keep_ratio,
         "extra_run_config": extra,
+        "node_config": node_config,
     }
     line["machine"] = {
         "arch": platform.machine(),

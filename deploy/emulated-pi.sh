@@ -23,6 +23,11 @@
 #            the cache. Everything is mounted in a mount namespace of the command's own, so
 #            no mount outlives it, whatever ends it. --bind mounts a host path (read-write) at
 #            a path on the board, e.g. a fake /sys/class/power_supply.
+#   node-bin DIR [--board pi4|pi5]
+#            write DIR/python and DIR/flower-supernode that run the board's own (default
+#            pi5), for `benchmarks/deploy_overhead.py --node-bin DIR`: /tmp and /work are the
+#            same paths on the board, the benchmark's variables are passed on, and the
+#            folders the benchmark (root) made for the node are opened to the board's user
 #   path     print the root's path;  stamp  print the hash the venv was built from
 #   clean    delete the cache
 #
@@ -306,8 +311,55 @@ run_cmd() {
         QEMU_CPU="$cpu" "${envs[@]}" "$@"
 }
 
+node_bin() {
+    local dir="${1:-}" board=pi5 name
+    [ -n "$dir" ] || die "node-bin: no folder (node-bin DIR [--board pi4|pi5])"
+    if [ "${2:-}" = --board ]; then board="${3:-}"; fi
+    case "$board" in
+    pi4 | pi5) ;;
+    *) die "node-bin: --board $board is unknown; valid: pi4, pi5" ;;
+    esac
+    mkdir -p "$dir"
+    for name in python flower-supernode; do
+        # Expanded now: $board, $name, $HERE; everything escaped runs when the wrapper does.
+        cat >"$dir/$name" <<EOF
+#!/usr/bin/env bash
+# The emulated $board's $name (written by deploy/emulated-pi.sh node-bin).
+set -euo pipefail
+envs=(--env PATH=/home/pi/edgefleet/venv/bin:/usr/bin:/bin)
+for v in PYTHONPATH FLWR_HOME EDGEFLEET_DEPLOY_TRACE EDGEFLEET_FLEET_TAG \\
+    FLWR_SUPEREXEC_TASK_POLL_INTERVAL FLWR_TELEMETRY_ENABLED FLWR_DISABLE_UPDATE_CHECK \\
+    FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION; do
+    if [ -n "\${!v:-}" ]; then envs+=(--env "\$v=\${!v}"); fi
+done
+# The board's user (pi) must reach the folders the benchmark (root) made for the node.
+open_up() {
+    local d="\$1"
+    while [ -n "\$d" ] && [ "\$d" != / ] && [ "\$d" != /tmp ]; do
+        chmod o+rwx "\$d" 2>/dev/null || true
+        d="\$(dirname "\$d")"
+    done
+}
+if [ -n "\${FLWR_HOME:-}" ]; then
+    mkdir -p "\$FLWR_HOME" && chmod -R a+rwX "\$FLWR_HOME" && open_up "\$FLWR_HOME"
+fi
+if [ -n "\${EDGEFLEET_DEPLOY_TRACE:-}" ]; then
+    touch "\$EDGEFLEET_DEPLOY_TRACE" && chmod a+rw "\$EDGEFLEET_DEPLOY_TRACE"
+    open_up "\$(dirname "\$EDGEFLEET_DEPLOY_TRACE")"
+fi
+IFS=: read -ra paths <<<"\${PYTHONPATH:-}"
+for p in "\${paths[@]}"; do if [ -d "\$p" ]; then open_up "\$p"; fi; done
+exec bash "$HERE/emulated-pi.sh" run --board $board --bind /tmp:/tmp --bind /work:/work \\
+    "\${envs[@]}" -- /home/pi/edgefleet/venv/bin/$name "\$@"
+EOF
+        chmod +x "$dir/$name"
+    done
+    log "wrote $dir/python and $dir/flower-supernode ($board)"
+}
+
 case "${1:-}" in
 setup) setup ;;
+node-bin) shift; node_bin "$@" ;;
 build) build ;;
 run) shift; run_cmd "$@" ;;  # its exit status is the command's
 path) echo "$ROOT" ;;

@@ -67,6 +67,10 @@ class Tracer:
             def create_module(self, spec):
                 return self.inner.create_module(spec)
 
+            def __getattr__(self, name):
+                # runpy (`python -m module`) asks the loader for get_code and friends.
+                return getattr(self.inner, name)
+
             def exec_module(self, module):
                 self.inner.exec_module(module)
                 try:
