@@ -311,3 +311,31 @@ def test_emulated_pis_join_a_live_superlink(tmp_path: Path) -> None:
             f"{t_done - t_online:.0f} s; round wall times "
             f"{[row['wall_s'] for row in rows]}"
         )
+
+
+def test_node_bin_writes_the_boards_commands_for_the_overhead_benchmark(tmp_path: Path) -> None:
+    """``emulated-pi.sh node-bin`` (benchmarks/deploy_overhead.py --node-bin) needs no board:
+    it writes wrappers that run the board's own python and flower-supernode, and refuses a
+    board it does not know, naming the valid ones."""
+    out = subprocess.run(
+        ["bash", str(EMULATED_PI), "node-bin", str(tmp_path / "bin"), "--board", "pi4"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert out.returncode == 0, out.stderr
+    for name in ("python", "flower-supernode"):
+        wrapper = tmp_path / "bin" / name
+        assert os.access(wrapper, os.X_OK)
+        assert subprocess.run(["bash", "-n", str(wrapper)], capture_output=True).returncode == 0
+        text = wrapper.read_text()
+        assert "run --board pi4 " in text and f"/home/pi/edgefleet/venv/bin/{name} " in text
+        assert "EDGEFLEET_DEPLOY_TRACE" in text  # the benchmark's trace reaches the board
+    bad = subprocess.run(
+        ["bash", str(EMULATED_PI), "node-bin", str(tmp_path / "x"), "--board", "pi9"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert bad.returncode != 0 and "valid: pi4, pi5" in bad.stderr
+    assert not (tmp_path / "x").exists()
