@@ -62,7 +62,10 @@ def new_model(cfg: RunConfig) -> torch.nn.Module:
 
 client = ClientApp()
 _seen: set[int] = set()  # processes that have traced their first call
-_data: dict[int, Any] = {}  # per process, as a Flower user keeps a global FederatedDataset
+# Per process, as a Flower user keeps a global FederatedDataset, and as EdgeFleet's device
+# cache keeps data and model: a model rebuilt per call would be a cost EdgeFleet does not pay.
+_data: dict[int, Any] = {}
+_model: dict[str, torch.nn.Module] = {}
 
 
 @client.train()
@@ -73,7 +76,9 @@ def train(msg: Message, context: Context) -> Message:
     torch.set_num_threads(1)  # one Ray actor per core, as EdgeFleet's `client-threads`
     cfg = run_config(context)
     pid, n = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-    model = new_model(cfg)
+    if "model" not in _model:
+        _model["model"] = new_model(cfg)
+    model = _model["model"]
     set_arrays(model, msg.content["arrays"])  # type: ignore[arg-type]
     rnd = int(msg.content["config"]["server-round"])  # type: ignore[index]
     t = cfg.train
