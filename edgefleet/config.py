@@ -27,7 +27,7 @@ from edgefleet.pruning.names import (
     RECONSTRUCTIONS,
 )
 from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
-from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR
+from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR, NORM_FLOOR
 from edgefleet.strategies.selection import SELECTION_ORDERS
 from edgefleet.strategies.stopping import VALIDATION_RULES
 from edgefleet.strategies.warmstart import WARMSTART_MODES
@@ -627,6 +627,13 @@ class ScreeningConfig:
         NORM_FACTOR,
         _norm_factor,
         "reject an update whose norm is above this many times the round's median (0 = off)",
+    )
+    norm_floor: float = key(
+        "screening.norm-floor",
+        NORM_FLOOR,
+        _at_least(0),
+        "an update at most this share of the global model's norm is never rejected by "
+        "`norm-factor` (0 = no floor)",
     )
     device_binding: str = key(
         "screening.device-binding",

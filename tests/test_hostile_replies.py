@@ -297,6 +297,42 @@ def test_norm_bound_off_lets_a_scaled_reply_through_and_rollback_saves_the_model
     assert len(results[0].participants) == HONEST + 1
 
 
+def _converged_fleet() -> FakeGrid:
+    """Late in a run: three devices barely move, one whose data the others lack still does
+    (its update 50 x the median, 0.05 of the model's norm)."""
+
+    def moved(msg: Message, device: int, step: float) -> Message:
+        reply = honest_reply(msg, device)
+        got = {k: v.numpy() for k, v in msg.content["arrays"].items()}
+        new = {k: got[k] + step * d for k, d in _direction(device).items()}
+        return _with(reply, arrays=rec(new))
+
+    handlers = {d + 1: (lambda m, d=d: moved(m, d, 0.001)) for d in range(3)}
+    handlers[4] = lambda m: moved(m, 3, 0.05)
+    return FakeGrid(handlers)
+
+
+@pytest.mark.parametrize(("floor", "dropped"), [(0.5, []), (0.0, ["3"])])
+def test_a_converged_fleet_keeps_the_device_that_still_moves(floor: float, dropped: list) -> None:
+    """The median update shrinks as a model converges; the floor (a share of the model's
+    norm) keeps an honest device whose update is large only against that median. Without
+    the floor the ratio alone drops it."""
+    _, results = _run("fedavg", _converged_fleet(), Screening(norm_floor=floor))
+    for res in results:
+        assert [r["device"] for r in res.rejected] == dropped
+        if dropped:
+            assert "above the floor 0 (0 x the model's norm)" in res.rejected[0]["reason"]
+
+
+def test_norm_floor_from_the_run_config_and_its_errors() -> None:
+    assert screening_for(parse_run_config({})).norm_floor == 0.5
+    assert screening_for(parse_run_config({"screening.norm-floor": 0})).norm_floor == 0
+    with pytest.raises(ValueError, match="screening.norm-floor.*must be >= 0"):
+        parse_run_config({"screening.norm-floor": -0.1})
+    with pytest.raises(ValueError, match="norm_floor"):
+        Screening(norm_floor=float("nan"))
+
+
 def test_one_or_two_replies_are_not_measured_until_three_norms_are_known() -> None:
     """Round 1 with two replies has no robust median: both are taken. From then on the
     norms accepted in recent rounds are the reference, and a x1e30 reply is rejected."""

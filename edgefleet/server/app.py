@@ -163,6 +163,7 @@ def screening_for(cfg: RunConfig) -> Screening:
         max_examples=float(s.max_examples or t.local_steps * t.batch_size),
         max_energy=cfg.energy.round_cost,
         norm_factor=s.norm_factor,
+        norm_floor=s.norm_floor,
         device_binding=s.device_binding,
     )
 

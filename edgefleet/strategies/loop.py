@@ -43,6 +43,7 @@ from edgefleet.strategies.screening import (
     Screening,
     check_bounds,
     common_metrics,
+    model_norm,
     norm_reference,
     parse_device_id,
     reply_metrics,
@@ -427,7 +428,8 @@ class RoundLoop:
         reject: Callable[[Message, str], None],
         extra: dict[str, object],
     ) -> list[Message]:
-        """Drop replies whose update norm is not finite or above k x the round's median."""
+        """Drop replies whose update norm is not finite, or above both k x the round's median
+        and the floor (a share of the global model's norm)."""
         factor = self.screening.norm_factor
         self.last_norms = {}
         if factor == 0 or not candidates:
@@ -454,13 +456,15 @@ class RoundLoop:
                 log(INFO, "Update-norm bound not applied: fewer than 3 norms known yet")
             self.norm_history.append(norms)
             return kept
+        floor = self.screening.norm_floor * model_norm(reference)
         out, accepted_norms = [], []
         for msg, norm in zip(kept, norms, strict=True):
-            if norm > factor * ref:
+            if norm > max(factor * ref, floor):
                 reject(
                     msg,
                     f"update norm {norm:.4g} is {norm / ref:.3g} x the round's median "
-                    f"{ref:.4g} (bound {factor:g} x)",
+                    f"{ref:.4g} (bound {factor:g} x) and above the floor {floor:.4g} "
+                    f"({self.screening.norm_floor:g} x the model's norm)",
                 )
                 continue
             out.append(msg)
