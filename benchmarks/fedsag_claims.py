@@ -6,8 +6,10 @@ SAGA server memory). For each Dirichlet alpha x harvest probability x variant x 
 run; reported per setting and variant: final accuracy, the variance of the accuracy over the
 last 20% of rounds, the rounds to reach ``--target`` accuracy, and whether the model stayed
 finite (mean over seeds, and per seed). With one seed, selection depends on batteries and
-ages, never on the model, so the variants should train the same devices round by round:
-``same_participants`` checks it against the first variant instead of assuming it. Writes
+ages, never on the model, so the variants should select the same devices round by round:
+``same_selection`` checks it against the first variant instead of assuming it (selected =
+accepted, declined or rejected: a diverged model's replies can be rejected by screening,
+which changes who is aggregated but not who was selected). Writes
 one overlay plot per (alpha, P_h) with ``edgefleet report``.
 
 Variants (``--variants``): ``fedavg`` (EH-FedAvg), ``fedsag`` (EH-FedSAG with the run
@@ -102,10 +104,16 @@ def _finite(x: Any) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
 
+def selected(row: dict[str, Any]) -> list[str]:
+    """The devices a round selected: those aggregated, declined and rejected."""
+    rejected = [r["device"] for r in row.get("rejected") or []]
+    return sorted(map(str, [*row["participants"], *(row.get("declined") or []), *rejected]))
+
+
 def first_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> int | None:
-    """The first round whose participants differ between two runs (None: none differs)."""
+    """The first round whose selected devices differ between two runs (None: none does)."""
     for ra, rb in zip(a, b, strict=False):
-        if sorted(ra["participants"]) != sorted(rb["participants"]):
+        if selected(ra) != selected(rb):
             return int(ra["round"])
     return None if len(a) == len(b) else min(len(a), len(b)) + 1
 
@@ -186,12 +194,12 @@ def main() -> None:
                 first = rows_of[variants[0]]
                 diffs = {v: first_difference(first, rows_of[v]) for v in variants[1:]}
                 same[str(seed)] = {
-                    "same_participants": all(d is None for d in diffs.values()),
+                    "same_selection": all(d is None for d in diffs.values()),
                     "first_differing_round": {v: d for v, d in diffs.items() if d is not None},
                 }
             for variant in variants:
                 row[variant] = summarise(per_variant[variant])
-            row["same_participants"] = all(s["same_participants"] for s in same.values())
+            row["same_selection"] = all(s["same_selection"] for s in same.values())
             row["participants_check"] = same
             plot_dir = Path(args.out) / f"plots-a{alpha:g}-ph{ph:g}"
             draw_plots([load_run(d) for d in dirs], plot_dir)
