@@ -76,9 +76,10 @@ NORM_FACTOR = 10.0
 # The floor under that bound, as a share of the global model's L2 norm. The median update
 # shrinks as a run converges while a device holding data the others lack keeps moving: on
 # PneumoniaMNIST (10 devices, Dirichlet 0.5, 300 rounds) one honest device's update was 12
-# to 79 x the median from round 160 on and k = 10 dropped 35 of its replies. Honest updates
-# there and on BCCD stayed at or below 0.22 of the model's norm; a reply that zeroes the
-# model or replaces it with noise is 1.0 and more. A floored update moves the model by at
+# to 79 x the median from round 160 on and k = 10 dropped 35 of its replies. Late honest
+# updates there and on BCCD stayed at or below 0.22 of the model's norm (one in a run's second
+# round reached 0.82, above both bounds); a reply that zeroes the model or replaces it with
+# noise is 1.0 and more. A floored update moves the model by at
 # most norm_floor/N of its norm with N equal weights, less than k x median allowed in those
 # runs' first rounds (0.9 to 1.9 of the norm). The price: late in a run, when honest steps
 # are small, one hostile device of ten may move the model by up to 5 % of its norm a round,
