@@ -321,7 +321,11 @@ def test_a_converged_fleet_keeps_the_device_that_still_moves(floor: float, dropp
     for res in results:
         assert [r["device"] for r in res.rejected] == dropped
         if dropped:
-            assert "above the floor 0 (0 x the model's norm)" in res.rejected[0]["reason"]
+            assert res.rejected[0]["reason"].endswith("(bound 10 x)")
+    # With the floor, a reply above both bounds says so.
+    scaled = next(c for c in CASES if c.name == "weights x1e30")
+    _, results = _run("fedavg", _fleet(scaled.spoil), Screening())
+    assert "x the model's norm)" in results[0].rejected[0]["reason"]
 
 
 def test_norm_floor_from_the_run_config_and_its_errors() -> None:

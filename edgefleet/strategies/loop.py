@@ -456,15 +456,16 @@ class RoundLoop:
                 log(INFO, "Update-norm bound not applied: fewer than 3 norms known yet")
             self.norm_history.append(norms)
             return kept
-        floor = self.screening.norm_floor * model_norm(reference)
+        share = self.screening.norm_floor
+        floor = share * model_norm(reference) if share else 0.0
+        above_floor = f" and above the floor {floor:.4g} ({share:g} x the model's norm)"
         out, accepted_norms = [], []
         for msg, norm in zip(kept, norms, strict=True):
             if norm > max(factor * ref, floor):
                 reject(
                     msg,
                     f"update norm {norm:.4g} is {norm / ref:.3g} x the round's median "
-                    f"{ref:.4g} (bound {factor:g} x) and above the floor {floor:.4g} "
-                    f"({self.screening.norm_floor:g} x the model's norm)",
+                    f"{ref:.4g} (bound {factor:g} x){above_floor if share else ''}",
                 )
                 continue
             out.append(msg)

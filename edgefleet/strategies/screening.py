@@ -79,9 +79,9 @@ NORM_FACTOR = 10.0
 # to 79 x the median from round 160 on and k = 10 dropped 35 of its replies. Late honest
 # updates there and on BCCD stayed at or below 0.22 of the model's norm (one in a run's second
 # round reached 0.82, above both bounds); a reply that zeroes the model or replaces it with
-# noise is 1.0 and more. A floored update moves the model by at
-# most norm_floor/N of its norm with N equal weights, less than k x median allowed in those
-# runs' first rounds (0.9 to 1.9 of the norm). The price: late in a run, when honest steps
+# noise is 1.0 and more. A floored update moves the model by at most norm_floor/N of its
+# norm with N equal weights, less than k x median allowed in those runs' first rounds (0.9
+# to 1.9 of the norm). The price: late in a run, when honest steps
 # are small, one hostile device of ten may move the model by up to 5 % of its norm a round,
 # where the ratio alone held it to about one honest step; a device's honest data is worth
 # more to a non-IID fleet than that margin (set norm_floor = 0 to choose the other way).
