@@ -34,7 +34,9 @@ do to a round is bounded by what the server knows:
   applied. An update no larger than ``norm_floor`` x the L2 norm of the round's global
   model is never rejected by this bound: as a model converges the median update shrinks
   towards zero while a device whose data the others lack keeps moving, so a ratio to the
-  median alone ends up rejecting honest devices.
+  median alone ends up rejecting honest devices. The floor is taken on the full global
+  model, also for a CA-HFP submodel's update (its own channels): a compact update is held
+  to the same absolute size as a full one.
 - ``energy-spent``, when present, is a finite number in [0, ``max_energy``] (EdgeFleet's
   ServerApp: one round's cost, which is what its energy mod charges; a foreign app: any
   number >= 0). An absent metric is fine.
