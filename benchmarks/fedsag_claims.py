@@ -50,7 +50,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "strategy": "fedsag",
         "saga.estimator": "saga",
         "saga.memory-mean": "stored",
-        "saga.correction-floor": 0.0,
+        "saga.correction": "participants",
     },
     "fedsag-sag": {"strategy": "fedsag", "saga.estimator": "sag"},
 }
