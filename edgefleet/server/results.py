@@ -46,7 +46,8 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
     if (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(
             f"run folder {run_dir} already holds results; choose another run-name, remove it, "
-            "or set resume = true to continue it"
+            "or continue it with resume = true in the run config (`edgefleet run SCENARIO "
+            "--set run-name=NAME --resume` on the command line)"
         )
     try:
         run_dir.mkdir(parents=True, exist_ok=True)

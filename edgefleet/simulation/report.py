@@ -517,8 +517,7 @@ def draw_group_plots(groups: list[Group], out_dir: str | Path) -> list[Path]:
 # ---------------------------------------------------------------- CLI
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``edgefleet report``; ``argv`` is what follows the subcommand."""
+def report_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet report", description="Summarise and plot EdgeFleet run folders."
     )
@@ -533,6 +532,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="group runs that differ only in the seed: mean and spread per group",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``edgefleet report``; ``argv`` is what follows the subcommand."""
+    parser = report_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits; callers of main() expect a return code
