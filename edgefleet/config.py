@@ -812,6 +812,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         values[name] = value
     cfg: RunConfig = _build(RunConfig, values)
     _check_together(cfg)
+    _check_harvest(values)
     return cfg
 
 
@@ -824,6 +825,20 @@ def markdown_table() -> str:
         text = f'`"{shown}"`' if isinstance(default, str) else f"{shown}"
         lines.append(f"| `{spec.name}` | {text} | {spec.help} |")
     return "\n".join(lines) + "\n"
+
+
+def _check_harvest(values: Mapping[str, Value]) -> None:
+    """A per-partition list would silently win over a single P_h, so a run that sets both is
+    refused. Flower hands every key, its default included, so "sets" means "differs from the
+    default": an explicit 0.5 beside a list cannot be told apart and the list applies."""
+    prob, probs = values["energy.harvest-prob"], values["energy.harvest-probs"]
+    if probs and prob != KEYS["energy.harvest-prob"].default:
+        raise ConfigError(
+            f"run config 'energy.harvest-prob' = {prob!r} with 'energy.harvest-probs' = "
+            f"{probs!r}: the per-partition list wins, so {prob!r} would not be used; set "
+            f'energy.harvest-probs = "" to give every device {prob!r}, or put the rates in '
+            "energy.harvest-probs alone"
+        )
 
 
 def _check_together(cfg: RunConfig) -> None:
