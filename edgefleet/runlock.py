@@ -10,13 +10,16 @@ it removes a folder to start that run again.
 
 The lock is ``fcntl.flock`` on the file, so the kernel drops it when its process ends,
 however it ends (a crash, SIGKILL): a lock file that a dead process left behind is taken
-over, with a warning naming that process. The file's JSON (PID, host, start time) is for
-the messages only; the flock decides.
+over, with a warning naming that process. The file's JSON (PID, host, start time, kernel
+boot id) names the holder; whether it still holds the lock is the flock's answer.
 
-``flock`` works between the processes of one host; on a network file system it may not
-reach other hosts, so a lock file written on another host is never taken over: the run
-is refused, and the message says how to clear it by hand. Where ``flock`` fails outright
-(a mount without locks) the run goes on unlocked, with a warning.
+``flock`` works between the processes of one kernel (containers on one machine included);
+on a network file system it may not reach other machines, so a lock file written under
+another kernel on another host is never taken over: the run is refused, and the message
+says how to clear it by hand. (The file names the kernel by its boot id: a container
+recreated under another host name, ``docker compose down`` and ``up``, is on the same
+kernel, and a host that has rebooted has the same name, so both take over.) Where
+``flock`` fails outright (a mount without locks) the run goes on unlocked, with a warning.
 
 Within one process the lock is re-entrant: a ServerApp run in-process twice (a run, then
 its resume) takes it again. A forked child is another process: while its parent holds
@@ -38,6 +41,16 @@ from pathlib import Path
 LOCK_FILE = "writer.lock"
 HOST = socket.gethostname()
 
+
+def _boot_id() -> str:
+    try:  # Linux: one per kernel boot, shared by the containers on it
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+BOOT_ID = _boot_id()
+
 # Flower's logger (``flwr.common.log`` logs to it), without importing Flower here.
 _log = logging.getLogger("flwr")
 
@@ -51,6 +64,12 @@ class Holder:
     pid: int
     host: str
     started: str
+    boot_id: str = ""
+
+    @property
+    def elsewhere(self) -> bool:
+        """Under another kernel, whose processes and locks this one cannot see."""
+        return self.host != HOST and not (BOOT_ID and self.boot_id == BOOT_ID)
 
     def __str__(self) -> str:
         return f"PID {self.pid} on host {self.host}, since {self.started}"
@@ -73,7 +92,7 @@ def lock_path(run_dir: str | Path) -> Path:
 def acquire(run_dir: str | Path) -> None:
     """Take ``run_dir``'s writer lock for this process (a no-op when it holds it already);
     :class:`RunLocked` when another process holds it, or when the lock file names another
-    host (whose processes this one cannot see)."""
+    host's kernel (whose processes and locks this one cannot see)."""
     path = lock_path(run_dir)
     with _guard:
         held = _held.get(path)
@@ -137,7 +156,7 @@ def _take(path: Path) -> int | None:
                 os.close(fd)  # released and removed since we opened it: try the new one
                 continue
             previous = _read(fd)
-            if previous is not None and previous.host != HOST:
+            if previous is not None and previous.elsewhere:
                 raise RunLocked(_other_host_message(path, previous))
             if previous is not None:
                 _log.warning(
@@ -147,7 +166,9 @@ def _take(path: Path) -> int | None:
                     previous,
                 )
             started = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
-            me = json.dumps({"pid": os.getpid(), "host": HOST, "started": started})
+            me = json.dumps(
+                {"pid": os.getpid(), "host": HOST, "started": started, "boot_id": BOOT_ID}
+            )
             os.ftruncate(fd, 0)
             os.pwrite(fd, (me + "\n").encode(), 0)
             os.fsync(fd)
@@ -173,8 +194,8 @@ def _read(fd: int) -> Holder | None:
 def _parse(data: bytes) -> Holder | None:
     try:
         d = json.loads(data)
-        return Holder(int(d["pid"]), str(d["host"]), str(d["started"]))
-    except (ValueError, TypeError, KeyError):
+        return Holder(int(d["pid"]), str(d["host"]), str(d["started"]), str(d.get("boot_id", "")))
+    except (ValueError, TypeError, KeyError, AttributeError):
         return None  # empty (its holder is just writing it) or not ours
 
 

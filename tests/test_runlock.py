@@ -126,6 +126,23 @@ def test_a_lock_written_on_another_host_is_refused_with_how_to_clear_it(tmp_path
     runlock.release(run_dir)
 
 
+@pytest.mark.skipif(not runlock.BOOT_ID, reason="no kernel boot id here (not Linux)")
+def test_a_dead_lock_of_a_container_on_this_kernel_is_taken_over(tmp_path: Path, caplog) -> None:
+    """`docker compose down` and `up`: the ServerApp's new container has another host name,
+    but the same kernel, whose flock answer covers the old container too."""
+    lock = tmp_path / LOCK_FILE
+    old = {"pid": 7, "host": "0a1b2c3d4e5f", "started": "2026-01-01", "boot_id": runlock.BOOT_ID}
+    lock.write_text(json.dumps(old))
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        runlock.acquire(tmp_path)
+    runlock.release(tmp_path)
+    assert "taking over the lock of PID 7 on host 0a1b2c3d4e5f" in caplog.text
+    old["boot_id"] = "another-kernel"  # the same name on another machine: refused
+    lock.write_text(json.dumps(old))
+    with pytest.raises(RunLocked, match="cannot check"):
+        runlock.acquire(tmp_path)
+
+
 def test_check_takes_nothing_and_passes_a_missing_folder(tmp_path: Path) -> None:
     runlock.check(tmp_path / "not-yet")
     assert not (tmp_path / "not-yet").exists()
