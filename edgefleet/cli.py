@@ -161,7 +161,10 @@ def _run(argv: list[str]) -> int:
     previous = signal.signal(signal.SIGTERM, _sigterm)
     engine = None
     try:
-        engine = _early_engine(args.scenario, args.set, args.ray_address)
+        # A resume is checked (its run folder's writer, its config) before Ray starts: it is
+        # refused often, and then in a second.
+        if not args.resume:
+            engine = _early_engine(args.scenario, args.set, args.ray_address)
         return _run_with(parser, args, engine)
     except SystemExit as exc:  # SIGTERM before the run began
         if exc.code != 143:

@@ -183,6 +183,7 @@ class Engine:
         """Run ``scenario`` to completion; its run folder. ``echo`` gets the ServerApp's log
         as it streams (None: only ``flower.log`` does)."""
         from edgefleet.config import ConfigError
+        from edgefleet.runlock import RunLocked
         from edgefleet.server.results import prepare_run_dir
         from edgefleet.simulation.runner import (
             RAY_CLUSTER_KEYS,
@@ -196,8 +197,9 @@ class Engine:
         check_run_folder(cfg)
         gpu_federation = with_gpu_share(scenario.federation, cfg.train.accelerator)
         try:
-            run_dir = prepare_run_dir(cfg)
-        except (ValueError, FileExistsError) as err:
+            # Checked, not held: the ServerApp, another process, takes the writer lock.
+            run_dir = prepare_run_dir(cfg, lock=False)
+        except (ValueError, FileExistsError, RunLocked) as err:
             raise ConfigError(str(err)) from None
         if not self.started:
             self.start(lambda: check_data(cfg))
