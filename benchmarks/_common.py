@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from _provenance import stamp
+
 from edgefleet.simulation.report import load_run
 from edgefleet.simulation.runner import Scenario
 from edgefleet.simulation.sweep import Point, Sweep, parse_seeds
@@ -103,5 +105,5 @@ def emit(
         **result,
         "wall_s": round(time.monotonic() - _T0, 1),
     }
-    print(json.dumps(line), flush=True)
+    print(json.dumps(stamp(line)), flush=True)
     sys.stdout.flush()

@@ -88,6 +88,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from _provenance import stamp  # noqa: E402
+
 from edgefleet.processes import BIN_DIR, FlowerFleet, config_arg, free_port  # noqa: E402
 
 MODES = ("subprocess", "worker")
@@ -754,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "torch": torch.__version__,
         "node_bin": str(args.node_bin),
     }
-    print(json.dumps(line))
+    print(json.dumps(stamp(line)))
     return 0
 
 

@@ -30,13 +30,13 @@ g_r per round with both stops marked) under ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from _provenance import dumps
 from _runs import ENGINES, parse_with_smoke, run_once
 
 from edgefleet.strategies.stopping import PlateauCounter, ValidationPatience
@@ -266,7 +266,7 @@ def main() -> None:
     # A target with nothing run to judge it by (e.g. --bad-lrs '') is left out, not true.
     targets = {k: v for k, v in judged.items() if v is not None}
     print(
-        json.dumps(
+        dumps(
             {
                 "benchmark": "earlystop_claims",
                 "sizes": {

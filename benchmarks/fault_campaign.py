@@ -49,6 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _provenance import dumps  # type: ignore[import-not-found]
 from _runs import ENGINES, parse_with_smoke, run_once  # type: ignore[import-not-found]
 
 from edgefleet.simulation.runner import load_scenario, parse_value
@@ -141,7 +142,7 @@ def main() -> None:
         else None
     )
     print(
-        json.dumps(
+        dumps(
             {
                 "benchmark": "fault_campaign",
                 "sizes": {

@@ -30,13 +30,13 @@ variance 0.94 -> 0.04 and the 50% target about 26% sooner.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from _provenance import dumps
 from _runs import parse_with_smoke, run_once
 
 from edgefleet.simulation.report import draw_plots, load_run
@@ -225,7 +225,7 @@ def main() -> None:
             row["plots"] = str(plot_dir)
             settings.append(row)
     print(
-        json.dumps(
+        dumps(
             {
                 "benchmark": "fedsag_claims",
                 "sizes": {

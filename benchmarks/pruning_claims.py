@@ -38,12 +38,12 @@ reconstruction (73.1% -> 62.8% on CIFAR-10 at alpha 0.1).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from _provenance import dumps
 from _runs import ENGINES, parse_with_smoke, run_once
 
 from edgefleet.pruning.names import BUDGETS
@@ -183,7 +183,7 @@ def main() -> None:
         row["plots"] = str(plot_dir)
         settings.append(row)
     print(
-        json.dumps(
+        dumps(
             {
                 "benchmark": "pruning_claims",
                 "sizes": {

@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 import torch
 from _flower_app.flower_app import device_data, new_model  # the same task code as the app
+from _provenance import stamp
 
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.processes import config_arg, processes_with_env, toml_value
@@ -388,7 +389,8 @@ def main() -> None:
         "flower": args.flower,
         "federation": config_arg({"client-resources-num-cpus": 1}),
     }
-    print(json.dumps({"benchmark": "sim_overhead", "sizes": sizes, **headline, "repeats": reps}))
+    line = {"benchmark": "sim_overhead", "sizes": sizes, **headline, "repeats": reps}
+    print(json.dumps(stamp(line)))
 
 
 if __name__ == "__main__":

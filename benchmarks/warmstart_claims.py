@@ -67,13 +67,13 @@ mode, session boundaries marked) under ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from _provenance import dumps
 from _runs import parse_with_smoke, run_once
 
 from edgefleet.simulation.report import draw_plots, load_run, session_spans
@@ -447,7 +447,7 @@ def main() -> None:
         if s["overlap"] == 0 and "previous/pilot" in s.get("ratios", {})
     ]
     print(
-        json.dumps(
+        dumps(
             {
                 "benchmark": "warmstart_claims",
                 "sizes": {

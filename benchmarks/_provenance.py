@@ -1,0 +1,66 @@
+"""What every benchmark's JSON line records about how it was made, so that a line saved under
+``benchmarks/results/`` can be re-run and checked (the convention in ``benchmarks/claims.py``):
+the command (``sys.argv``), the git commit the code was at, whether the work tree had
+uncommitted changes to tracked files, and the wall time.
+
+Standard library only: ``deploy_overhead`` and ``sim_overhead`` import it before anything
+heavy, and the claim benchmarks beside ``_runs``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+# Imported at a benchmark's start: the fallback wall time for a line that has none of its own.
+_T0 = time.monotonic()
+
+
+def _git(*args: str) -> str | None:
+    try:
+        proc = subprocess.run(
+            ["git", "-C", str(ROOT), *args], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def provenance() -> dict[str, Any]:
+    """``command`` (as typed, relative to the repository root where it can be), ``git_commit``
+    and ``git_dirty`` (None, None when this is not a git checkout or git is missing)."""
+    script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    if script is not None and script.is_relative_to(ROOT):
+        first = str(script.relative_to(ROOT))
+    else:
+        first = sys.argv[0] if sys.argv else ""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return {
+        "command": shlex.join(["python", first, *sys.argv[1:]]),
+        "git_commit": commit,
+        "git_dirty": None if status is None else bool(status),
+    }
+
+
+def stamp(line: Mapping[str, Any]) -> dict[str, Any]:
+    """``line`` with :func:`provenance` after its ``benchmark`` key, and ``wall_s`` (since this
+    module was imported) when the line has none of its own."""
+    head = {k: v for k, v in line.items() if k == "benchmark"}
+    rest = {k: v for k, v in line.items() if k != "benchmark"}
+    out = {**head, **provenance(), **rest}
+    if out.get("wall_s") is None:
+        out["wall_s"] = round(time.monotonic() - _T0, 1)
+    return out
+
+
+def dumps(line: Mapping[str, Any]) -> str:
+    """The benchmark's JSON line: ``json.dumps(stamp(line))``."""
+    return json.dumps(stamp(line))
