@@ -10,9 +10,9 @@ that must configure what their rows say (FedSAG's harvest probability, CA-HFP's 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
-import re
 import shlex
 import subprocess
 import sys
@@ -184,17 +184,23 @@ def test_fault_campaign_smoke(tmp_path: Path) -> None:
 # -- README commands that must configure what their rows measured -------------------------
 
 
-def _row(first_cell: str) -> str:
-    rows = [r for r in README.splitlines() if r.startswith(f"| {first_cell} |")]
-    assert len(rows) == 1, first_cell
-    return rows[0]
+def _command(paper: str) -> str:
+    """The README's command for a claim (benchmarks/claims.py renders it there)."""
+    spec = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
+    assert spec is not None and spec.loader is not None
+    claims = importlib.util.module_from_spec(spec)
+    sys.modules["claims"] = claims
+    spec.loader.exec_module(claims)
+    (command,) = [u.command for u in claims.UNMEASURED if u.paper == paper]
+    assert f"`{command}`" in README, paper
+    return str(command)
 
 
 def test_readme_fedsag_mnist_command_harvests_at_the_rows_probability(tmp_path: Path) -> None:
-    row = _row("EH-FedSAG (arXiv 2606.18758)")
-    assert "`edgefleet run scenarios/eh-fedsag.toml`" in row
+    args = shlex.split(_command("EH-FedSAG (arXiv 2606.18758)"))
+    assert args[:3] == ["edgefleet", "run", "scenarios/eh-fedsag.toml"]
     # Each `KEY=VALUE` of the command as the shell hands it to `--set`.
-    items = [shlex.split(x)[0] for x in re.findall(r"`([a-z.-]+=[^`]*)`", row)]
+    items = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
     overrides = {}
     for item in items:
         key, _, value = item.partition("=")
@@ -228,9 +234,8 @@ def test_harvest_prob_beside_a_per_device_list_is_refused() -> None:
 def test_readme_ca_hfp_mnist_command_uses_the_budget_it_was_measured_with() -> None:
     # The MNIST figures were measured before pruning.budget existed, when a keep ratio meant
     # a share of channels, with five variants (commit 594822c made parameters the default).
-    row = _row("CA-HFP (arXiv 2603.12591)")
-    (command,) = re.findall(r"`(benchmarks/pruning_claims\.py[^`]*)`", row)
-    args = shlex.split(command)
+    args = shlex.split(_command("CA-HFP (arXiv 2603.12591)"))
+    assert args[:2] == ["python", "benchmarks/pruning_claims.py"]
     assert args[args.index("--budget") + 1] == "channels"
     variants = args[args.index("--variants") + 1].split(",")
     assert variants == ["full", "curvature", "magnitude", "random", "no-reconstruction"]

@@ -1,0 +1,152 @@
+"""The README's claims table is ``benchmarks/claims.py``'s output from the committed results
+files: every figure in it can be re-derived from a file under ``benchmarks/results/``, every
+results file says how it was made, and a verdict follows from the numbers (reading JSON only,
+no benchmark runs)."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load_claims() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["claims"] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+claims = _load_claims()
+
+
+def _readme_table() -> str:
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index(claims.BEGIN)
+    end = readme.index(claims.END) + len(claims.END)
+    return readme[start:end]
+
+
+def test_readme_claims_table_is_the_generated_one() -> None:
+    assert _readme_table() == claims.markdown(), (
+        "run `python benchmarks/claims.py` and paste its output over the README's claims table"
+    )
+
+
+def test_every_results_file_follows_the_convention() -> None:
+    files = sorted((ROOT / "benchmarks" / "results").glob("*.json"))
+    assert files
+    problems = [
+        p for f in files for p in claims.convention_problems(f.name, json.loads(f.read_text()))
+    ]
+    assert problems == []
+
+
+def test_convention_asks_why_a_field_is_null() -> None:
+    line = {"benchmark": "x", "command": None, "git_commit": "abc", "git_dirty": False}
+    line |= {"wall_s": 1.0, "sizes": {}}
+    assert claims.convention_problems("x.json", line) == [
+        "x.json: command null with no 'provenance' saying why"
+    ]
+    line["provenance"] = {"command": "not recorded: ..."}
+    assert claims.convention_problems("x.json", line) == []
+    assert claims.convention_problems("y.json", {"benchmark": "y"})[0] == "y.json: no 'command'"
+
+
+def test_every_row_names_committed_files_and_a_missing_one_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for row in claims.ROWS:
+        assert row.files and row.rule.strip(), row.paper
+        for name in row.files:
+            assert (claims.RESULTS / name).is_file(), f"{row.paper}: {name} is not committed"
+    monkeypatch.setattr(claims, "RESULTS", tmp_path)
+    with pytest.raises(FileNotFoundError, match="fedsag_claims-cifar10-a0.1-2026-12-01.json"):
+        claims.markdown()
+
+
+def test_an_unmeasured_claim_has_a_command_and_no_row() -> None:
+    table = _readme_table()
+    rows = [r for r in table.splitlines() if r.startswith("| ") and not r.startswith("| paper")]
+    assert len(rows) == len(claims.ROWS)
+    measured = {row.paper for row in claims.ROWS}
+    for u in claims.UNMEASURED:
+        assert u.paper not in measured
+        assert not any(r.startswith(f"| {u.paper} |") for r in rows)
+        assert f"Run `{u.command}`" in table
+
+
+def _row(paper_prefix: str) -> Any:
+    (row,) = [r for r in claims.ROWS if r.paper.startswith(paper_prefix)]
+    return row
+
+
+def _lines(row: Any) -> list[dict[str, Any]]:
+    return [claims.load(name) for name in row.files]
+
+
+def test_fedsag_verdict_follows_the_figures() -> None:
+    row = _row("EH-FedSAG")
+    assert row.measure(_lines(row)).verdict == "holds, larger than claimed"
+    swapped = _lines(row)
+    for line in swapped:
+        for s in line["settings"]:
+            s["fedavg"], s["fedsag"] = s["fedsag"], s["fedavg"]
+    assert row.measure(swapped).verdict == "does not"
+
+
+def test_fedsag_row_says_what_the_files_compare() -> None:
+    row = _row("EH-FedSAG")
+    why = row.measure(_lines(row)).why
+    # The committed files were written before the check became same_selection.
+    assert "`same_participants`" in why and "7 of 8 runs" in why
+    assert "seed 1 (first differs: fedsag at round 24; rejected replies: fedavg 3)" in why
+    renamed = _lines(row)
+    for line in renamed:
+        for s in line["settings"]:
+            for check in s["participants_check"].values():
+                check["same_selection"] = True
+                check["first_differing_round"] = {}
+                del check["same_participants"]
+    why = row.measure(renamed).why
+    assert "the devices selected each round (`same_selection`): the same in all 8 runs" in why
+
+
+def test_pruning_verdict_follows_the_figures() -> None:
+    row = _row("CA-HFP on CIFAR-10")
+    lines = _lines(row)
+    assert row.measure(lines).verdict == "partly"
+    better = copy.deepcopy(lines)
+    (last,) = max(better, key=lambda line: line["sizes"]["rounds"])["settings"]
+    for key in ("final_accuracy", "last3_accuracy"):
+        last["curvature"][key] = last["full"][key]
+    for seed in last["curvature"]["seeds"]:
+        seed["final_accuracy"] = 1.0
+    assert row.measure(better).verdict == "holds"
+
+
+def test_earlystop_verdict_follows_the_figures() -> None:
+    row = _row("Data-free stopping")
+    lines = _lines(row)
+    assert row.measure(lines).verdict == "holds"
+    worse = copy.deepcopy(lines)
+    worse[0]["settings"][0]["mean"]["data_free_bacc"] -= 0.05
+    assert row.measure(worse).verdict == "partly"
+
+
+def test_rows_of_one_claim_must_share_their_sizes() -> None:
+    row = _row("EH-FedSAG")
+    lines = _lines(row)
+    lines[1]["sizes"]["rounds"] = 50
+    with pytest.raises(ValueError, match="differ in sizes"):
+        row.measure(lines)
