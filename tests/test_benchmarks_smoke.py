@@ -48,6 +48,10 @@ def smoke(script: str, out: Path, *extra: str) -> dict[str, Any]:
     assert line["benchmark"] == script
     assert line["sizes"]["smoke"] is True
     assert isinstance(line["wall_s"], float)
+    # benchmarks/_provenance.py: how the line was made, as benchmarks/results/ files need.
+    assert line["command"].startswith(f"python benchmarks/{script}.py --smoke")
+    if (ROOT / ".git").exists():
+        assert isinstance(line["git_commit"], str) and isinstance(line["git_dirty"], bool)
     return line
 
 

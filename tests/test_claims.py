@@ -150,3 +150,23 @@ def test_rows_of_one_claim_must_share_their_sizes() -> None:
     lines[1]["sizes"]["rounds"] = 50
     with pytest.raises(ValueError, match="differ in sizes"):
         row.measure(lines)
+
+
+def test_a_benchmark_line_records_how_it_was_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "_provenance", ROOT / "benchmarks" / "_provenance.py"
+    )
+    assert spec is not None and spec.loader is not None
+    prov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prov)
+    script = str(ROOT / "benchmarks" / "x_claims.py")
+    monkeypatch.setattr(sys, "argv", [script, "--seeds", "0,1", "--bad-lrs", ""])
+    line = json.loads(prov.dumps({"benchmark": "x_claims", "sizes": {"seeds": "0,1"}}))
+    assert list(line)[:4] == ["benchmark", "command", "git_commit", "git_dirty"]
+    assert line["command"] == "python benchmarks/x_claims.py --seeds 0,1 --bad-lrs ''"
+    if (ROOT / ".git").exists():  # a checkout; an unpacked copy records None, None
+        assert len(line["git_commit"]) == 40 and isinstance(line["git_dirty"], bool)
+    assert isinstance(line["wall_s"], float)
+    assert claims.convention_problems("x.json", line) == []
+    # A line's own wall time is kept.
+    assert prov.stamp({"benchmark": "y", "wall_s": 12.5})["wall_s"] == 12.5
