@@ -498,10 +498,6 @@ class PruningConfig:
             return self.keep_ratios[partition_id % len(self.keep_ratios)]
         return self.keep_ratio
 
-    @property
-    def enabled(self) -> bool:
-        return self.keep_ratio < 1.0 or any(r < 1.0 for r in self.keep_ratios)
-
 
 @dataclass(frozen=True)
 class SessionsConfig:
