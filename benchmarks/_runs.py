@@ -9,6 +9,10 @@ Two engines run a scenario:
   Same apps, same config, same seeds; no SuperLink, no Ray, no message serialisation. For long
   sweeps on a loaded machine, where Ray's start-up costs minutes a run and can time out
   ("The current node timed out during startup") when its processes are niced.
+
+``faults=(kind, partitions)`` runs the ClientApp with the test-only fault mod instead
+(:mod:`edgefleet.client.faults`): those partitions spoil every train reply as ``kind``. The
+run config cannot ask for that, so the run folder records it in ``faults.json``.
 """
 
 from __future__ import annotations
@@ -26,9 +30,11 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from edgefleet.simulation.runner import Scenario, resolve_run_config, run_scenario
+from edgefleet.simulation.runner import Engine, Scenario, resolve_run_config, run_scenario
 
 ENGINES: tuple[str, ...] = ("simulation", "inprocess")
+FAULTS_FILE = "faults.json"
+Faults = tuple[str, tuple[int, ...]]  # (kind, partitions) for edgefleet.client.faults
 
 
 def parse_with_smoke(p: argparse.ArgumentParser, smoke: Mapping[str, Any]) -> argparse.Namespace:
@@ -49,12 +55,19 @@ def run_once(
     run_config: dict[str, Any],
     timeout: float,
     engine: str = "simulation",
+    faults: tuple[str, Iterable[int]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``name`` on ``engine`` unless ``out/name`` holds a finished run of the same config
-    (so an interrupted sweep resumes where it stopped); its metrics rows. A finished run of
-    another config is an error, not silently reused."""
+    and faults (so an interrupted sweep resumes where it stopped); its metrics rows. A
+    finished run of another config is an error, not silently reused."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r}; valid choices: {', '.join(ENGINES)}")
+    lies: Faults | None = None
+    if faults is not None:
+        from edgefleet.client.faults import fault_mod
+
+        lies = (faults[0], tuple(faults[1]))
+        fault_mod(*lies)  # bad settings fail here, not inside every ClientApp
     run_dir = out / name
     config = {**run_config, "output-dir": str(out), "run-name": name}
     summary = run_dir / "summary.json"
@@ -68,6 +81,8 @@ def run_once(
             for k in set(wanted) & set(stored) - {"data-dir", "output-dir", "run-name"}
             if stored[k] != wanted[k]
         )
+        if _stored_faults(run_dir) != lies:
+            changed.append("faults")
         if changed:
             raise SystemExit(
                 f"{run_dir} holds a run with other settings ({', '.join(changed)}); "
@@ -77,15 +92,42 @@ def run_once(
         if run_dir.exists():  # an unfinished run: start it again
             shutil.rmtree(run_dir)
         t0 = time.monotonic()
+        scenario = Scenario(name, federation, config)
         if engine == "simulation":
-            run_scenario(Scenario(name, federation, config), timeout=timeout, quiet=True)
+            run_scenario(scenario, timeout=timeout, quiet=True, engine=_engine(lies))
         else:
-            run_inprocess(Scenario(name, federation, config), out / f"{name}.log", timeout)
+            run_inprocess(scenario, out / f"{name}.log", timeout, lies)
+        if lies is not None:
+            record = {"kind": lies[0], "partitions": list(lies[1])}
+            (run_dir / FAULTS_FILE).write_text(json.dumps(record) + "\n")
         print(f"{name}: {time.monotonic() - t0:.0f} s", file=sys.stderr)
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def run_inprocess(scenario: Scenario, log_path: Path, timeout: float) -> None:
+def _stored_faults(run_dir: Path) -> Faults | None:
+    path = run_dir / FAULTS_FILE
+    if not path.exists():
+        return None
+    stored = json.loads(path.read_text())
+    return stored["kind"], tuple(stored["partitions"])
+
+
+def _engine(faults: Faults | None) -> Engine | None:
+    """The Simulation Engine for a run with ``faults``: the ClientApp component with the
+    fault mod, which reads the lying partitions from the environment that its Ray actors
+    inherit (None: ``run_scenario``'s own engine, EdgeFleet's ClientApp)."""
+    if faults is None:
+        return None
+    from edgefleet.client.faults import FAULTS_ENV, FAULTY_APP, faults_env
+
+    engine = Engine(clientapp=FAULTY_APP)
+    engine.fleet.env[FAULTS_ENV] = faults_env(*faults)
+    return engine
+
+
+def run_inprocess(
+    scenario: Scenario, log_path: Path, timeout: float, faults: Faults | None = None
+) -> None:
     """Run ``scenario`` with the ``inprocess`` engine (module docstring) in a child process,
     its output in ``log_path``. The child is forked from this process once it has imported
     torch, Flower and the apps (:func:`_preload`), so a run does not pay those imports again
@@ -93,7 +135,7 @@ def run_inprocess(scenario: Scenario, log_path: Path, timeout: float) -> None:
     and memory: this process never runs a round itself. Torch gets one thread, as in a Ray
     actor with one CPU."""
     _, raw = resolve_run_config(scenario)
-    spec = {"run_config": raw, "nodes": scenario.federation["num-supernodes"]}
+    spec = {"run_config": raw, "nodes": scenario.federation["num-supernodes"], "faults": faults}
     log_path.parent.mkdir(parents=True, exist_ok=True)
     _preload()
     sys.stdout.flush()
@@ -151,7 +193,9 @@ class InProcessGrid:
     ClientApp of its node. A ClientApp that raises answers with an Error, as Flower's engines
     answer."""
 
-    def __init__(self, run_config: dict[str, Any], nodes: int) -> None:
+    def __init__(
+        self, run_config: dict[str, Any], nodes: int, faults: Faults | None = None
+    ) -> None:
         from flwr.app import Context, RecordDict
         from flwr.supercore.task_identity import TaskIdentity
 
@@ -160,6 +204,10 @@ class InProcessGrid:
         # Messages are stamped with the ids of the task that creates them.
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
         self._app = client_app
+        if faults is not None:
+            from edgefleet.client.faults import faulty_clientapp
+
+            self._app = faulty_clientapp(*faults)
         self._contexts = {
             i + 1: Context(
                 run_id=1,
@@ -196,7 +244,8 @@ def _serve(spec: dict[str, Any]) -> None:
 
     # As Flower builds it: the app's defaults (pyproject.toml) under the run's overrides.
     run_config = {**DEFAULTS, **spec["run_config"]}
-    grid = InProcessGrid(run_config, spec["nodes"])
+    faults = spec.get("faults")
+    grid = InProcessGrid(run_config, spec["nodes"], None if faults is None else tuple(faults))
     context = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
     )

@@ -4,8 +4,8 @@ A seeded run of ``--devices`` simulated devices on Flower's Simulation Engine (`
 run``'s ``run_scenario``, the real ServerApp and ClientApp) in which one device in
 ``--every`` is hostile (the partitions p with p % every == every - 1), once per kind of
 lie, against the same run with every device honest. The hostile partitions train honestly
-and then spoil every train reply (the test-only run-config keys ``test.corrupt`` and
-``test.corrupt-partitions``; kinds in ``edgefleet/client/faults.py``):
+and then spoil every train reply (the ClientApp with the test-only fault mod,
+``edgefleet.client.faults``, which EdgeFleet's own ClientApp never adds; kinds there):
 
 - ``inf-examples``: ``num-examples`` = inf;
 - ``huge-examples``: ``num-examples`` = 1e9 with every weight zero (under plain FedAvg this
@@ -109,11 +109,11 @@ def main() -> None:
     out = Path(args.out).resolve()
     t0 = time.monotonic()
 
-    def run(name: str, extra: dict[str, Any]) -> dict[str, Any]:
+    def run(name: str, faults: tuple[str, list[int]] | None) -> dict[str, Any]:
         for attempt in range(1, args.attempts + 1):
             try:
                 rows = run_once(
-                    out, name, federation, {**base, **extra}, args.timeout, engine=args.engine
+                    out, name, federation, base, args.timeout, engine=args.engine, faults=faults
                 )
                 return summarize(rows, out / name)
             except RuntimeError as err:
@@ -124,11 +124,10 @@ def main() -> None:
                     raise
         raise AssertionError("unreachable")
 
-    clean = run("clean", {})
-    partitions = ",".join(str(p) for p in hostile)
+    clean = run("clean", None)
     results: dict[str, dict[str, Any]] = {}
     for kind in kinds:
-        res = run(kind, {"test.corrupt": kind, "test.corrupt-partitions": partitions})
+        res = run(kind, (kind, hostile))
         delta = res["final_accuracy"] - clean["final_accuracy"]
         results[kind] = {"accuracy_delta": round(delta, 4), **res}
     # None: no hostile kind was run (--kinds ''), so there is nothing to judge.

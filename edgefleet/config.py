@@ -19,7 +19,6 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from edgefleet.client.battery import SOURCES
-from edgefleet.client.faults import KINDS as FAULT_KINDS
 from edgefleet.pruning.names import (
     BUDGETS,
     CRITERIA,
@@ -160,23 +159,6 @@ def _resume_changes(v: str) -> str | None:
             RESUME_CHANGEABLE
         )
     return None
-
-
-def _fault(v: str) -> str | None:
-    ok = ("", "cycle", *FAULT_KINDS)
-    return None if v in ok else f"must be empty or one of {', '.join(ok[1:])}"
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split(",") if x.strip())
-
-
-def _int_list(v: str) -> str | None:
-    try:
-        values = _ints(v)
-    except ValueError:
-        return "must be comma-separated integers, e.g. '0,5'"
-    return None if all(x >= 0 for x in values) else "each value must be >= 0"
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -516,10 +498,6 @@ class PruningConfig:
             return self.keep_ratios[partition_id % len(self.keep_ratios)]
         return self.keep_ratio
 
-    @property
-    def enabled(self) -> bool:
-        return self.keep_ratio < 1.0 or any(r < 1.0 for r in self.keep_ratios)
-
 
 @dataclass(frozen=True)
 class SessionsConfig:
@@ -646,31 +624,6 @@ class ScreeningConfig:
 
 
 @dataclass(frozen=True)
-class TestConfig:
-    """``test.*``: make simulated devices lie, for tests and the fault campaign only.
-
-    In simulation a node's config holds only its partition, so this is how partition i is
-    made hostile (a SuperNode's ``--node-config test-corrupt=KIND`` does it on a fleet)."""
-
-    __test__ = False  # not a pytest test class
-
-    corrupt: str = key(
-        "test.corrupt",
-        "",
-        _fault,
-        "TEST ONLY: the partitions in `test.corrupt-partitions` spoil every train reply so "
-        "(a kind of `edgefleet/client/faults.py`)",
-    )
-    corrupt_partitions: tuple[int, ...] = key(
-        "test.corrupt-partitions",
-        "",
-        _int_list,
-        "TEST ONLY: comma-separated partition ids that lie as `test.corrupt` says",
-        _ints,
-    )
-
-
-@dataclass(frozen=True)
 class RunConfig:
     server: ServerConfig
     data: DataConfig
@@ -681,7 +634,6 @@ class RunConfig:
     sessions: SessionsConfig
     warmstart: WarmStartConfig
     screening: ScreeningConfig
-    test: TestConfig
     seed: int = key("seed", 0, _at_least(0), "seeds partitions, initial model, sampling, batches")
 
     @property
@@ -723,7 +675,6 @@ _SECTIONS: dict[str, type] = {
         SessionsConfig,
         WarmStartConfig,
         ScreeningConfig,
-        TestConfig,
     )
 }
 

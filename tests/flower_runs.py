@@ -50,11 +50,17 @@ def metrics_rows(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def submit(fleet: FlowerFleet, workdir: Path, run_config: Mapping[str, Any]) -> FlowerProcess:
-    """``flwr run <a copy of the app> <connection> --stream --run-config ...``, at once."""
+def submit(
+    fleet: FlowerFleet,
+    workdir: Path,
+    run_config: Mapping[str, Any],
+    clientapp: str | None = None,
+) -> FlowerProcess:
+    """``flwr run <a copy of the app> <connection> --stream --run-config ...``, at once;
+    ``clientapp``: another ClientApp component (``edgefleet.client.faults.FAULTY_APP``)."""
     return fleet.flwr(
         "run",
-        str(app_copy(workdir / "app")),
+        str(app_copy(workdir / "app", clientapp)),
         fleet.connection,
         "--stream",
         "--run-config",

@@ -242,7 +242,12 @@ def test_emulated_pis_join_a_live_superlink(tmp_path: Path) -> None:
             shutil.copy(certs / "ca.crt", handed / "ca.crt")
             # deploy/pi as it is now (the cached root holds the copy it was built with; only
             # the install files are part of its cache key).
-            for name in ("supernode.sh", "worker.py", "edgefleet-supernode.service"):
+            for name in (
+                "supernode.sh",
+                "worker.py",
+                "flower_private.py",
+                "edgefleet-supernode.service",
+            ):
                 shutil.copy(PI_DIR / name, handed / name)
             board_data(handed / "data.npz", seed=device_id)
             node_config = {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.client.faults import KINDS
+from edgefleet.client.faults import FAULTY_APP, KINDS
 from edgefleet.processes import FlowerFleet
 from tests.flower_runs import SUMMARY_GRACE, submit, summary_and_rows, wait_for_summary
 from tests.test_faults import WHY
@@ -63,7 +63,9 @@ def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
             "stopping.mode": "data-free",
             "stopping.patience": 100,
         }
-        flwr_run = submit(fleet, tmp_path, run_config)
+        # The fourth node's test-corrupt needs the ClientApp with the fault mod: EdgeFleet's
+        # own never lies.
+        flwr_run = submit(fleet, tmp_path, run_config, FAULTY_APP)
         # `--stream` may return before or after the ServerApp writes the summary; a run that
         # failed ends the stream without one.
         summary_path = run_dir / "summary.json"

@@ -11,7 +11,8 @@ selection, 3 rounds:
   from the SuperNode and pushes back with every message; a worker that kept or lost a copy
   of its own would show the device fresh and feasible in later rounds;
 - node 1 is a CA-HFP device (``keep-ratio=0.5``): a compact reply every round;
-- node 2 lies (``test-corrupt=cycle``): each bad reply is dropped with its reason;
+- node 2 lies (``test-corrupt=cycle``, under the ClientApp with the fault mod that the run
+  is submitted with): each bad reply is dropped with its reason;
 - node 3 asks for an accelerator this machine lacks: it answers every train message with an
   error reply (declined), naming what there is.
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.client.faults import KINDS
+from edgefleet.client.faults import FAULTY_APP, KINDS
 from edgefleet.processes import FlowerFleet
 from edgefleet.task.accelerator import available_accelerators
 from tests.flower_runs import stopped_after, submit, summary_and_rows, wait_for_summary
@@ -90,6 +91,7 @@ def test_warm_workers_keep_batteries_pruning_and_error_replies(tmp_path: Path) -
                 "selection.max-devices": len(nodes),
                 "energy.train-slots": 3,  # a round costs 4 units: node 0's whole battery
             },
+            FAULTY_APP,  # node 2's test-corrupt: EdgeFleet's own ClientApp never lies
         )
         wait_for_summary(fleet, flwr_run, run_dir / "summary.json", t0 + RUN_DEADLINE)
         summary, rows = summary_and_rows(run_dir)

@@ -1,18 +1,35 @@
 """Lying devices: every kind of bad train reply is dropped with its reason, the run goes on
-with the honest devices (issue 3). The real ClientApp with its test-only fault switch."""
+with the honest devices (issue 3). EdgeFleet's ClientApp with the test-only fault mod
+(``edgefleet.client.faults``); EdgeFleet's own ClientApp never lies."""
 
 from __future__ import annotations
+
+import importlib
+import tomllib
 
 import numpy as np
 import pytest
 from flwr.app import Context, RecordDict
+from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.arrays import to_numpy
+from edgefleet.client import faults
+from edgefleet.client.app import app as production_app
 from edgefleet.client.app import train
-from edgefleet.client.faults import KINDS, corrupt
-from edgefleet.config import parse_run_config
+from edgefleet.client.faults import (
+    FAULTS_ENV,
+    FAULTY_APP,
+    KINDS,
+    corrupt,
+    fault_mod,
+    faults_env,
+    faulty_clientapp,
+    parse_faults_env,
+)
+from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.server.app import build_strategy, screening_for
+from edgefleet.simulation.runner import app_copy
 from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.task.train import get_arrays
 from tests.fakes import FakeGrid, no_eval
@@ -38,15 +55,20 @@ WHY = {
 }
 
 
-def _device(partition: int, fault: str | None = None, **run_config: object):
+LIARS = faulty_clientapp()  # lies where a node config says test-corrupt=KIND
+
+
+def _device(partition: int, fault: str | None = None, app: ClientApp = LIARS):
+    """Node ``partition + 1`` running ``app`` (by default the ClientApp with the fault mod);
+    ``fault``: its node config's ``test-corrupt``."""
     node = {"partition-id": partition, "num-partitions": 3}
     if fault:
         node["test-corrupt"] = fault
     ctx = Context(
         run_id=1, node_id=partition + 1, node_config=node, state=RecordDict(),
-        run_config={"local-steps": 2, "batch-size": 16, **run_config},
+        run_config={"local-steps": 2, "batch-size": 16},
     )  # fmt: skip
-    return lambda msg: train(msg, ctx)
+    return lambda msg: app(msg, ctx)
 
 
 def _edgefleet_run(grid: FakeGrid, rounds: int, **run_config: object):
@@ -84,15 +106,73 @@ def test_every_kind_of_bad_reply_is_dropped_and_the_run_goes_on() -> None:
         assert np.isfinite(value).all()
 
 
-def test_run_config_makes_simulated_partitions_lie() -> None:
-    """In simulation a node's config holds only its partition: test.corrupt and
-    test.corrupt-partitions make partition 1 lie without a node config."""
+def test_fault_mod_makes_the_listed_partitions_lie() -> None:
+    """In simulation a node's config holds only its partition: fault_mod(kind, partitions)
+    makes partition 1 lie without a node config."""
     FakeGrid({})
-    lies = {"test.corrupt": "bad-energy", "test.corrupt-partitions": "1"}
-    grid = FakeGrid({i + 1: _device(i, **lies) for i in range(3)})
-    _, results = _edgefleet_run(grid, rounds=1, **lies)
+    app = faulty_clientapp("bad-energy", [1])
+    grid = FakeGrid({i + 1: _device(i, app=app) for i in range(3)})
+    _, results = _edgefleet_run(grid, rounds=1)
     assert results[0].participants == ["0", "2"]
     assert "'energy-spent'" in results[0].rejected[0]["reason"]
+
+
+def test_edgefleets_own_clientapp_never_lies() -> None:
+    """Neither a node config's test-corrupt nor the run config can make EdgeFleet's
+    production ClientApp spoil a reply: the run config has no fault keys at all."""
+    FakeGrid({})
+    grid = FakeGrid({i + 1: _device(i, "nan", app=production_app) for i in range(3)})
+    _, results = _edgefleet_run(grid, rounds=1)
+    assert results[0].participants == ["0", "1", "2"] and results[0].rejected == []
+    for key in ("test.corrupt", "test.corrupt-partitions"):
+        with pytest.raises(ConfigError, match=f"unknown run-config key '{key}'"):
+            parse_run_config({key: "1"})
+
+
+def test_faulty_app_takes_its_partitions_from_the_environment(monkeypatch) -> None:
+    """``faulty_app`` (what a Flower engine loads by FAULTY_APP) reads
+    EDGEFLEET_TEST_FAULTS when its module is imported; a copy of the app names it."""
+    monkeypatch.setenv(FAULTS_ENV, faults_env("nan", [0, 2]))
+    try:
+        importlib.reload(faults)
+        FakeGrid({})
+        grid = FakeGrid({i + 1: _device(i, app=faults.faulty_app) for i in range(3)})
+        _, results = _edgefleet_run(grid, rounds=1)
+    finally:
+        monkeypatch.delenv(FAULTS_ENV)
+        importlib.reload(faults)
+    assert results[0].participants == ["1"]
+    assert all("non-finite" in r["reason"] for r in results[0].rejected)
+
+
+def test_app_copy_names_the_faulty_clientapp(tmp_path) -> None:
+    pyproject = app_copy(tmp_path / "app", FAULTY_APP) / "pyproject.toml"
+    components = tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["components"]
+    assert components["clientapp"] == FAULTY_APP
+    module, attr = FAULTY_APP.split(":")
+    assert isinstance(getattr(importlib.import_module(module), attr), ClientApp)
+
+
+@pytest.mark.parametrize(
+    ("kind", "partitions", "problem"),
+    [
+        ("nan", [], "give both a kind and the partitions"),
+        ("", [1], "give both a kind and the partitions"),
+        ("gremlins", [1], "valid choices: cycle, nan"),
+    ],
+)
+def test_bad_fault_mod_settings_are_refused(kind, partitions, problem) -> None:
+    with pytest.raises(ValueError, match=problem):
+        fault_mod(kind, partitions)
+
+
+def test_faults_env_round_trips_and_bad_values_are_named() -> None:
+    assert faults_env("cycle", [2, 5]) == "cycle:2,5"
+    assert parse_faults_env("cycle:2,5") == ("cycle", (2, 5))
+    assert parse_faults_env("") == ("", ())
+    for bad in ("nan", "nan:", "nan:x", ":1"):
+        with pytest.raises(ValueError, match=FAULTS_ENV):
+            parse_faults_env(bad)
 
 
 def test_unknown_fault_kind_is_an_error_reply() -> None:

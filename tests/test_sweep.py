@@ -22,7 +22,6 @@ from edgefleet.simulation.sweep import (
     parse_grid,
     parse_seeds,
     run_name,
-    sweep_dirs,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,9 +147,11 @@ def test_sweep_runs_the_grid_skips_finished_runs_and_resumes_a_killed_one(
     assert [r["round"] for r in killed.rows] == [1, 2, 3, 4] and not killed.warnings
     assert fake_engine.started == 2  # one engine per sweep command, not per run
     # The report groups the seeds of each point: mean and spread.
-    assert [d.name for d in sweep_dirs(out)][:2] == ["alpha=0.1,seed=0", "alpha=0.1,seed=1"]
-    labels = {d.resolve(): d.name.rsplit(",seed=", 1)[0] for d in sweep_dirs(out)}
-    groups = group_runs([load_run(d) for d in sweep_dirs(out)], labels)
+    manifest = json.loads((out / sweep_mod.MANIFEST).read_text())
+    dirs = [out / r["run"] for r in manifest["runs"]]
+    assert [d.name for d in dirs][:2] == ["alpha=0.1,seed=0", "alpha=0.1,seed=1"]
+    labels = {d.resolve(): d.name.rsplit(",seed=", 1)[0] for d in dirs}
+    groups = group_runs([load_run(d) for d in dirs], labels)
     assert [g.label for g in groups] == ["alpha=0.1", "alpha=1"]
     fig = group_figures(groups[1])["final_accuracy"]
     assert fig["n"] == 3

@@ -51,13 +51,13 @@ def _fab(root: Path, version: int) -> tuple[bytes, str]:
 def test_each_fab_runs_its_own_code_and_is_installed_once(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
     installs = []
-    real_install = worker.install_from_fab
+    real_install = worker.fp.install_from_fab
 
     def counting(content: bytes, **kwargs: object) -> object:
         installs.append(hashlib.sha256(content).hexdigest())
         return real_install(content, **kwargs)
 
-    monkeypatch.setattr(worker, "install_from_fab", counting)
+    monkeypatch.setattr(worker.fp, "install_from_fab", counting)
     path_before = list(sys.path)
     one, two = _fab(tmp_path, 1), _fab(tmp_path, 2)
     warm = WarmApp()

@@ -11,7 +11,8 @@ set -a
 . "$here/node.env"
 set +a
 # The SuperNode's ClientApp messages run in one warm process (worker.py, EdgeFleet's
-# edgefleet/client/worker.py: flwr and the standard library only). It runs
+# edgefleet/client/worker.py, with flower_private.py beside it: flwr and the standard library
+# only). It runs
 # `flower-supernode --isolation process` from the venv as its child and claims each message
 # itself: a plain flower-supernode starts a new `flwr-clientapp` per message, which imports
 # torch and rebuilds the device's data and model every round (deploy/EDGE.md, section 2).

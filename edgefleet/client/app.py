@@ -7,6 +7,10 @@ same keys from every device; a device that trains a CA-HFP submodel adds the Arr
 strategy sees the reply. A device that cannot do the work replies with an ``Error``, which
 the server counts as declined.
 
+``app`` never spoils a reply on purpose: the test-only lying devices of
+:mod:`edgefleet.client.faults` are a mod that tests and benchmarks add to a ClientApp of
+their own (:func:`clientapp`).
+
 Warm start (:mod:`edgefleet.strategies.sessions`) may send the round's learning rate
 (``lr`` in the config) and, in its ``continuous`` mode, ``kl-lambda``, ``teacher-session`` and
 once per session the ``teacher`` ArrayRecord: the device keeps the teacher in
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import Mod
 
 from edgefleet.client.battery import EnergySource, SourceUnavailableError, make_source
 from edgefleet.client.mods import (
@@ -71,11 +76,6 @@ def battery_settings(context: Context) -> BatterySettings:
     return BatterySettings(profile.capacity, energy_source(profile, cfg), cfg.energy.round_cost)
 
 
-# The battery is the same mod any Flower ClientApp can add (edgefleet.client.mods).
-app = ClientApp(mods=[energy_mod(settings=battery_settings)])
-
-
-@app.query()
 def status(msg: Message, context: Context) -> Message:
     """The light status query (energy-aware selection, sessions): the device id, presence
     and, when asked (``labels`` in the config), the classes of the local data. The energy
@@ -151,10 +151,8 @@ def continuous_teacher(device: Device, msg: Message, context: Context) -> nn.Mod
     return device.teacher
 
 
-@app.train()
 def train(msg: Message, context: Context) -> Message:
     from edgefleet.client.device import get_device, is_present
-    from edgefleet.client.faults import NODE_CONFIG_KEY, corrupt
     from edgefleet.client.pruning import parameter_fraction, round_model
     from edgefleet.pruning.wire import KEPT, kept_record
     from edgefleet.strategies.warmstart import CONFIG_KL_LAMBDA, CONFIG_LR
@@ -216,18 +214,9 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict({"arrays": get_arrays(model), "metrics": metrics})
     if kept is not None:  # a CA-HFP submodel: the server needs its channels to rebuild it
         content[KEPT] = kept_record(kept)
-    fault = context.node_config.get(NODE_CONFIG_KEY)
-    if not fault and profile.partition_id in cfg.test.corrupt_partitions:
-        fault = cfg.test.corrupt  # test-only: simulated partitions made hostile
-    if fault:  # test-only: a device that lies, for the server's screening tests
-        try:
-            content = corrupt(content, str(fault), server_round)
-        except ValueError as err:
-            return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
     return Message(content=content, reply_to=msg)
 
 
-@app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     from edgefleet.client.device import get_device
     from edgefleet.task.train import evaluate as evaluate_model
@@ -248,3 +237,18 @@ def evaluate(msg: Message, context: Context) -> Message:
         }
     )
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+def clientapp(*inner_mods: Mod) -> ClientApp:
+    """A ClientApp with EdgeFleet's handlers and battery mod; ``inner_mods`` run inside the
+    battery mod, next to the handlers (how tests and benchmarks add
+    :func:`edgefleet.client.faults.fault_mod`; EdgeFleet's own ``app`` adds none)."""
+    # The battery is the same mod any Flower ClientApp can add (edgefleet.client.mods).
+    out = ClientApp(mods=[energy_mod(settings=battery_settings), *inner_mods])
+    out.query()(status)
+    out.train()(train)
+    out.evaluate()(evaluate)
+    return out
+
+
+app = clientapp()

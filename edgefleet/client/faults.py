@@ -1,11 +1,21 @@
 """Deliberately bad train replies, for testing the server's screening (never in production).
 
-A SuperNode started with ``--node-config 'test-corrupt=KIND ...'`` trains honestly and then
-spoils its reply in one way; ``cycle`` takes a different way every round. In simulation,
-where a node's config holds only its partition, the run-config keys ``test.corrupt`` and
-``test.corrupt-partitions`` do the same for the partitions they name. The server must drop
-each such reply with its reason (or, for ``bad-metrics``, leave the odd metrics out of the
-average) and finish the run with the honest devices.
+:func:`fault_mod` is a Flower mod that lets the device train honestly and then spoils its
+train reply in one way; ``cycle`` takes a different way every round. EdgeFleet's own
+ClientApp (``edgefleet.client.app:app``) never adds it: only tests and benchmarks do, with
+a ClientApp of their own (:func:`faulty_clientapp`, or the component
+``edgefleet.client.faults:faulty_app``). Which devices lie:
+
+- a node whose node config holds ``test-corrupt=KIND`` (a SuperNode's ``--node-config``);
+- else, in simulation (where a node's config holds only its partition), the partitions
+  the mod was built with: ``fault_mod(kind, partitions)``, or for ``faulty_app`` the
+  environment variable ``EDGEFLEET_TEST_FAULTS=KIND:P,P,...`` (read when the module is
+  imported; :func:`faults_env` writes it). The run config has no fault keys, so a run or a
+  deployment cannot ask for faults, and a SuperNode's ``test-corrupt`` does nothing under
+  EdgeFleet's own ClientApp.
+
+The server must drop each such reply with its reason (or, for ``bad-metrics``, leave the
+odd metrics out of the average) and finish the run with the honest devices.
 
 Kinds, in ``cycle`` order:
 
@@ -25,12 +35,19 @@ Kinds, in ``cycle`` order:
 
 from __future__ import annotations
 
+import os
 import zlib
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable, Mod
+from flwr.common import MessageType
 
+from edgefleet.client.app import clientapp
+from edgefleet.client.mods import ERR_BAD_CONFIG
 from edgefleet.pruning.wire import KEPT
 
 KINDS: tuple[str, ...] = (
@@ -49,17 +66,88 @@ KINDS: tuple[str, ...] = (
     "bad-energy",
 )
 NODE_CONFIG_KEY = "test-corrupt"
+FAULTS_ENV = "EDGEFLEET_TEST_FAULTS"
+FAULTY_APP = "edgefleet.client.faults:faulty_app"  # the component string of faulty_app
 HUGE_BYTES = 64 * 2**20  # big enough to hurt a server that trusts sizes, small enough for gRPC
+
+
+def _check_kind(kind: str, where: str) -> None:
+    if kind != "cycle" and kind not in KINDS:
+        raise ValueError(f"{where}={kind!r}; valid choices: cycle, {', '.join(KINDS)}")
+
+
+def fault_mod(kind: str = "", partitions: Iterable[int] = ()) -> Mod:
+    """A mod that spoils the train reply of a lying device as :func:`corrupt` does: every
+    node whose node config holds ``test-corrupt=KIND`` lies as KIND, every other node whose
+    ``partition-id`` is in ``partitions`` lies as ``kind``. Other messages, Error replies
+    and honest devices pass untouched. Bad settings raise here; a bad ``test-corrupt`` in a
+    node config becomes an Error reply naming the valid kinds."""
+    liars = tuple(int(p) for p in partitions)
+    if bool(kind) != bool(liars):
+        raise ValueError(
+            f"fault_mod(kind={kind!r}, partitions={liars}): give both a kind and the "
+            "partitions that lie as it, or neither (then only a node config's "
+            f"{NODE_CONFIG_KEY} makes a device lie)"
+        )
+    if kind:
+        _check_kind(kind, "fault_mod kind")
+
+    def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        reply = call_next(msg, context)
+        if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN or reply.has_error():
+            return reply
+        fault = context.node_config.get(NODE_CONFIG_KEY)
+        if not fault and int(context.node_config.get("partition-id", -1)) in liars:
+            fault = kind
+        if not fault:
+            return reply
+        server_round = int(msg.content.config_records["config"]["server-round"])  # type: ignore[arg-type]
+        try:
+            content = corrupt(reply.content, str(fault), server_round)
+        except ValueError as err:
+            return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
+        return Message(content=content, reply_to=msg)
+
+    return mod
+
+
+def faulty_clientapp(kind: str = "", partitions: Iterable[int] = ()) -> ClientApp:
+    """EdgeFleet's ClientApp with ``fault_mod(kind, partitions)`` inside its battery mod,
+    where a lying device's train function would spoil its reply."""
+    return clientapp(fault_mod(kind, partitions))
+
+
+def faults_env(kind: str, partitions: Iterable[int]) -> str:
+    """The value of ``EDGEFLEET_TEST_FAULTS`` that makes ``faulty_app`` lie as ``kind`` on
+    ``partitions``."""
+    liars = tuple(int(p) for p in partitions)
+    fault_mod(kind, liars)  # checks them
+    return f"{kind}:{','.join(map(str, liars))}"
+
+
+def parse_faults_env(text: str) -> tuple[str, tuple[int, ...]]:
+    """``KIND:P,P,...`` (``EDGEFLEET_TEST_FAULTS``) as ``(kind, partitions)``; "" is none."""
+    if not text.strip():
+        return "", ()
+    kind, sep, listed = text.partition(":")
+    try:
+        liars = tuple(int(p) for p in listed.split(",") if p.strip())
+    except ValueError:
+        liars = ()
+    if not sep or not liars:
+        raise ValueError(
+            f"{FAULTS_ENV}={text!r}: must be KIND:P,P,... (a fault kind and the partition "
+            "ids that lie as it, e.g. nan:2,5)"
+        )
+    _check_kind(kind.strip(), FAULTS_ENV)
+    return kind.strip(), liars
 
 
 def corrupt(content: RecordDict, kind: str, server_round: int) -> RecordDict:
     """``content`` (a train reply) spoiled as ``kind`` says."""
+    _check_kind(kind, f"node config {NODE_CONFIG_KEY}")
     if kind == "cycle":
         kind = KINDS[(server_round - 1) % len(KINDS)]
-    if kind not in KINDS:
-        raise ValueError(
-            f"node config {NODE_CONFIG_KEY}={kind!r}; valid choices: cycle, {', '.join(KINDS)}"
-        )
     arrays = {k: v.numpy() for k, v in content.array_records["arrays"].items()}
     metrics: dict[str, Any] = dict(content.metric_records["metrics"])
     first = next(iter(arrays))
@@ -117,3 +205,8 @@ def _noise(value: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         return value
     spread = float(value.std()) or 1.0
     return rng.normal(0.0, spread, size=value.shape).astype(value.dtype)
+
+
+# For a Flower engine, which loads a ClientApp by its component string (FAULTY_APP): its
+# faults come from node configs and from EDGEFLEET_TEST_FAULTS.
+faulty_app = faulty_clientapp(*parse_faults_env(os.environ.get(FAULTS_ENV, "")))

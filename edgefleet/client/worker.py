@@ -66,27 +66,13 @@ from typing import Any
 
 import httpx
 from flwr.app import Context, Error, Message
-from flwr.cli.install import install_from_fab
-from flwr.clientapp.client_app import ClientApp, LoadClientAppError
-from flwr.clientapp.utils import get_load_client_app_fn
-from flwr.common.config import get_project_dir
-from flwr.common.constant import ErrorCode, SubStatus
-from flwr.proto.runtime_pb2 import (  # pylint: disable=E0611
-    AcquireTaskRequest,
-    SendTaskHeartbeatRequest,
-)
-from flwr.supercore import log
-from flwr.supercore.constant import SUPERNODE_UVICORN_DEFAULT_PORT, UVICORN_DEFAULT_HOST, TaskType
-from flwr.supercore.heartbeat import HeartbeatSender
-from flwr.supercore.interceptors import (
-    RuntimeTokenHttpInterceptor,
-    RuntimeVersionHttpInterceptor,
-    SuperExecAuthHttpInterceptor,
-)
-from flwr.supercore.retry import RetryInvoker, exponential
-from flwr.supercore.run import RunNotRunningException
-from flwr.supercore.runtime import RuntimeHttpClient
-from flwr.supernode.runtime import run_clientapp as flower_task
+
+# fp: every Flower internal the worker uses, through one module that checks the installed
+# Flower against the version they were read from (edgefleet/client/flower_private.py).
+if __package__:  # edgefleet supernode|worker, python -m edgefleet.client.worker
+    from edgefleet.client import flower_private as fp
+else:  # this file run as a script (deploy/pi/worker.py): the adapter is the file beside it
+    import flower_private as fp  # type: ignore[no-redef]
 
 # AcquireTask is the one Runtime API call that is not scoped by a task token.
 ACQUIRE_TASK = "/flwr.proto.Runtime/AcquireTask"
@@ -122,12 +108,12 @@ class RuntimeAddress:
         return self.root_certificates is None
 
 
-def _retry_invoker(max_time: float = 60.0) -> RetryInvoker:
+def _retry_invoker(max_time: float = 60.0) -> fp.RetryInvoker:
     """Retries on transport errors only. Flower's own HTTP invoker signals SIGINT to its
     process on a 401 (the token of a finished task): right for a one-message process, fatal
     for a worker that must go on with the next task."""
-    return RetryInvoker(
-        lambda: exponential(max_delay=5),
+    return fp.RetryInvoker(
+        lambda: fp.exponential(max_delay=5),
         recoverable_exceptions=(httpx.TransportError,),
         max_tries=None,
         max_time=max_time,
@@ -135,12 +121,12 @@ def _retry_invoker(max_time: float = 60.0) -> RetryInvoker:
     )
 
 
-def _client(runtime: RuntimeAddress, extra: Sequence[Any] = ()) -> RuntimeHttpClient:
-    return RuntimeHttpClient.from_server_address(
+def _client(runtime: RuntimeAddress, extra: Sequence[Any] = ()) -> fp.RuntimeHttpClient:
+    return fp.RuntimeHttpClient.from_server_address(
         server_address=runtime.address,
         insecure=runtime.insecure,
         root_certificates=runtime.root_certificates,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), *extra],
+        interceptors=[fp.RuntimeVersionHttpInterceptor(component_name="flwr-clientapp"), *extra],
         retry_invoker=_retry_invoker(),
     )
 
@@ -171,14 +157,14 @@ class WarmApp:
     def __init__(self) -> None:
         self.fab_hash: str | None = None
         self.app_dir: Path | None = None
-        self.app: ClientApp | None = None
+        self.app: fp.ClientApp | None = None
         self._packages: set[str] = set()
 
-    def load(self, fab_id: str, fab_version: str, fab_hash: str, content: bytes) -> ClientApp:
+    def load(self, fab_id: str, fab_version: str, fab_hash: str, content: bytes) -> fp.ClientApp:
         if self.app is not None and fab_hash == self.fab_hash:
             return self.app
-        install_from_fab(content, skip_prompt=True)
-        app_dir = get_project_dir(fab_id, fab_version, fab_hash).absolute()
+        fp.install_from_fab(content, skip_prompt=True)
+        app_dir = fp.get_project_dir(fab_id, fab_version, fab_hash).absolute()
         packages = _app_packages(app_dir)
         # Whatever an earlier FAB (or the worker's own import of this package) loaded must not
         # answer for this FAB's modules; and this FAB's folder goes first on sys.path.
@@ -188,22 +174,22 @@ class WarmApp:
                 sys.path.remove(stale)
         sys.path.insert(0, str(app_dir))
         self.fab_hash, self.app_dir, self.app, self._packages = None, app_dir, None, packages
-        loader = get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
+        loader = fp.get_load_client_app_fn(default_app_ref="", app_path=None, multi_app=True)
         self.app = loader(fab_id, fab_version, fab_hash)
         self.fab_hash = fab_hash
-        log(INFO, "Worker: loaded the ClientApp of FAB %s from %s", fab_hash[:12], app_dir)
+        fp.log(INFO, "Worker: loaded the ClientApp of FAB %s from %s", fab_hash[:12], app_dir)
         return self.app
 
 
-def _heartbeat(client: RuntimeHttpClient, lost: threading.Event) -> Callable[[], bool]:
+def _heartbeat(client: fp.RuntimeHttpClient, lost: threading.Event) -> Callable[[], bool]:
     """Flower's task heartbeat, except that a task the SuperNode no longer knows sets
     ``lost`` instead of sending SIGINT to this process."""
-    request = SendTaskHeartbeatRequest()
+    request = fp.SendTaskHeartbeatRequest()
 
     def beat() -> bool:
         try:
             response = client.SendTaskHeartbeat(request)
-        except (httpx.TransportError, RunNotRunningException):
+        except (httpx.TransportError, fp.RunNotRunningException):
             return False
         except httpx.HTTPStatusError:
             lost.set()
@@ -218,54 +204,54 @@ def _heartbeat(client: RuntimeHttpClient, lost: threading.Event) -> Callable[[],
 @contextlib.contextmanager
 def _quick_object_pulls() -> Iterator[None]:
     """Flower's ``pull_task_input`` as it is, with shorter retry waits for the objects."""
-    flower_pull = flower_task.pull_and_inflate_object_from_tree
-    flower_task.pull_and_inflate_object_from_tree = functools.partial(
+    flower_pull = fp.run_clientapp.pull_and_inflate_object_from_tree
+    fp.run_clientapp.pull_and_inflate_object_from_tree = functools.partial(
         flower_pull, initial_backoff=PULL_FIRST_RETRY_S, backoff_cap=PULL_RETRY_CAP_S
     )
     try:
         yield
     finally:
-        flower_task.pull_and_inflate_object_from_tree = flower_pull
+        fp.run_clientapp.pull_and_inflate_object_from_tree = flower_pull
 
 
 def run_task(runtime: RuntimeAddress, token: str, warm: WarmApp) -> str:
     """Run one claimed ClientApp task as ``flwr-clientapp`` would; its final sub-status."""
-    client = _client(runtime, [RuntimeTokenHttpInterceptor(token)])
+    client = _client(runtime, [fp.RuntimeTokenHttpInterceptor(token)])
     lost = threading.Event()
-    heartbeat = HeartbeatSender(_heartbeat(client, lost))
+    heartbeat = fp.HeartbeatSender(_heartbeat(client, lost))
     message: Message | None = None
     reply: Message | None = None
     context: Context | None = None
-    sub_status, details = SubStatus.FAILED, "ClientApp task failed due to unknown reason"
+    sub_status, details = fp.SubStatus.FAILED, "ClientApp task failed due to unknown reason"
     try:
         heartbeat.start()
         with _quick_object_pulls():
-            message, context, run, fab = flower_task.pull_task_input(client)
+            message, context, run, fab = fp.run_clientapp.pull_task_input(client)
         app = warm.load(run.fab_id, run.fab_version, fab.hash_str, fab.content)
         reply = app(message=message, context=context)
-        sub_status, details = SubStatus.COMPLETED, ""
-    except RunNotRunningException:
-        log(INFO, "Worker: the run of this task is no longer running; task dropped")
+        sub_status, details = fp.SubStatus.COMPLETED, ""
+    except fp.RunNotRunningException:
+        fp.log(INFO, "Worker: the run of this task is no longer running; task dropped")
         details = "run not running"
     except Exception as ex:  # as flwr-clientapp: any error becomes an Error reply
-        code = ErrorCode.CLIENT_APP_RAISED_EXCEPTION
+        code = fp.ErrorCode.CLIENT_APP_RAISED_EXCEPTION
         reason = f"{type(ex)}:<'{ex}'>"
-        if isinstance(ex, LoadClientAppError):
-            code = ErrorCode.LOAD_CLIENT_APP_EXCEPTION
+        if isinstance(ex, fp.LoadClientAppError):
+            code = fp.ErrorCode.LOAD_CLIENT_APP_EXCEPTION
             reason = "An exception was raised when attempting to load `ClientApp`"
-        log(ERROR, "ClientApp raised an exception", exc_info=ex)
+        fp.log(ERROR, "ClientApp raised an exception", exc_info=ex)
         details = reason
         if message is not None:
             reply = Message(Error(code=code, reason=reason), reply_to=message)
     finally:
         try:
             if reply is not None and context is not None and not lost.is_set():
-                flower_task.push_message(client, reply, context)
+                fp.run_clientapp.push_message(client, reply, context)
         except Exception as ex:  # a run stopped meanwhile, the SuperNode went away
-            log(ERROR, "Worker: failed to push the reply: %s", ex)
+            fp.log(ERROR, "Worker: failed to push the reply: %s", ex)
         # The Context goes back whatever happened, as flwr-clientapp's exit handler does.
         with contextlib.suppress(Exception):
-            flower_task.push_task_output(client, context, sub_status, details)
+            fp.run_clientapp.push_task_output(client, context, sub_status, details)
         heartbeat.stop()
         client.close()
     return str(sub_status)
@@ -284,18 +270,18 @@ def serve(
     extra = []
     if runtime.auth_secret is not None:
         extra.append(
-            SuperExecAuthHttpInterceptor(
+            fp.SuperExecAuthHttpInterceptor(
                 master_secret=runtime.auth_secret, protected_methods={ACQUIRE_TASK}
             )
         )
-    control = RuntimeHttpClient.from_server_address(
+    control = fp.RuntimeHttpClient.from_server_address(
         server_address=runtime.address,
         insecure=runtime.insecure,
         root_certificates=runtime.root_certificates,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec"), *extra],
+        interceptors=[fp.RuntimeVersionHttpInterceptor(component_name="SuperExec"), *extra],
         retry_invoker=None,
     )
-    request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+    request = fp.AcquireTaskRequest(supported_task_types=[fp.TaskType.CLIENT_APP])
     warm = WarmApp()
     done, delay, reported = 0, MIN_POLL_S, False
     try:
@@ -312,7 +298,7 @@ def serve(
                 response = None
             except httpx.TransportError:  # not up yet, or going away
                 if not reported:
-                    log(DEBUG, "Worker: Runtime API at %s not reachable yet", runtime.address)
+                    fp.log(DEBUG, "Worker: Runtime API at %s not reachable yet", runtime.address)
                     reported = True
                 stop.wait(MAX_POLL_S)
                 continue
@@ -335,9 +321,9 @@ def preload(modules: Sequence[str]) -> None:
         try:
             importlib.import_module(name)
         except ImportError as err:
-            log(WARNING, "Worker: cannot preload %s: %s", name, err)
+            fp.log(WARNING, "Worker: cannot preload %s: %s", name, err)
             continue
-        log(INFO, "Worker: imported %s in %.1f s", name, time.monotonic() - t0)
+        fp.log(INFO, "Worker: imported %s in %.1f s", name, time.monotonic() - t0)
 
 
 # -- command line ---------------------------------------------------------------------------
@@ -376,7 +362,7 @@ def worker_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--runtime-api-address",
-        default=f"{UVICORN_DEFAULT_HOST}:{SUPERNODE_UVICORN_DEFAULT_PORT}",
+        default=f"{fp.UVICORN_DEFAULT_HOST}:{fp.SUPERNODE_UVICORN_DEFAULT_PORT}",
         help="the SuperNode's Runtime API, HOST:PORT (its --host and --port)",
     )
     tls = parser.add_mutually_exclusive_group()
@@ -457,8 +443,8 @@ def parse_supernode_args(argv: Sequence[str]) -> SupernodeArgs:
     ``--superexec-auth-secret-file`` tell the worker where and how to connect."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--isolation")
-    parser.add_argument("--host", default=UVICORN_DEFAULT_HOST)
-    parser.add_argument("--port", type=int, default=SUPERNODE_UVICORN_DEFAULT_PORT)
+    parser.add_argument("--host", default=fp.UVICORN_DEFAULT_HOST)
+    parser.add_argument("--port", type=int, default=fp.SUPERNODE_UVICORN_DEFAULT_PORT)
     parser.add_argument("--ssl-ca-certfile")
     parser.add_argument("--superexec-auth-secret-file")
     _preload_arg(parser)
@@ -578,7 +564,8 @@ def supernode_main(argv: Sequence[str]) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m edgefleet.client.worker supernode|worker ARGS`` (what ``edgefleet
-    supernode|worker`` runs; this module imports nothing else of EdgeFleet)."""
+    supernode|worker`` runs; of EdgeFleet this module imports only its Flower adapter,
+    :mod:`edgefleet.client.flower_private`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] not in ("supernode", "worker"):
         print("usage: python -m edgefleet.client.worker supernode|worker ARGS", file=sys.stderr)

@@ -16,8 +16,9 @@ channels into flat index maps (:meth:`PruningPlan.index_maps`) and then, with pl
 Dtypes are preserved. Integer buffers (BatchNorm's ``num_batches_tracked``) are averaged like
 everything else and rounded half to even. Flower's FedAvg differs here: it returns the mean
 as float64 (17.5, which ``load_state_dict`` truncates to 17), so with full masks the
-equivalence to FedAvg is exact for the floating-point tensors only. The server wrapper that
-feeds FedAvg must settle one rule for these buffers (issue 5, not wired yet).
+equivalence to FedAvg is exact for the floating-point tensors only. EdgeFleet's round loop
+settles it for every aggregator: it casts the aggregate back to each array's dtype, rounding
+integers half to even (``edgefleet.strategies.loop.keep_dtypes``), as done here.
 """
 
 from __future__ import annotations

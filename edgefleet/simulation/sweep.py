@@ -277,12 +277,6 @@ class Sweep:
         print(text, file=self.log, flush=True)
 
 
-def sweep_dirs(out: Path) -> list[Path]:
-    """The run folders a sweep folder's manifest lists, in its order (existing ones)."""
-    manifest = json.loads((out / MANIFEST).read_text())
-    return [out / r["run"] for r in manifest["runs"] if (out / r["run"]).is_dir()]
-
-
 def _discard(run_dir: Path) -> None:
     """Remove a run folder that recorded nothing worth keeping, unless a process writes it
     (another sweep of the same folder, just starting that run): that is refused."""

@@ -1,0 +1,1 @@
+../../edgefleet/client/flower_private.py
