@@ -47,6 +47,7 @@ devices until the next session instead of ending the run).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
 
@@ -56,8 +57,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import State, to_numpy, to_record
-from edgefleet.strategies.base import DeviceStatus, LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.context import ScreeningRow, SessionRow, current_round
 from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.strategies.registry import DeviceStatus
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import (
     CONFIG_KL_LAMBDA,
@@ -75,6 +78,15 @@ from edgefleet.strategies.warmstart import (
     session_lr,
     warm_start_model,
 )
+
+
+@dataclass
+class _Round:
+    """What the sessions wrapper learns in one round (kept in the round's context)."""
+
+    present: dict[int, DeviceStatus] = field(default_factory=dict)  # present nodes' answers
+    answered: int = 0  # nodes that answered the presence query
+    asked: set[int] = field(default_factory=set)  # nodes sent a train message
 
 
 class WarmStartInitializer(LoopStrategy, RoundCallback):
@@ -127,16 +139,12 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.kl_lambda, self.reset_after_pilot = kl_lambda, reset_after_pilot
         self.session_round = 0  # training rounds configured in this session (the lr's t)
         self.teacher_holders: set[int] = set()  # nodes that trained with this session's teacher
-        self._asked: set[int] = set()  # nodes sent a train message this round
         self.store, self.tracker = store, tracker
         self.initial = to_numpy(initial)
         self.keys = distance_keys(self.initial, param_keys)
         self.mode, self.pilot_sessions = mode, pilot_sessions
         self.aux_rounds, self.temperature = aux_rounds, temperature
         self.query = StatusQuery(slots_per_round, query_timeout, first_answer_timeout)
-        self.devices: dict[int, str] = {}  # node id -> device id
-        self.labels: dict[str, list[int]] = {}  # device id -> classes of its data
-        self.present: list[str] = []
         self.session_devices: list[str] = []
         self.phase = "train"  # "aux" while auxiliary rounds run
         self.aux_left = 0
@@ -144,9 +152,6 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.pending_grad: State | None = None  # this session's pseudo-gradient
         self.start_from: ArrayRecord | None = None  # the model this round starts from
         self.previous: ArrayRecord | None = None  # the model when the session opened
-        self._round_info: dict[str, Any] = {}
-        self._answers: dict[int, DeviceStatus] = {}  # this round's present nodes' status
-        self._answered = 0  # nodes that answered this round's presence query
 
     def settings(self) -> dict[str, object]:
         s: dict[str, object] = {"Mode": self.mode}
@@ -177,17 +182,14 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
 
     # -- presence -----------------------------------------------------------------------
 
-    def _presence(self, grid: Grid, server_round: int) -> list[int]:
+    def _presence(self, grid: Grid, server_round: int, mine: _Round) -> list[int]:
         """Nodes whose device is present this round (all asked in one batch)."""
         online = list(grid.get_node_ids())
-        self._round_info["presence_queries"] = len(online)
+        current_round().section(SessionRow).presence_queries = len(online)
         answers = self.query.ask(grid, online, server_round, labels=True)
-        self._answered = len(answers)
-        for node, status in answers.items():
-            self.devices[node] = status.device
-            self.labels[status.device] = list(status.labels)
-        self._answers = {node: status for node, status in answers.items() if status.present}
-        return sorted(self._answers)
+        mine.answered = len(answers)
+        mine.present = {node: status for node, status in answers.items() if status.present}
+        return sorted(mine.present)
 
     # -- session boundaries -------------------------------------------------------------
 
@@ -232,16 +234,17 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         assert self.aux_start is not None
         self.pending_grad = pseudo_gradient(to_numpy(aux_result), self.aux_start)
         candidates = self.store.candidates()
+        row = current_round().section(SessionRow)
         if not candidates:
-            self._round_info["warmstart_weights"] = []
+            row.warmstart_weights = []
             return to_record(self.initial) if self._resets(self.tracker.session) else previous
         model, weights = warm_start_model(
             self.pending_grad, candidates, self.keys, self.temperature
         )
-        self._round_info["warmstart_weights"] = {
+        row.warmstart_weights = {
             str(s.session): round(float(w), 4) for s, w in zip(candidates, weights, strict=True)
         }
-        log(INFO, "Warm start weights over stored sessions: %s", self._round_info)
+        log(INFO, "Warm start weights over stored sessions: %s", row.warmstart_weights)
         return to_record(model)
 
     # -- Strategy -----------------------------------------------------------------------
@@ -249,11 +252,14 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self._round_info = {}
-        nodes = self._presence(grid, server_round)
-        self.present = [self.devices[n] for n in nodes]
+        ctx = current_round()
+        row, mine = ctx.section(SessionRow), ctx.own(self, _Round)
+        nodes = self._presence(grid, server_round, mine)
+        present = [mine.present[n].device for n in nodes]
+        row.present = len(present)
         previous_session = self.tracker.session
-        change = self.tracker.update(server_round, self.present)
+        change = self.tracker.update(server_round, present)
+        ctx.session = self.tracker.session
         if change is not None:
             log(
                 INFO,
@@ -273,25 +279,24 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             else:
                 self._finish_session(previous_session, arrays)
                 self.previous = arrays
-            self.session_devices = sorted(self.present)
+            self.session_devices = sorted(present)
             self.session_round, self.teacher_holders = 0, set()
             assert self.previous is not None
             start = self._open_session(change.session, self.previous)
             if start is not None and start is not arrays:
                 self.start_from = start
             super().on_session(start)
-            self._round_info.update(arrived=sorted(change.arrived), left=sorted(change.left))
-        self._asked = set()
+            row.arrived, row.left = sorted(change.arrived), sorted(change.left)
         if not nodes:
-            asked = self._round_info["presence_queries"]
-            why = f"sessions: no device present ({self._answered} of {asked} nodes answered)"
+            asked = row.presence_queries
+            why = f"sessions: no device present ({mine.answered} of {asked} nodes answered)"
             log(WARNING, "Round %d: nobody selected: %s", server_round, why)
-            self._round_info["no_participants"] = why
+            ctx.section(ScreeningRow).no_participants = why
             return []
         send = arrays if self.start_from is None else self.start_from
         # After on_session (FedSAG forgets its devices there): the present devices' answers
         # go down so that energy selection reuses their batteries instead of asking again.
-        self.on_status(server_round, self._answers)
+        self.on_status(server_round, mine.present)
         config = self._train_config(config)
         messages = list(
             super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
@@ -313,7 +318,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             else:
                 lr = self.lr
             out[CONFIG_LR] = lr
-            self._round_info["lr"] = lr
+            current_round().section(SessionRow).lr = lr
         if self._teacher() is not None:
             out[CONFIG_KL_LAMBDA] = self.kl_lambda
             out[CONFIG_TEACHER_SESSION] = self.tracker.session
@@ -329,7 +334,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     def _with_teacher(self, messages: list[Message]) -> list[Message]:
         """Add the teacher to the train message of every node that has not yet trained
         with it in this session."""
-        self._asked = {m.metadata.dst_node_id for m in messages}
+        current_round().own(self, _Round).asked = {m.metadata.dst_node_id for m in messages}
         teacher = self._teacher()
         if teacher is None:
             return messages
@@ -343,25 +348,27 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             content = RecordDict({**dict(msg.content.items()), TEACHER_RECORD: teacher})
             out.append(Message(content, dst_node_id=node, message_type=msg.metadata.message_type))
             sent += 1
-        self._round_info["teacher_downloads"] = sent
+        current_round().section(SessionRow).teacher_downloads = sent
         return out
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Federated evaluation on this round's present devices only."""
-        nodes = SubsetGrid(grid, sorted(self._answers))
+        nodes = SubsetGrid(grid, sorted(current_round().own(self, _Round).present))
         return super().configure_evaluate(server_round, arrays, config, nodes)  # type: ignore[arg-type]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
+        ctx = current_round()
         if self._teacher() is not None:
             # A node asked to train without an accepted reply may have lost the teacher (a
             # restarted SuperNode declines for that): it is sent again next time.
+            asked = ctx.own(self, _Round).asked
             replied = {m.metadata.src_node_id for m in replies if not m.has_error()}
-            self.teacher_holders = (self.teacher_holders - self._asked) | (replied & self._asked)
+            self.teacher_holders = (self.teacher_holders - asked) | (replied & asked)
         arrays, metrics = super().aggregate_train(server_round, replies)
         trained = arrays is not None
         if not trained:  # nobody trained: the model the round started from stands
@@ -369,7 +376,8 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.start_from = None
         if self.phase != "aux":
             return arrays, metrics
-        self._round_info["phase"] = "aux"
+        row = ctx.section(SessionRow)
+        row.phase = "aux"
         if trained:  # an auxiliary round nobody took part in is run again
             self.aux_left -= 1
         if self.aux_left > 0 or arrays is None:
@@ -379,21 +387,20 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         warm = self._warm_model(arrays, self.previous)
         super().on_session(warm)
         # This row's central evaluation is of the warm model: the session's start.
-        self._round_info["warm_start"] = True
+        row.warm_start = True
         return warm, metrics
 
     # -- RoundCallback ------------------------------------------------------------------
 
     def after_round(self, result: RoundResult) -> str | None:
-        result.session = self.tracker.session
-        result.extra["present"] = len(self.present)
-        result.extra.setdefault("phase", "train")
-        result.extra.update(self._round_info)
-        classes = sorted({c for d in self.present for c in self.labels.get(d, [])})
+        """The row's accuracy on the classes of this round's present devices."""
+        row = result.context.section(SessionRow)
+        present = result.context.own(self, _Round).present.values()
+        classes = sorted({c for status in present for c in status.labels})
         correct = sum(result.eval_metrics.get(f"class{c}_correct", 0.0) for c in classes)
         total = sum(result.eval_metrics.get(f"class{c}_total", 0.0) for c in classes)
-        result.extra["session_classes"] = classes
-        result.extra["session_accuracy"] = correct / total if total else None
+        row.session_classes = classes
+        row.session_accuracy = correct / total if total else None
         return None
 
     # -- checkpoint ---------------------------------------------------------------------
@@ -402,9 +409,6 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         state = super().state_dict()
         state.update(
             tracker=self.tracker.state_dict(),
-            devices={str(k): v for k, v in self.devices.items()},
-            no_status=sorted(self.query.unsupported),
-            labels=self.labels,
             session_devices=self.session_devices,
             phase=self.phase,
             aux_left=self.aux_left,
@@ -419,9 +423,6 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.tracker.load_state_dict(state["tracker"])
-        self.devices = {int(k): v for k, v in state["devices"].items()}
-        self.query.unsupported = {int(n) for n in state.get("no_status", [])}
-        self.labels = state["labels"]
         self.session_devices = state["session_devices"]
         self.phase, self.aux_left = state["phase"], state["aux_left"]
         # Not checkpointed: after a restart every node is sent the teacher once more.
