@@ -13,19 +13,33 @@ Two engines run a scenario:
 
 from __future__ import annotations
 
+import argparse
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+import traceback
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from edgefleet.simulation.runner import Scenario, resolve_run_config, run_scenario
 
 ENGINES: tuple[str, ...] = ("simulation", "inprocess")
+
+
+def parse_with_smoke(p: argparse.ArgumentParser, smoke: Mapping[str, Any]) -> argparse.Namespace:
+    """``p``'s arguments, with ``--smoke``: the defaults become ``smoke`` (the smallest sizes
+    that still run the benchmark's whole path, in seconds; ``tests/test_benchmarks_smoke.py``
+    runs it), and flags given explicitly still win."""
+    shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in smoke.items())
+    p.add_argument("--smoke", action="store_true", help=f"tiny sizes: {shown}")
+    if p.parse_known_args()[0].smoke:
+        p.set_defaults(**smoke)
+    return p.parse_args()
 
 
 def run_once(
@@ -72,19 +86,64 @@ def run_once(
 
 
 def run_inprocess(scenario: Scenario, log_path: Path, timeout: float) -> None:
-    """Run ``scenario`` with the ``inprocess`` engine (module docstring) in a child process
-    (fresh caches and memory for every run), its output in ``log_path``. Torch gets one thread,
-    as in a Ray actor with one CPU."""
+    """Run ``scenario`` with the ``inprocess`` engine (module docstring) in a child process,
+    its output in ``log_path``. The child is forked from this process once it has imported
+    torch, Flower and the apps (:func:`_preload`), so a run does not pay those imports again
+    (seconds a run, most of a short one on a loaded machine), and it starts with fresh caches
+    and memory: this process never runs a round itself. Torch gets one thread, as in a Ray
+    actor with one CPU."""
     _, raw = resolve_run_config(scenario)
-    spec = json.dumps({"run_config": raw, "nodes": scenario.federation["num-supernodes"]})
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    spec = {"run_config": raw, "nodes": scenario.federation["num-supernodes"]}
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log:
-        proc = subprocess.run(
-            [sys.executable, __file__, spec], stdout=log, stderr=log, env=env, timeout=timeout
-        )
-    if proc.returncode != 0:
+    _preload()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # fork: the child inherits the imported modules; spawn would import them again.
+    proc = multiprocessing.get_context("fork").Process(target=_child, args=(spec, str(log_path)))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        raise subprocess.TimeoutExpired(f"in-process run {raw['run-name']}", timeout)
+    if proc.exitcode != 0:
         raise RuntimeError(f"in-process run {raw['run-name']} failed; see {log_path}")
+
+
+def _preload() -> None:
+    """Import what every run needs, once, before the first fork. One torch thread: set before
+    torch starts its thread pools, and again in each child."""
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    import torch._dynamo  # noqa: F401  (torch's first optimizer imports it: seconds)
+    import torch.func  # noqa: F401  (CA-HFP's curvature scores)
+
+    import edgefleet.client.app  # noqa: F401
+    import edgefleet.server.app  # noqa: F401
+
+
+def _child(spec: dict[str, Any], log_path: str) -> None:
+    """A forked run: stdout and stderr (file descriptors included) into ``log_path``, then
+    the server's main; exit status 0 only if it returned."""
+    import torch
+    from flwr.common.logger import update_console_handler
+
+    code = 1
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            torch.set_num_threads(1)
+            update_console_handler(level=20, timestamps=True, colored=False)
+            _serve(spec)
+            code = 0
+        except BaseException:  # noqa: BLE001 - the log says why; the parent sees the status
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+    # The parent's exit handlers (and its buffers, flushed before the fork) are not the
+    # child's to run.
+    os._exit(code)
 
 
 class InProcessGrid:

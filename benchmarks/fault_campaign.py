@@ -36,6 +36,7 @@ Example (the issue's size)::
 
     nice -n 15 .venv/bin/python benchmarks/fault_campaign.py --devices 10 --rounds 30
     nice -n 15 .venv/bin/python benchmarks/fault_campaign.py --engine inprocess
+    .venv/bin/python benchmarks/fault_campaign.py --smoke --out /tmp/fc   # seconds
 """
 
 from __future__ import annotations
@@ -48,12 +49,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _runs import ENGINES, run_once  # type: ignore[import-not-found]
+from _runs import ENGINES, parse_with_smoke, run_once  # type: ignore[import-not-found]
 
 from edgefleet.simulation.runner import load_scenario, parse_value
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("inf-examples", "huge-examples", "scaled", "nan", "spoof-id", "bad-metrics", "noise")
+# --smoke: 3 devices, one hostile, a kind that is rejected and one that is accepted.
+SMOKE: dict[str, Any] = {
+    "devices": 3,
+    "rounds": 3,
+    "every": 3,
+    "kinds": "nan,noise",
+    "engine": "inprocess",
+    "set": ["local-steps=2", "eval-samples=200"],
+}
 
 
 def summarize(rows: list[dict[str, Any]], run_dir: Path) -> dict[str, Any]:
@@ -86,7 +96,7 @@ def main() -> None:
     parser.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE", help="run-config override"
     )
-    args = parser.parse_args()
+    args = parse_with_smoke(parser, SMOKE)
     kinds = [k for k in args.kinds.split(",") if k]
     hostile = [p for p in range(args.devices) if p % args.every == args.every - 1]
     if not hostile:
@@ -120,17 +130,25 @@ def main() -> None:
         res = run(kind, {"test.corrupt": kind, "test.corrupt-partitions": partitions})
         delta = res["final_accuracy"] - clean["final_accuracy"]
         results[kind] = {"accuracy_delta": round(delta, 4), **res}
+    # None: no hostile kind was run (--kinds ''), so there is nothing to judge.
     target_met = (
         all(
             r["rounds_completed"] == args.rounds and r["accuracy_delta"] >= -args.max_drop
             for r in results.values()
         )
         and clean["rounds_completed"] == args.rounds
+        if results
+        else None
     )
     print(
         json.dumps(
             {
                 "benchmark": "fault_campaign",
+                "sizes": {
+                    k: getattr(args, k)
+                    for k in ("devices", "rounds", "every", "kinds", "max_drop", "engine")
+                    + ("smoke",)
+                },
                 "engine": args.engine,
                 "scenario": Path(args.scenario).name,
                 "devices": args.devices,

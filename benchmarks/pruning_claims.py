@@ -25,10 +25,12 @@ devices kept (mean over rounds of the participants' mean). The paper claims
 curvature >= magnitude >= random, near full-model accuracy, and a large drop without
 reconstruction (73.1% -> 62.8% on CIFAR-10 at alpha 0.1).
 
-    python benchmarks/pruning_claims.py --data-dir ../shared/data      # full MNIST
+    # full MNIST, as measured for the README (when a keep ratio meant channels)
+    python benchmarks/pruning_claims.py --data-dir ../shared/data --budget channels \
+        --variants full,curvature,magnitude,random,no-reconstruction
     python benchmarks/pruning_claims.py --dataset cifar10 --model resnet8 --alphas 0.1 \
         --seeds 0,1 --data-dir ../shared/data                            # CIFAR-10 (JPEG copy)
-    python benchmarks/pruning_claims.py --dataset mnist-5k --rounds 5 --seeds 0   # smoke
+    python benchmarks/pruning_claims.py --smoke --out /tmp/pc                # seconds
 
 ``--engine inprocess`` runs the same ServerApp and ClientApp without Ray (``_runs.py``).
 """
@@ -42,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _runs import ENGINES, run_once
+from _runs import ENGINES, parse_with_smoke, run_once
 
 from edgefleet.pruning.names import BUDGETS
 from edgefleet.simulation.report import draw_plots, load_run
@@ -59,6 +61,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "no-reconstruction": {"pruning.criterion": "curvature", "pruning.reconstruction": "zeros"},
     "elementwise": {"pruning.criterion": "curvature", "pruning.reconstruction": "elementwise"},
     "compact-download": {"pruning.criterion": "curvature", "pruning.compact-download": True},
+}
+# --smoke: the full model (the *_vs_full ratios) beside a pruned, scored and rebuilt one.
+SMOKE: dict[str, Any] = {
+    "dataset": "mnist-5k",
+    "alphas": "1.0",
+    "variants": "full,curvature",
+    "seeds": "0",
+    "devices": 2,
+    "keep_ratios": "1.0,0.5",
+    "rounds": 2,
+    "local_steps": 2,
+    "score_batches": 1,
+    "eval_samples": 200,
+    "engine": "inprocess",
 }
 
 
@@ -128,7 +144,7 @@ def main() -> None:
         help="simulation: Flower's Simulation Engine; inprocess: the same apps called directly",
     )
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-pruning"))
-    args = p.parse_args()
+    args = parse_with_smoke(p, SMOKE)
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
@@ -175,6 +191,7 @@ def main() -> None:
                     for k in ("engine", "dataset", "model", "devices", "keep_ratios", "budget")
                     + ("rounds",)
                     + ("local_steps", "batch_size", "score_batches", "lr", "eval_samples", "seeds")
+                    + ("smoke",)
                 },
                 "settings": settings,
                 "wall_s": round(time.monotonic() - t0, 1),

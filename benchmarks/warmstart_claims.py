@@ -61,8 +61,7 @@ mode, session boundaries marked) under ``--out``.
         --pilot-sessions 1 --local-steps 5 --batch-size 128 --lr 0.001 \\
         --lr-schedule session-poly --lr-min-ratio 0.6 --reset-after-pilot --seeds 0 \\
         --target 0.9 --also-targets 0.85,0.92
-    python benchmarks/warmstart_claims.py --sessions 3 --rounds-per-session 2 --seeds 0 \\
-        --modes pilot,previous,continuous --overlaps 0 --strategies fedavg   # smoke, ~3 min
+    python benchmarks/warmstart_claims.py --smoke --out /tmp/ws   # seconds (SMOKE's sizes)
 """
 
 from __future__ import annotations
@@ -75,7 +74,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _runs import run_once
+from _runs import parse_with_smoke, run_once
 
 from edgefleet.simulation.report import draw_plots, load_run, session_spans
 
@@ -83,6 +82,23 @@ ROOT = Path(__file__).resolve().parents[1]
 MODES = ("pilot", "previous", "average", "fresh", "continuous")
 BASELINES = ("previous", "continuous", "average", "fresh")
 COUNTS = ("rounds_to_target", "rounds_to_target_ref")
+# --smoke: 3 modes (pilot, a baseline, continuous's teacher) over 4 sessions, so that the
+# post-pilot and look-alike sessions and every ratio exist; --also-targets 0.1 is reached.
+SMOKE: dict[str, Any] = {
+    "datasets": "mnist-5k",
+    "overlaps": "0",
+    "strategies": "fedavg",
+    "modes": "pilot,previous,continuous",
+    "seeds": "0",
+    "devices": 2,
+    "sessions": 4,
+    "rounds_per_session": 2,
+    "pilot_sessions": 1,
+    "local_steps": 2,
+    "eval_samples": 200,
+    "also_targets": "0.1",
+    "engine": "inprocess",
+}
 
 
 def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str, Any]]:
@@ -374,7 +390,7 @@ def main() -> None:
         "device keeps its own Context, so the continuous mode's teacher stays on it)",
     )
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-warmstart"))
-    args = p.parse_args()
+    args = parse_with_smoke(p, SMOKE)
     modes = args.modes.split(",")
     if unknown := set(modes) - set(MODES):
         p.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
@@ -441,7 +457,7 @@ def main() -> None:
                     + ("temperature", "local_steps", "batch_size", "lr", "lr_schedule")
                     + ("lr_min_ratio", "momentum", "aux_lr_scale", "kl_lambda")
                     + ("reset_after_pilot", "proximal_mu", "alpha", "model", "eval_samples")
-                    + ("target", "also_targets", "engine")
+                    + ("target", "also_targets", "engine", "smoke")
                 },
                 "counting": {
                     "rounds_to_target": "EdgeFleet's honest cost: rounds from the session's "
@@ -464,8 +480,10 @@ def main() -> None:
                 },
                 "settings": settings,
                 "baseline_over_pilot_rounds_to_target": headline,
-                "target_10x_overlap0": bool(overlap0)
-                and all(r is not None and r >= 10 for r in overlap0),
+                # None: no overlap-0 setting with pilot and previous, nothing to judge
+                "target_10x_overlap0": all(r is not None and r >= 10 for r in overlap0)
+                if overlap0
+                else None,
                 "wall_s": round(time.monotonic() - t0, 1),
             }
         )

@@ -28,6 +28,57 @@ COMMANDS = {
 }
 
 
+def version_text() -> str:
+    """EdgeFleet's version and those of what it runs on, read from the installed packages'
+    metadata (importing torch to ask would take seconds)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "not installed"
+
+    python = ".".join(map(str, sys.version_info[:3]))
+    return (
+        f"edgefleet {of('edgefleet')} (Flower {of('flwr')}, torch {of('torch')}, Python {python})"
+    )
+
+
+def top_parser() -> argparse.ArgumentParser:
+    """``edgefleet`` itself: its commands, ``--version`` and ``--help`` (a command's own
+    arguments are its own parser's)."""
+    parser = argparse.ArgumentParser(
+        prog="edgefleet",
+        description="Federated learning for fleets of edge devices, on Flower.",
+        epilog="Run `edgefleet COMMAND --help` for a command's arguments and options.",
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=version_text(),
+        help="print the versions of EdgeFleet, Flower, torch and Python, and exit",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+    for name, text in COMMANDS.items():
+        commands.add_parser(name, help=text, add_help=False)
+    return parser
+
+
+def command_parsers() -> dict[str, argparse.ArgumentParser]:
+    """Each command's parser, by command (what the README's command reference lists)."""
+    from edgefleet.client.worker import supernode_parser, worker_parser
+    from edgefleet.simulation.report import report_parser
+
+    return {
+        "run": run_parser(),
+        "sweep": sweep_parser(),
+        "report": report_parser(),
+        "supernode": supernode_parser(),
+        "worker": worker_parser(),
+    }
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("scenario", help="scenario TOML file, e.g. scenarios/default.toml")
     parser.add_argument(
@@ -87,7 +138,7 @@ def _early_engine(scenario: str, sets: list[str], ray_address: str | None) -> En
     return engine
 
 
-def _run(argv: list[str]) -> int:
+def run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet run",
         description="Run a scenario (scenarios/*.toml) on Flower's Simulation Engine.",
@@ -100,12 +151,20 @@ def _run(argv: list[str]) -> int:
     parser.add_argument(
         "--resume", action="store_true", help="continue run-name from its last checkpoint"
     )
+    return parser
+
+
+def _run(argv: list[str]) -> int:
+    parser = run_parser()
     args = parser.parse_args(argv)
     # From here on a SIGTERM must unwind (and stop the Ray cluster), not end Python at once.
     previous = signal.signal(signal.SIGTERM, _sigterm)
     engine = None
     try:
-        engine = _early_engine(args.scenario, args.set, args.ray_address)
+        # A resume is checked (its run folder's writer, its config) before Ray starts: it is
+        # refused often, and then in a second.
+        if not args.resume:
+            engine = _early_engine(args.scenario, args.set, args.ray_address)
         return _run_with(parser, args, engine)
     except SystemExit as exc:  # SIGTERM before the run began
         if exc.code != 143:
@@ -127,6 +186,7 @@ def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine:
     from edgefleet.simulation.runner import (
         Interrupted,
         RunFailed,
+        RunFolderTaken,
         load_scenario,
         resume_hint,
         run_scenario,
@@ -143,6 +203,15 @@ def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine:
             ray_address=args.ray_address,
             engine=engine,
         )
+    except RunFolderTaken as err:
+        print(
+            f"edgefleet run: error: run folder {err.run_dir} already holds results.\n"
+            f"  continue it:     {resume_hint(args.scenario, err.run_dir, args.set)}\n"
+            "  or start anew:   the same command with another --set run-name=NAME (or none: "
+            "a new dated name), or remove the folder",
+            file=sys.stderr,
+        )
+        return 2
     except ConfigError as err:
         print(f"edgefleet run: error: {err}", file=sys.stderr)
         return 2
@@ -178,11 +247,7 @@ def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine:
     return 0
 
 
-def _sweep(argv: list[str]) -> int:
-    from edgefleet.config import ConfigError
-    from edgefleet.simulation.runner import load_scenario
-    from edgefleet.simulation.sweep import Sweep, grid_points, parse_grid, parse_seeds
-
+def sweep_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet sweep",
         description="Run a scenario over a grid of settings and seeds (one SuperLink and one "
@@ -202,6 +267,15 @@ def _sweep(argv: list[str]) -> int:
         "--name", help="the sweep's folder under output-dir (default: SCENARIO-sweep)"
     )
     parser.add_argument("--no-report", action="store_true", help="skip the table and plots")
+    return parser
+
+
+def _sweep(argv: list[str]) -> int:
+    from edgefleet.config import ConfigError
+    from edgefleet.simulation.runner import load_scenario
+    from edgefleet.simulation.sweep import Sweep, grid_points, parse_grid, parse_seeds
+
+    parser = sweep_parser()
     args = parser.parse_args(argv)
     try:
         base = load_scenario(args.scenario, _overrides(parser, args.set))
@@ -250,9 +324,15 @@ def _sweep(argv: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in COMMANDS:
-        usage = "\n".join(f"  edgefleet {c:<9} {h}" for c, h in COMMANDS.items())
-        print(f"usage:\n{usage}", file=sys.stderr)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
+        parser = top_parser()
+        if not argv:
+            parser.print_help(sys.stderr)
+            return 2
+        try:
+            parser.parse_args(argv)  # --help, --version, or an error naming the commands
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else 2
+        return 2
     if argv[0] == "run":
         return _run(argv[1:])
     if argv[0] == "sweep":

@@ -13,7 +13,8 @@ table, kept equal by a test, as is ``pyproject.toml``'s table). To add a key, ad
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import difflib
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
@@ -730,6 +731,15 @@ KEYS: dict[str, KeySpec] = {spec.name: spec for spec, _, _ in _walk()}
 DEFAULTS: dict[str, Value] = {name: spec.default for name, spec in KEYS.items()}
 
 
+# What a value of each key type is called in an error (a float key takes any number).
+TYPE_NAMES: dict[type, str] = {
+    bool: "a boolean (true or false)",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+}
+
+
 def _coerce(spec: KeySpec, value: Any) -> Value:
     """Match the default's type; TOML and ``--run-config`` give ints where floats are meant."""
     want = type(spec.default)
@@ -737,10 +747,36 @@ def _coerce(spec: KeySpec, value: Any) -> Value:
         return float(value)
     if not isinstance(value, want) or (want is int and isinstance(value, bool)):
         raise ConfigError(
-            f"run config '{spec.name}' = {value!r}: must be a {want.__name__} "
-            f"(default {spec.default!r})"
+            f"run config '{spec.name}' = {value!r}: must be {TYPE_NAMES[want]} "
+            f"(default {_toml(spec.default)})"
         )
     return value
+
+
+def _toml(value: Value) -> str:
+    """A value as it is written in TOML and ``--set`` (``false``, not ``False``)."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
+def close_names(name: str, known: Iterable[str]) -> list[str]:
+    """The known names closest to a misspelt ``name`` (best first; ties kept), or none."""
+    close = difflib.get_close_matches(name, list(known), n=3)
+    ratio = [difflib.SequenceMatcher(None, name, c).ratio() for c in close]
+    return [c for c, r in zip(close, ratio, strict=True) if r >= ratio[0] - 0.05]
+
+
+def unknown_keys_message(what: str, unknown: Iterable[str], known: Iterable[str]) -> str:
+    """``unknown WHAT key 'k'; did you mean 'x'?`` (several keys: each with its guess)."""
+    known = list(known)
+    names = sorted(unknown)
+    guesses = {n: " or ".join(repr(c) for c in close_names(n, known)) for n in names}
+    if len(names) == 1:
+        name, guess = names[0], guesses[names[0]]
+        return f"unknown {what} key {name!r}" + (f"; did you mean {guess}?" if guess else "")
+    listed = ", ".join(
+        f"{n!r}" + (f" (did you mean {g}?)" if g else "") for n, g in guesses.items()
+    )
+    return f"unknown {what} keys {listed}"
 
 
 def _build(cls: type, values: Mapping[str, Value]) -> Any:
@@ -760,10 +796,12 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
 
     Keys this version does not know are an error too: a typo would otherwise be ignored.
     """
-    unknown = sorted(set(raw) - set(KEYS))
+    unknown = set(raw) - set(KEYS)
     if unknown:
+        # Suggestions, not the ~90 keys: those are one command away.
         raise ConfigError(
-            f"unknown run config key(s) {', '.join(unknown)}; valid keys: {', '.join(KEYS)}"
+            f"{unknown_keys_message('run-config', unknown, KEYS)} "
+            "(`python -m edgefleet.config` lists every key)"
         )
     values: dict[str, Value] = {}
     for name, spec in KEYS.items():
@@ -774,6 +812,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         values[name] = value
     cfg: RunConfig = _build(RunConfig, values)
     _check_together(cfg)
+    _check_harvest(values)
     return cfg
 
 
@@ -786,6 +825,20 @@ def markdown_table() -> str:
         text = f'`"{shown}"`' if isinstance(default, str) else f"{shown}"
         lines.append(f"| `{spec.name}` | {text} | {spec.help} |")
     return "\n".join(lines) + "\n"
+
+
+def _check_harvest(values: Mapping[str, Value]) -> None:
+    """A per-partition list would silently win over a single P_h, so a run that sets both is
+    refused. Flower hands every key, its default included, so "sets" means "differs from the
+    default": an explicit 0.5 beside a list cannot be told apart and the list applies."""
+    prob, probs = values["energy.harvest-prob"], values["energy.harvest-probs"]
+    if probs and prob != KEYS["energy.harvest-prob"].default:
+        raise ConfigError(
+            f"run config 'energy.harvest-prob' = {prob!r} with 'energy.harvest-probs' = "
+            f"{probs!r}: the per-partition list wins, so {prob!r} would not be used; set "
+            f'energy.harvest-probs = "" to give every device {prob!r}, or put the rates in '
+            "energy.harvest-probs alone"
+        )
 
 
 def _check_together(cfg: RunConfig) -> None:

@@ -282,14 +282,22 @@ def test_cifar10_from_shared_tarball() -> None:
 
 
 @pytest.fixture
-def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+def downloads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """torchvision's downloads, failing as offline; the list of those tried."""
     torchvision = pytest.importorskip("torchvision")
+    tried: list[str] = []
 
     def fail(self: object) -> None:
+        tried.append(type(self).__name__)
         raise RuntimeError("offline (test)")
 
     monkeypatch.setattr(torchvision.datasets.MNIST, "download", fail)
     monkeypatch.setattr(torchvision.datasets.CIFAR10, "download", fail)
+    return tried
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, downloads: list[str]) -> Path:
     monkeypatch.setenv("EDGEFLEET_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "empty").mkdir()
     return tmp_path
@@ -298,8 +306,8 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
-        ("mnist", ["empty/MNIST/raw", "empty/mnist", "cache/MNIST/raw", "offline (test)"]),
-        ("cifar10", ["empty/cifar10-jpg.tar.gz", "empty/cifar-10-batches-py", "go online"]),
+        ("mnist", ["empty/MNIST/raw", "empty/mnist", "cache/MNIST/raw", "t10k-labels-idx1"]),
+        ("cifar10", ["empty/cifar10-jpg.tar.gz", "empty/cifar-10-batches-py"]),
         ("pneumonia", ["empty/pneumoniamnist.npz", "cache/pneumoniamnist.npz", "medmnist"]),
         ("bccd", ["empty/bccd_cells_28.npz", "cache/bccd_cells_28.npz"]),
         pytest.param(
@@ -309,16 +317,52 @@ def offline(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
         ),
     ],
 )
-def test_missing_data_lists_paths(offline: Path, name: str, expected: list[str]) -> None:
+def test_missing_data_lists_paths(
+    offline: Path, downloads: list[str], name: str, expected: list[str]
+) -> None:
+    """With data-dir set, a missing copy is an error at once (no download tried) naming the
+    data set, every place looked in, the files expected and the fix in the user's words."""
     with pytest.raises(DataNotFoundError) as err:
         load_dataset(name, str(offline / "empty"))
     message = str(err.value)
+    assert downloads == []
+    assert f"data set {name!r} not found" in message
+    assert "Files expected:" in message and "--set data-dir=PATH" in message
+    assert "data_dir" not in message  # the Python argument's name, not the user's key
     for fragment in expected:
         fragment = str(offline / fragment) if "/" in fragment and fragment[0] != "/" else fragment
         assert fragment in message
     assert isinstance(err.value, FileNotFoundError)
     # Flower simulations ship exceptions between processes.
     assert str(pickle.loads(pickle.dumps(err.value))) == message
+
+
+@pytest.mark.parametrize(("name", "tv_class"), [("mnist", "MNIST"), ("cifar10", "CIFAR10")])
+def test_without_data_dir_a_missing_copy_is_downloaded(
+    offline: Path, downloads: list[str], monkeypatch: pytest.MonkeyPatch, name: str, tv_class: str
+) -> None:
+    """No data-dir: after the local places, torchvision is asked (here it fails offline) and
+    its failure is in the message."""
+    monkeypatch.chdir(offline / "empty")  # no ../shared/data from here
+    with pytest.raises(DataNotFoundError) as err:
+        load_dataset(name)
+    assert downloads == [tv_class]
+    assert "offline (test)" in str(err.value) and "go online" in str(err.value)
+
+
+def test_no_download_without_torchvision(
+    offline: Path, downloads: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "torchvision" else find_spec(n, *a)
+    )
+    monkeypatch.chdir(offline / "empty")
+    with pytest.raises(DataNotFoundError, match="pip install torchvision"):
+        load_dataset("mnist")
+    assert downloads == []
 
 
 # --- truncated and corrupt files -------------------------------------------------------------
@@ -432,7 +476,7 @@ def test_a_damaged_unpacked_idx_file_with_no_source_is_named(
     with pytest.raises(DataCorruptError) as err:
         load_dataset("mnist", str(offline / "empty"))  # the .gz copies are not searched
     assert f"cache file {unpacked} is corrupt" in str(err.value)
-    assert "offline (test)" in str(err.value)  # and the download was tried
+    assert "No download was tried: data-dir is set" in str(err.value)
 
 
 def test_a_truncated_mnist_gz_is_named(offline: Path) -> None:

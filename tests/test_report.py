@@ -143,12 +143,37 @@ def test_truncated_last_row_keeps_the_others_with_a_warning(
     assert "killed" in captured.out
 
 
-def test_duplicate_rounds_are_flagged_and_the_last_row_used(tmp_path: Path) -> None:
-    rows = [_row(1, 0.1), _row(2, 0.2), _row(2, 0.25), _row(3, 0.3)]
-    data = load_run(_write_run(tmp_path / "dup", rows, _summary(rows)))
-    assert [(r["round"], r["test_accuracy"]) for r in data.rows] == [(1, 0.1), (2, 0.25), (3, 0.3)]
-    assert data.warnings == [f"{tmp_path / 'dup' / 'metrics.jsonl'}: round 2 recorded 2 times; "
-                             "the last row is used"]  # fmt: skip
+def test_rows_of_two_writers_are_refused_naming_the_rounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resume started while the run still went (issue 26): both processes appended."""
+    rounds = [*range(1, 8), *range(11, 20), 8, 9, 10, 11]
+    rows = [_row(r, 0.01 * r) for r in rounds]
+    run = _write_run(tmp_path / "two", rows, _summary(rows))
+    metrics = run / "metrics.jsonl"
+    with pytest.raises(ReportError) as err:
+        load_run(run)
+    assert str(err.value).startswith(
+        f"{metrics}: rounds out of order or recorded twice (rounds 8, 9, 10, 11 (lines 17-20) "
+        "after round 19 (line 16)): two processes wrote this run at once"
+    )
+    assert main([str(run)]) == 2
+    assert "edgefleet report: error:" in capsys.readouterr().err
+    assert not (run / "accuracy.png").exists()  # nothing plotted
+    dup = [_row(1, 0.1), _row(2, 0.2), _row(2, 0.25), _row(3, 0.3)]
+    with pytest.raises(ReportError, match=r"\(round 2 \(line 3\) after round 2 \(line 2\)\)"):
+        load_run(_write_run(tmp_path / "dup", dup, _summary(dup)))
+
+
+def test_a_resumed_runs_rows_and_gaps_are_fine(tmp_path: Path) -> None:
+    """What a resume leaves (MetricsWriter.keep_until rewrites the rows up to the
+    checkpoint, the rounds after it are appended) rises throughout; a round missing in
+    between is no reason to refuse, nor is a row without a round number."""
+    rows = [_row(r, 0.1 * r) for r in (1, 2, 3, 4, 5, 7)]
+    rows.insert(2, {k: v for k, v in _row(0, 0.5).items() if k != "round"})
+    data = load_run(_write_run(tmp_path / "resumed", rows, _summary(rows)))
+    assert [r.get("round") for r in data.rows] == [1, 2, None, 3, 4, 5, 7]
+    assert not data.warnings
 
 
 def test_load_run_non_object_line(tmp_path: Path) -> None:

@@ -192,7 +192,8 @@ def test_serverapp_error_is_the_exception_that_ended_the_run(log: str) -> None:
 
 
 def test_resume_hint_names_the_run_and_keeps_the_overrides(tmp_path: Path) -> None:
-    hint = resume_hint("scenarios/default.toml", tmp_path / "r1", ["lr=0.1", "run-name=old"])
+    sets = ["lr=0.1", "run-name=old", f"output-dir={tmp_path}"]  # output-dir: named once
+    hint = resume_hint("scenarios/default.toml", tmp_path / "r1", sets)
     assert hint == (
         f"edgefleet run scenarios/default.toml --set lr=0.1 --set run-name=r1 "
         f"--set output-dir={tmp_path} --resume"

@@ -347,6 +347,7 @@ def _preload_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--preload",
         default=",".join(DEFAULT_PRELOAD),
+        metavar="MODULES",
         help="comma-separated modules to import at start (default: torch; '' for none)",
     )
 
@@ -367,9 +368,7 @@ def _read_secret(path: str | None) -> bytes | None:
     return secret
 
 
-def worker_main(argv: Sequence[str]) -> int:
-    """``edgefleet worker``: the executor alone, for a ``flower-supernode --isolation
-    process`` started otherwise."""
+def worker_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet worker",
         description="Run a SuperNode's ClientApp tasks in one warm process "
@@ -386,6 +385,13 @@ def worker_main(argv: Sequence[str]) -> int:
     parser.add_argument("--superexec-auth-secret-file", help="the SuperNode's shared secret")
     parser.add_argument("--parent-pid", type=int, help="exit when this process has exited")
     _preload_arg(parser)
+    return parser
+
+
+def worker_main(argv: Sequence[str]) -> int:
+    """``edgefleet worker``: the executor alone, for a ``flower-supernode --isolation
+    process`` started otherwise."""
+    parser = worker_parser()
     args = parser.parse_args(argv)
     try:
         runtime = RuntimeAddress(
@@ -502,16 +508,25 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def supernode_parser() -> argparse.ArgumentParser:
+    """``edgefleet supernode``'s own options, for its --help (the other arguments go to
+    ``flower-supernode`` as they are: :func:`parse_supernode_args` splits them)."""
+    parser = argparse.ArgumentParser(
+        prog="edgefleet supernode",
+        usage="edgefleet supernode [--preload MODULES] FLOWER_SUPERNODE_ARGS...",
+        description="Runs `flower-supernode --isolation process FLOWER_SUPERNODE_ARGS` and "
+        "executes its ClientApp messages in this one warm process (see "
+        "edgefleet/client/worker.py); `flower-supernode --help` lists its arguments.",
+    )
+    _preload_arg(parser)
+    return parser
+
+
 def supernode_main(argv: Sequence[str]) -> int:
     """``edgefleet supernode ARGS``: ``flower-supernode --isolation process ARGS`` plus the
     warm worker as its executor; ends with the SuperNode, and stops it when stopped."""
     if any(a in ("-h", "--help") for a in argv):
-        print(
-            "usage: edgefleet supernode [--preload MODULES] FLOWER_SUPERNODE_ARGS...\n\n"
-            "Runs `flower-supernode --isolation process FLOWER_SUPERNODE_ARGS` and executes\n"
-            "its ClientApp messages in this one warm process (see edgefleet/client/worker.py).\n"
-            "--preload: comma-separated modules imported at start (default: torch)."
-        )
+        supernode_parser().print_help()
         return 0
     try:
         args = parse_supernode_args(argv)

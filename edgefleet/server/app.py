@@ -21,6 +21,7 @@ from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
+from edgefleet import runlock
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.server.checkpoint import (
     Checkpointer,
@@ -385,6 +386,7 @@ def main(grid: Grid, context: Context) -> None:
         if best is not None:
             extra["final_accuracy"] = best["test_accuracy"]
     summary = write_summary(run_dir, cfg, outcome, writer.rows, time.monotonic() - t0, extra)
+    runlock.release(run_dir)  # done writing; a failed run's lock goes with its process
     log(
         INFO,
         "EdgeFleet run %s done: %d rounds (%s), final accuracy %.4f, results in %s",

@@ -15,6 +15,7 @@ from typing import Any
 
 from flwr.common import log
 
+from edgefleet import runlock
 from edgefleet.config import RunConfig
 from edgefleet.fileio import atomic_write_text
 from edgefleet.server.checkpoint import check_resumable
@@ -30,24 +31,38 @@ class RunDirError(ValueError):
     """``output-dir`` cannot hold the run's folder; the message says why."""
 
 
-def prepare_run_dir(cfg: RunConfig) -> Path:
+def prepare_run_dir(cfg: RunConfig, *, lock: bool = True) -> Path:
     """Create ``output-dir/run-name``; refuse one that already holds results unless the run
     is to be resumed (``resume = true``), and a resume that would not continue the same run
     (:func:`~edgefleet.server.checkpoint.check_resumable`). An output-dir that cannot hold
     the folder (a file, no permission, a read-only disk) is a :class:`RunDirError` naming
-    it, before any work is spent."""
+    it, before any work is spent.
+
+    A folder that another process writes is refused first (:class:`~edgefleet.runlock.
+    RunLocked`). With ``lock`` (the ServerApp) this process then holds the folder's writer
+    lock until :func:`edgefleet.runlock.release` or its end; without it (the runner, before
+    Flower starts) the lock is only checked."""
     if cfg.server.resume and not cfg.server.run_name:
         raise ValueError("resume = true needs the run-name of the run to continue")
     output = Path(cfg.server.output_dir)
     run_dir = output / (cfg.server.run_name or default_run_name(cfg))
+    runlock.check(run_dir)  # before its results are judged: they may be still growing
     if cfg.server.resume:
         check_resumable(cfg, run_dir)
-        return run_dir
-    if (run_dir / "metrics.jsonl").exists():
+    elif (run_dir / "metrics.jsonl").exists():
         raise FileExistsError(
             f"run folder {run_dir} already holds results; choose another run-name, remove it, "
-            "or set resume = true to continue it"
+            "or continue it with resume = true in the run config (`edgefleet run SCENARIO "
+            "--set run-name=NAME --resume` on the command line)"
         )
+    else:
+        _make_run_dir(output, run_dir)
+    if lock:
+        runlock.acquire(run_dir)
+    return run_dir
+
+
+def _make_run_dir(output: Path, run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=run_dir):
@@ -61,7 +76,6 @@ def prepare_run_dir(cfg: RunConfig) -> Path:
             f"output-dir {str(output)!r} cannot hold the run folder {run_dir.name!r}: {why}. "
             "Choose another output-dir (--set output-dir=...)."
         ) from None
-    return run_dir
 
 
 def round_row(result: RoundResult) -> dict[str, Any]:

@@ -183,19 +183,23 @@ class Engine:
         """Run ``scenario`` to completion; its run folder. ``echo`` gets the ServerApp's log
         as it streams (None: only ``flower.log`` does)."""
         from edgefleet.config import ConfigError
+        from edgefleet.runlock import RunLocked
         from edgefleet.server.results import prepare_run_dir
         from edgefleet.simulation.runner import (
             RAY_CLUSTER_KEYS,
             check_data,
+            check_run_folder,
             resolve_run_config,
             with_gpu_share,
         )
 
         cfg, raw = resolve_run_config(scenario)
+        check_run_folder(cfg)
         gpu_federation = with_gpu_share(scenario.federation, cfg.train.accelerator)
         try:
-            run_dir = prepare_run_dir(cfg)
-        except (ValueError, FileExistsError) as err:
+            # Checked, not held: the ServerApp, another process, takes the writer lock.
+            run_dir = prepare_run_dir(cfg, lock=False)
+        except (ValueError, FileExistsError, RunLocked) as err:
             raise ConfigError(str(err)) from None
         if not self.started:
             self.start(lambda: check_data(cfg))
@@ -358,7 +362,9 @@ def _write_log(
 
 def resume_hint(scenario_path: str, run_dir: Path, overrides: list[str]) -> str:
     """The command that continues an interrupted run."""
-    keep = [o for o in overrides if o.split("=", 1)[0].strip() not in ("run-name", "resume")]
+    # run-name and output-dir are named below, from the run folder itself
+    named = ("run-name", "output-dir", "resume")
+    keep = [o for o in overrides if o.split("=", 1)[0].strip() not in named]
     sets = " ".join(f"--set {o}" for o in keep)
     return (
         f"edgefleet run {scenario_path} {sets + ' ' if sets else ''}"

@@ -9,7 +9,9 @@ grid point: the table gives each point's mean and standard deviation over its se
 any runs the same way (runs whose configs differ only in the seed).
 
 A run killed mid-write may end in a truncated row: the rows before it are kept, with a
-warning; a round recorded twice is flagged (the later row is used).
+warning. Rounds out of order or recorded twice are refused: EdgeFleet writes each round
+once, in order (a resume rewrites the file up to its checkpoint first), so such a file was
+written by two processes at once and no row of it can be trusted.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ def load_run(run_dir: str | Path) -> RunData:
     if not metrics.is_file():
         raise ReportError(f"{metrics}: missing metrics file")
     rows: list[dict[str, Any]] = []
+    linenos: list[int] = []
     warnings: list[str] = []
     lines = metrics.read_text(encoding="utf-8").splitlines()
     last = max((i for i, line in enumerate(lines, start=1) if line.strip()), default=0)
@@ -76,9 +79,14 @@ def load_run(run_dir: str | Path) -> RunData:
         if not isinstance(row, dict):
             raise ReportError(f"{metrics}:{lineno}: expected a JSON object per line")
         rows.append(row)
-    rows, duplicates = _dedupe_rounds(rows)
-    for rnd, count in duplicates.items():
-        warnings.append(f"{metrics}: round {rnd} recorded {count} times; the last row is used")
+        linenos.append(lineno)
+    problem = _round_order_problem(rows, linenos)
+    if problem:
+        raise ReportError(
+            f"{metrics}: rounds out of order or recorded twice ({problem}): two processes "
+            "wrote this run at once (a resume started while it still ran?), so its rows "
+            "cannot be trusted; run it again under a new run-name"
+        )
     # A run that crashed may have rounds but no summary; report what it has.
     summary: dict[str, Any] = {}
     summary_file = path / "summary.json"
@@ -94,21 +102,29 @@ def load_run(run_dir: str | Path) -> RunData:
     return RunData(path=path, name=name, rows=rows, summary=summary, warnings=warnings)
 
 
-def _dedupe_rounds(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], dict[int, int]]:
-    """Rows with one row per round (the last of each), in file order, and the rounds that
-    appeared more than once with their counts. Rows without a round number are kept as
-    they are."""
-    counts = Counter(r["round"] for r in rows if isinstance(r.get("round"), int))
-    duplicates = {rnd: n for rnd, n in sorted(counts.items()) if n > 1}
-    if not duplicates:
-        return rows, {}
-    last = {r["round"]: i for i, r in enumerate(rows) if isinstance(r.get("round"), int)}
-    kept = [
-        r
-        for i, r in enumerate(rows)
-        if not isinstance(r.get("round"), int) or last[r["round"]] == i
-    ]
-    return kept, duplicates
+def _round_order_problem(rows: list[dict[str, Any]], linenos: list[int]) -> str:
+    """Where the round numbers fail to rise, e.g. ``"rounds 8, 9, 11 (lines 17-19) after
+    round 19 (line 16)"``; empty when they rise throughout (gaps allowed). Rows without a
+    round number are not judged."""
+    late: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (top, its line) -> (round, line)
+    top: tuple[int, int] | None = None
+    for row, lineno in zip(rows, linenos, strict=True):
+        rnd = row.get("round")
+        if not isinstance(rnd, int):
+            continue
+        if top is not None and rnd <= top[0]:
+            late.setdefault(top, []).append((rnd, lineno))
+        else:
+            top = (rnd, lineno)
+    parts = []
+    for (rnd, lineno), after in late.items():
+        rounds = ", ".join(str(r) for r, _ in after[:8])
+        rounds += f", ... ({len(after)} in all)" if len(after) > 8 else ""
+        lines = f"{after[0][1]}-{after[-1][1]}" if len(after) > 1 else str(after[0][1])
+        noun = "rounds" if len(after) > 1 else "round"
+        parts.append(f"{noun} {rounds} (line{'s' * (len(after) > 1)} {lines}) after round "
+                     f"{rnd} (line {lineno})")  # fmt: skip
+    return "; ".join(parts)
 
 
 # ---------------------------------------------------------------- table
@@ -517,8 +533,7 @@ def draw_group_plots(groups: list[Group], out_dir: str | Path) -> list[Path]:
 # ---------------------------------------------------------------- CLI
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``edgefleet report``; ``argv`` is what follows the subcommand."""
+def report_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet report", description="Summarise and plot EdgeFleet run folders."
     )
@@ -533,6 +548,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="group runs that differ only in the seed: mean and spread per group",
     )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for ``edgefleet report``; ``argv`` is what follows the subcommand."""
+    parser = report_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse exits; callers of main() expect a return code

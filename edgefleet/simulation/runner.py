@@ -40,7 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgefleet.config import DEFAULTS, ConfigError, RunConfig, parse_run_config
+from edgefleet.config import (
+    DEFAULTS,
+    ConfigError,
+    RunConfig,
+    parse_run_config,
+    unknown_keys_message,
+)
 from edgefleet.simulation.engine import (  # noqa: F401 - the runner's public names
     RAY_ADDRESS_WITH_SIZES,
     Engine,
@@ -127,6 +133,7 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] = {}) -> Scenar
     federation = dict(data.get("federation", {}))
     run_config = _flatten(data.get("run-config", {}))
     for key, value in overrides.items():
+        _check_table(key)
         if key.startswith("federation."):
             federation[key.removeprefix("federation.")] = value
         else:
@@ -136,12 +143,27 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] = {}) -> Scenar
     return Scenario(path.stem, federation, run_config)
 
 
+def _check_table(key: str) -> None:
+    """An override aimed at the other table (``num-supernodes`` without ``federation.``,
+    or ``federation.seed``): say so, instead of "unknown key"."""
+    name = key.removeprefix("federation.")
+    if key == name and key in FEDERATION_CHECKS and key not in DEFAULTS:
+        raise ConfigError(
+            f"{key!r} is a federation key, not a run-config key: --set federation.{key}=..."
+        )
+    if key != name and name in DEFAULTS and name not in FEDERATION_CHECKS:
+        raise ConfigError(
+            f"{name!r} is a run-config key, not a federation key: --set {name}=... (no federation.)"
+        )
+
+
 def check_federation(federation: Mapping[str, Any], where: str = "federation") -> None:
     """Every key known to Flower's simulation config and of the type Flower needs."""
-    bad = sorted(set(federation) - set(FEDERATION_KEYS))
+    bad = set(federation) - set(FEDERATION_KEYS)
     if bad:
         raise ConfigError(
-            f"{where}: unknown federation key(s) {bad}; valid: {', '.join(FEDERATION_KEYS)}"
+            f"{where}: {unknown_keys_message('federation', bad, FEDERATION_KEYS)} "
+            f"(valid: {', '.join(FEDERATION_KEYS)})"
         )
     for key, value in federation.items():
         problem = FEDERATION_CHECKS[key](value)
@@ -183,7 +205,8 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
         raw["data-dir"] = str(Path(cfg.data.data_dir).resolve())
     if cfg.server.resume and not cfg.server.run_name:
         raise ConfigError(
-            "resume = true needs the run-name of the run to continue (--set run-name=...)"
+            "--resume (resume = true) needs the run-name of the run to continue: "
+            "--set run-name=NAME (NAME: its folder under output-dir)"
         )
     stamp = time.strftime("%Y%m%d-%H%M%S")  # as edgefleet.server.results names runs
     default = f"{stamp}-{cfg.server.strategy}-{cfg.data.dataset}-s{cfg.seed}"
@@ -192,6 +215,27 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
     if raw.get("min-nodes", DEFAULTS["min-nodes"]) > n_devices:
         raw["min-nodes"] = n_devices
     return parse_run_config(raw), raw
+
+
+class RunFolderTaken(ConfigError):
+    """The run's folder already holds results and the run is not a resume; ``run_dir`` is
+    that folder (the CLI words the fix as the commands to type)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        super().__init__(
+            f"run folder {run_dir} already holds results; continue it with --resume "
+            "(resume = true), or start a new run: another --set run-name=NAME, or remove "
+            "the folder"
+        )
+        self.run_dir = run_dir
+
+
+def check_run_folder(cfg: RunConfig) -> None:
+    """Refuse to start over a finished or interrupted run, before any Flower process starts
+    (the ServerApp refuses it too, but only after a minute of start-up)."""
+    run_dir = Path(cfg.server.output_dir) / cfg.server.run_name
+    if not cfg.server.resume and (run_dir / "metrics.jsonl").exists():
+        raise RunFolderTaken(run_dir)
 
 
 def with_gpu_share(federation: Mapping[str, Any], accelerator: str) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from edgefleet import runlock
 from edgefleet.config import ConfigError
 from edgefleet.simulation.runner import (
     RAY_ADDRESS_WITH_SIZES,
@@ -189,7 +190,7 @@ class Sweep:
             resolve_run_config(scenario)
         for run_dir in (r.run_dir for r in self.runs):
             if run_dir.exists() and not (run_dir / "metrics.jsonl").exists():
-                shutil.rmtree(run_dir)  # started, nothing recorded: start again
+                _discard(run_dir)  # started, nothing recorded: start again
         manifest = self.out / MANIFEST
         mine = self.manifest()
         if manifest.exists():
@@ -246,7 +247,7 @@ class Sweep:
                     continue
                 resume = (run.run_dir / "metrics.jsonl").exists()
                 if resume and not any(run.run_dir.glob("checkpoint*")):
-                    shutil.rmtree(run.run_dir)  # killed before its first checkpoint
+                    _discard(run.run_dir)  # killed before its first checkpoint
                     resume = False
                 scenario = self.scenario(run, resume=resume)
                 key = tuple(scenario.federation.get(k) for k in RAY_CLUSTER_KEYS)
@@ -280,3 +281,13 @@ def sweep_dirs(out: Path) -> list[Path]:
     """The run folders a sweep folder's manifest lists, in its order (existing ones)."""
     manifest = json.loads((out / MANIFEST).read_text())
     return [out / r["run"] for r in manifest["runs"] if (out / r["run"]).is_dir()]
+
+
+def _discard(run_dir: Path) -> None:
+    """Remove a run folder that recorded nothing worth keeping, unless a process writes it
+    (another sweep of the same folder, just starting that run): that is refused."""
+    try:
+        runlock.check(run_dir)
+    except runlock.RunLocked as err:
+        raise ConfigError(str(err)) from None
+    shutil.rmtree(run_dir)

