@@ -297,3 +297,29 @@ def test_energy_selection_inside_sessions_reuses_the_presence_answers(tmp_path: 
     # session 2 is group 1 (device ids 1 and 3): selection and FedSAG see only those
     assert all(set(r.participants) <= {"1", "3"} for r in rows[T:])
     assert sorted(fedsag._known) == ["1", "3"]
+
+
+def test_a_users_app_opens_its_store_again_and_continues_it(tmp_path: Path) -> None:
+    """Warm start in a user's own ServerApp: one constructor with a folder, defaults for the
+    rest. Run twice on one folder (a ServerApp started again), the second opens the store the
+    first left instead of failing on its index, numbers its sessions after the stored ones
+    and warm-starts from them; it never overwrites a stored session with its initial model."""
+    folder = tmp_path / "sessions"
+
+    def app_run() -> tuple[WarmStartInitializer, list]:
+        strategy = WarmStartInitializer(
+            FedAvg(**KW), store=folder, initial=rec(w=np.zeros(2)), pilot_sessions=2
+        )
+        _, rows = _loop(strategy, _devices(), rec(w=np.zeros(2)), 1, 4 * T)
+        return strategy, rows
+
+    first, rows = app_run()
+    assert [r.session for r in rows] == [1] * T + [2] * T + [3] * T + [4] * T
+    stored = {s.session: s.final.copy() for s in first.store.pilots() + first.store.candidates()}
+    assert sorted(stored) == [1, 2, 3]  # session 4 was still running at the end
+    again, rows = app_run()
+    assert [r.session for r in rows][:T] == [4] * T  # continues after the stored sessions
+    assert rows[0].context.section(SessionRow).phase == "aux"  # pilot model -> warm start
+    assert any(r.context.section(SessionRow).warmstart_weights for r in rows)
+    for s in again.store.pilots():  # the pilots the first run stored, unchanged
+        np.testing.assert_array_equal(s.final["w"], stored[s.session]["w"])

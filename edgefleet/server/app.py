@@ -29,7 +29,7 @@ from edgefleet.server.checkpoint import (
     check_resumable,
     run_identity,
 )
-from edgefleet.server.polling import fast_dispatch, fast_grid
+from edgefleet.server.polling import fast_grid, install_if_asked
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
 from edgefleet.strategies.base import build_loop, find_wrapper
 from edgefleet.strategies.energy import EnergyAgeSelection
@@ -51,8 +51,9 @@ if TYPE_CHECKING:
 
 app = ServerApp()
 # In the Simulation Engine's process this module loads before the engine starts dispatching
-# messages to its actors: shorten that loop's pause now (a no-op anywhere else).
-fast_dispatch()
+# messages to its actors: shorten that loop's pause now where EdgeFleet's runner asked for
+# it (a no-op anywhere else, and in a plain `flwr run .`).
+install_if_asked()
 
 
 def build_strategy(
@@ -210,11 +211,8 @@ def _sessions(
     strategy: Strategy, cfg: RunConfig, run_dir: Path, central: CentralEvaluation
 ) -> WarmStartInitializer:
     w, s = cfg.warmstart, cfg.sessions
-    folder = run_dir / "sessions"
-    if cfg.server.resume and (folder / "index.json").exists():
-        store = SessionStore.load(folder, w.max_stored)
-    else:
-        store = SessionStore(folder, w.max_stored)
+    # A fresh run's folder is new (prepare_run_dir), so only a resumed run finds a store.
+    store = SessionStore.open(run_dir / "sessions", w.max_stored)
     return WarmStartInitializer(
         strategy,
         store=store,

@@ -46,8 +46,10 @@ devices until the next session instead of ending the run).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from logging import INFO, WARNING
 from typing import Any
 
@@ -80,6 +82,14 @@ from edgefleet.strategies.warmstart import (
 )
 
 
+class Phase(StrEnum):
+    """What a session's rounds do: train, or first run its auxiliary rounds (mode
+    ``pilot``: V rounds from the pilot model, for the session's pseudo-gradient)."""
+
+    TRAIN = "train"
+    AUX = "aux"
+
+
 @dataclass
 class _Round:
     """What the sessions wrapper learns in one round (kept in the round's context)."""
@@ -96,10 +106,11 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self,
         inner: Strategy,
         *,
-        store: SessionStore,
-        tracker: SessionTracker,
+        store: SessionStore | str | os.PathLike[str],
         initial: ArrayRecord,
-        param_keys: list[str],
+        tracker: SessionTracker | None = None,
+        param_keys: list[str] | None = None,
+        max_stored: int = 10,
         mode: str = "pilot",
         pilot_sessions: int = 1,
         aux_rounds: int = 1,
@@ -113,7 +124,13 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         kl_lambda: float = 0.5,
         reset_after_pilot: bool = False,
     ) -> None:
-        """``first_answer_timeout``: how long the presence query waits for a node never heard
+        """``store``: a :class:`SessionStore`, or the folder of one, opened if an earlier run
+        left one there (new sessions then continue its numbering and are warm-started from
+        its models) and made otherwise, keeping ``max_stored`` candidates. ``tracker``:
+        when sessions open (default: when a fifth of the present set changes, no length
+        limit). ``param_keys``: the trainable parameters the session distance is taken over
+        (default: every floating-point array of ``initial``).
+        ``first_answer_timeout``: how long the presence query waits for a node never heard
         from (its first answer may wait for its data to load). ``lr``: the devices' base
         learning rate; given, every train message carries the
         round's rate (``lr_min_ratio`` < 1: decaying within each session, which needs the
@@ -122,6 +139,17 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         ``reset_after_pilot``: session P + 1 starts from ``initial`` in every mode, as in the
         reference's experiments."""
         super().__init__(inner)
+        if not isinstance(store, SessionStore):
+            store = SessionStore.open(store, max_stored)
+            if last := store.last_session():
+                log(INFO, "Session store %s holds sessions up to %d from an earlier run: new "
+                    "sessions continue from there", store.directory, last)  # fmt: skip
+        if tracker is None:
+            tracker = SessionTracker(change_threshold=0.2, max_rounds=0)
+        if tracker.session == 0:
+            tracker.session = store.last_session()
+        if param_keys is None:
+            param_keys = [k for k, a in initial.items() if a.numpy().dtype.kind == "f"]
         if mode not in WARMSTART_MODES:
             raise WarmStartError(f"mode {mode!r}; valid choices: {', '.join(WARMSTART_MODES)}")
         if lr is not None:
@@ -146,7 +174,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.aux_rounds, self.temperature = aux_rounds, temperature
         self.query = StatusQuery(slots_per_round, query_timeout, first_answer_timeout)
         self.session_devices: list[str] = []
-        self.phase = "train"  # "aux" while auxiliary rounds run
+        self.phase = Phase.TRAIN
         self.aux_left = 0
         self.aux_start: State | None = None  # the pilot model the aux rounds started from
         self.pending_grad: State | None = None  # this session's pseudo-gradient
@@ -220,7 +248,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             # The aux rounds run even in a reset session: its pseudo-gradient is stored.
             self.aux_start = pilot_model([s.final for s in self.store.pilots()])
             self.aux_left = self.aux_rounds
-            self.phase = "aux"
+            self.phase = Phase.AUX
             self.start_from = to_record(self.aux_start)
             return None
         if (self.mode == "fresh" and session > 1) or self._resets(session):
@@ -272,12 +300,13 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
                 len(change.left),
                 sorted(change.left),
             )
-            if self.phase == "aux":
+            if self.phase == Phase.AUX:
                 # The last session ended during its auxiliary rounds: it never trained, and
                 # the loop's model is a half-done aux result, not a session's final model.
-                self.phase, self.start_from = "train", None
+                self.phase, self.start_from = Phase.TRAIN, None
             else:
-                self._finish_session(previous_session, arrays)
+                if self.previous is not None:  # a session of this run (not the store's last)
+                    self._finish_session(previous_session, arrays)
                 self.previous = arrays
             self.session_devices = sorted(present)
             self.session_round, self.teacher_holders = 0, set()
@@ -301,7 +330,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         messages = list(
             super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
         )
-        if self.phase == "train":
+        if self.phase == Phase.TRAIN:
             self.session_round += 1
         return self._with_teacher(messages)
 
@@ -310,7 +339,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         term's weight and the session its teacher belongs to."""
         out = ConfigRecord(dict(config))
         if self.lr is not None:
-            if self.phase == "aux":
+            if self.phase == Phase.AUX:
                 lr = self.lr * self.aux_lr_scale
             elif self.lr_min_ratio < 1:
                 t, rounds = self.session_round, self.tracker.max_rounds
@@ -374,15 +403,15 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         if not trained:  # nobody trained: the model the round started from stands
             arrays = self.start_from
         self.start_from = None
-        if self.phase != "aux":
+        if self.phase != Phase.AUX:
             return arrays, metrics
         row = ctx.section(SessionRow)
-        row.phase = "aux"
+        row.phase = Phase.AUX
         if trained:  # an auxiliary round nobody took part in is run again
             self.aux_left -= 1
         if self.aux_left > 0 or arrays is None:
             return arrays, metrics
-        self.phase = "train"
+        self.phase = Phase.TRAIN
         assert self.previous is not None
         warm = self._warm_model(arrays, self.previous)
         super().on_session(warm)
@@ -424,7 +453,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         super().load_state_dict(state)
         self.tracker.load_state_dict(state["tracker"])
         self.session_devices = state["session_devices"]
-        self.phase, self.aux_left = state["phase"], state["aux_left"]
+        self.phase, self.aux_left = Phase(state["phase"]), state["aux_left"]
         # Not checkpointed: after a restart every node is sent the teacher once more.
         self.session_round, self.teacher_holders = state.get("session_round", 0), set()
         self.aux_start, self.pending_grad = state["aux_start"], state["pending_grad"]
