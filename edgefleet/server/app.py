@@ -29,6 +29,7 @@ from edgefleet.server.checkpoint import (
     check_resumable,
     run_identity,
 )
+from edgefleet.server.fleet import FleetWriter
 from edgefleet.server.polling import fast_grid, install_if_asked
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
 from edgefleet.strategies.base import build_loop, find_wrapper
@@ -354,12 +355,13 @@ def main(grid: Grid, context: Context) -> None:
     wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout)
     fast_grid(grid)
     checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
+    tau = cfg.stopping.tau if cfg.stopping.mode in ("data-free", "observe") else None
     loop = build_loop(
         strategy,
         grid,
         # The writer records what the wrappers wrote; the checkpoint comes last so that a
         # round it covers is always on record.
-        after=[writer, checkpointer],
+        after=[writer, FleetWriter(run_dir, tau), checkpointer],
         evaluate_fn=central.evaluate,
         evaluate_every=cfg.server.evaluate_every,
         round_timeout=cfg.server.round_timeout,

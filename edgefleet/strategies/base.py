@@ -162,6 +162,25 @@ def _assumed(registry: DeviceRegistry, node: int) -> DeviceStatus:
     return DeviceStatus(device=registry.name(node), feasible=True, present=True, reported=False)
 
 
+# A battery level a device may report, in energy units: beyond this it is not a battery.
+MAX_BATTERY = 1e6
+
+
+def _battery(node: int, value: object) -> float | None:
+    """A reported battery level, or None (absent; not a finite number in [0, MAX_BATTERY]:
+    dropped with its reason, never stored)."""
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        log(WARNING, "Node %d: battery-level %r is not a number; dropped", node, value)
+        return None
+    if not (0.0 <= float(value) <= MAX_BATTERY):  # also NaN
+        log(WARNING, "Node %d: battery-level %r is not in [0, %g]; dropped", node, value,
+            MAX_BATTERY)  # fmt: skip
+        return None
+    return float(value)
+
+
 def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
     raw_id = status.get("device-id")
     device = f"node-{node}" if raw_id is None else parse_device_id(raw_id)
@@ -175,6 +194,7 @@ def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
             feasible=bool(status.get("feasible", 1)),
             present=bool(status.get("present", 1)),
             labels=tuple(int(c) for c in labels),
+            battery=_battery(node, status.get("battery-level")),
         )
     except (TypeError, ValueError, OverflowError) as err:  # int(inf) is an OverflowError
         log(WARNING, "Ignoring a malformed status from node %d: %r", node, err)

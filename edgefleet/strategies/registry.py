@@ -60,6 +60,7 @@ class DeviceStatus:
     present: bool  # it takes part in the current session
     labels: tuple[int, ...] = ()  # classes of its data (only when asked for)
     reported: bool = True  # False: the node does not answer status queries (assumed values)
+    battery: float | None = None  # its battery level (energy units), when it reports one
 
 
 @dataclass
@@ -220,6 +221,31 @@ class DeviceRegistry:
 
     # -- checkpoint ------------------------------------------------------------------------
 
+    def snapshot(self, online: set[int]) -> list[dict[str, Any]]:
+        """Every device as the fleet view shows it (JSON-ready), in device order."""
+        out = []
+        for device in sorted(self.devices, key=_natural):
+            r = self.devices[device]
+            status = r.status
+            out.append(
+                {
+                    "device": device,
+                    "node": r.node,
+                    "online": r.node in online and r.node not in self.retired,
+                    "last_seen": r.last_seen,
+                    "battery": None if status is None else status.battery,
+                    "feasible": None if status is None else status.feasible,
+                    "present": None if status is None else status.present,
+                    "status_round": r.status_round,
+                    "labels": list(r.labels),
+                    "participations": r.participations,
+                    "last_trained": r.last_trained,
+                    "declines": r.declines,
+                    "rejections": [{"round": a, "reason": b} for a, b in r.rejections[-5:]],
+                }
+            )
+        return out
+
     def state_dict(self) -> dict[str, Any]:
         return {
             "devices": {d: r.state_dict() for d, r in self.devices.items()},
@@ -255,3 +281,7 @@ class DeviceRegistry:
         self._node_device = {r.node: d for d, r in devices.items()}
         self.retired, self.unreported, self.heard = retired, unreported, heard
         self.anonymous = anonymous
+
+
+def _natural(device: str) -> tuple[int, int | str]:
+    return (0, int(device)) if device.isdigit() else (1, device)
