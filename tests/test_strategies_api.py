@@ -233,3 +233,16 @@ def test_the_library_does_not_import_the_apps() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_an_empty_subset_is_bounded_like_the_grid() -> None:
+    """A wrapper that hands its inner FedAvg a subset with fewer nodes than it samples (no
+    device present, say) must not hang the server: the loop's bound on waiting applies."""
+    from edgefleet.strategies.base import SubsetGrid
+    from edgefleet.strategies.loop import BoundedGrid, NotEnoughNodes
+
+    bounded = BoundedGrid(FakeGrid({1: _adds(1.0, 1), 2: _adds(1.0, 1)}), timeout=0.0)  # type: ignore[arg-type]
+    subset = SubsetGrid(bounded, [2, 7])  # type: ignore[arg-type]
+    assert subset.get_node_ids() == [2]  # node 7 is not online
+    with pytest.raises(NotEnoughNodes):
+        FedAvg(min_available_nodes=2).configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), subset)  # type: ignore[arg-type]

@@ -202,13 +202,17 @@ def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
 
 
 class SubsetGrid:
-    """The grid as an inner strategy should see it: only ``node_ids`` are online."""
+    """The grid as an inner strategy should see it: only ``node_ids`` (those still online).
+
+    Each call asks the grid below, so the round loop's bound on waiting for nodes holds
+    here too: a FedAvg asked to sample 2 of an empty subset used to wait for good."""
 
     def __init__(self, grid: Grid, node_ids: list[int]) -> None:
         self._grid, self._nodes = grid, node_ids
 
     def get_node_ids(self) -> list[int]:
-        return list(self._nodes)
+        online = set(self._grid.get_node_ids())
+        return [n for n in self._nodes if n in online]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)

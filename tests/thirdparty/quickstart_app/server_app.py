@@ -58,7 +58,12 @@ def make(name: str, fraction_evaluate: float, store: str, initial: ArrayRecord) 
         # second ServerApp start opens the same folder.
         tracker = SessionTracker(change_threshold=0.2, max_rounds=2)
         return WarmStartInitializer(
-            fedavg, store=store, initial=initial, tracker=tracker, pilot_sessions=1
+            fedavg,
+            store=store,
+            initial=initial,
+            tracker=tracker,
+            pilot_sessions=1,
+            first_answer_timeout=300,  # the Ray actors' start on a loaded machine
         )
     raise ValueError(f"unknown strategy {name!r}")
 
