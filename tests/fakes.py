@@ -3,11 +3,19 @@ without Flower's engines), records, replies and a no-op central evaluation."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
+
+from edgefleet.strategies.context import RoundContext, in_round
+from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.strategies.registry import DeviceRegistry
+
+S = TypeVar("S")
 
 Handler = Callable[[Message], Message | None]  # None = the node never answers
 
@@ -50,3 +58,25 @@ def train_reply(msg: Message, arrays: ArrayRecord, n: int, **metrics: float) -> 
     ``num-examples`` and whatever else is given (``device-id``, ``energy-spent``, ...)."""
     record = MetricRecord({"num-examples": n, **metrics})
     return Message(RecordDict({"arrays": arrays, "metrics": record}), reply_to=msg)
+
+
+@contextmanager
+def by_hand(rnd: int, registry: DeviceRegistry | None = None) -> Iterator[RoundContext]:
+    """A round's context for calling a wrapper's configure/aggregate by hand, as the round
+    loop would (pass one registry to keep device bindings between rounds)."""
+    with in_round(RoundContext(rnd, registry if registry is not None else DeviceRegistry())) as c:
+        yield c
+
+
+class Rows(RoundCallback):
+    """Keeps every round's result; ``last(Section)`` is the last round's section."""
+
+    def __init__(self) -> None:
+        self.results: list[RoundResult] = []
+
+    def after_round(self, result: RoundResult) -> str | None:
+        self.results.append(result)
+        return None
+
+    def last(self, section: type[S]) -> S:
+        return self.results[-1].context.section(section)

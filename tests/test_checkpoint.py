@@ -364,7 +364,9 @@ def test_a_cut_short_last_row_is_dropped_with_a_warning(tmp_path: Path, caplog) 
 def test_device_bindings_are_in_the_checkpoint(tmp_path: Path) -> None:
     run_dir = _checkpointed_run(tmp_path)
     loop_state = load_checkpoint(run_dir / FILENAME).loop
-    assert loop_state["binding"]["device_node"] == {"0": 1, "1": 2, "2": 3}
+    devices = loop_state["registry"]["devices"]
+    assert {d: r["node"] for d, r in devices.items()} == {"0": 1, "1": 2, "2": 3}
+    assert all(r["participations"] == 2 for r in devices.values())
     assert len(loop_state["norm_history"]) == 2
 
 

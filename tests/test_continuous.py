@@ -16,6 +16,7 @@ from edgefleet.arrays import to_numpy, to_record
 from edgefleet.client.app import TEACHER_STATE, status, train
 from edgefleet.client.mods import ERR_NO_TEACHER
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.strategies.context import SessionRow
 from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.tracker import SessionTracker
@@ -269,7 +270,7 @@ def test_teacher_goes_once_per_device_and_session_and_is_kept_by_the_client(
     ]
     # session 1 has no teacher; sessions 2 and 3: in their first round, to each present node
     assert sorted(with_teacher) == [(T + 1, 2), (T + 1, 4), (2 * T + 1, 1), (2 * T + 1, 3)]
-    assert [r.extra.get("teacher_downloads", 0) for r in rows] == [0] * T + (
+    assert [(r.context.section(SessionRow).teacher_downloads or 0) for r in rows] == [0] * T + (
         [2] + [0] * (T - 1)
     ) * 2
     for m in sent:

@@ -20,10 +20,12 @@ from edgefleet.client.app import app
 from edgefleet.config import parse_run_config
 from edgefleet.server.app import build_strategy
 from edgefleet.strategies.base import StatusQuery
+from edgefleet.strategies.context import ScreeningRow, SelectionRow
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
 from edgefleet.strategies.loop import RoundLoop
-from tests.fakes import FakeGrid, no_eval, rec
+from edgefleet.strategies.registry import DeviceRegistry
+from tests.fakes import FakeGrid, Rows, by_hand, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}
 
@@ -69,8 +71,9 @@ def _two_rounds_by_hand(strategy: FedSAG) -> ArrayRecord:
     w = rec(w=np.zeros(1))
     for rnd in (1, 2):
         grid.rnd = rnd
-        msgs = list(strategy.configure_train(rnd, w, ConfigRecord(), grid))  # type: ignore[arg-type]
-        w, _ = strategy.aggregate_train(rnd, grid.send_and_receive(msgs))  # type: ignore[assignment]
+        with by_hand(rnd):
+            msgs = list(strategy.configure_train(rnd, w, ConfigRecord(), grid))  # type: ignore[arg-type]
+            w, _ = strategy.aggregate_train(rnd, grid.send_and_receive(msgs))  # type: ignore[assignment]
     return w
 
 
@@ -132,7 +135,7 @@ def test_fedsag_correction_floor_two_rounds_by_hand() -> None:
         FedSAG(correction_floor=-1.0, **KW)
 
 
-def test_run_config_builds_the_channel_floor_only_under_energy_age_selection() -> None:
+def test_run_config_and_library_share_one_correction_default() -> None:
     def inner(overrides: dict) -> FedSAG:
         strategy = build_strategy(parse_run_config({"strategy": "fedsag", **overrides}))
         while hasattr(strategy, "inner"):
@@ -141,13 +144,32 @@ def test_run_config_builds_the_channel_floor_only_under_energy_age_selection() -
         return strategy
 
     energy = {"selection.mode": "energy-age", "selection.max-devices": 7}
-    assert inner(energy).correction_floor == 7.0  # the default: "channels"
-    assert inner({**energy, "saga.correction": "participants"}).correction_floor == 0.0
-    assert inner({"selection.max-devices": 7}).correction_floor == 0.0  # no channels
+    # The app passes the key on; M comes from the selection around FedSAG, in any app.
+    assert inner(energy).correction == FedSAG().correction == "channels"
+    assert inner(energy).correction_floor == 0.0
+    assert inner({**energy, "saga.correction": "participants"}).correction == "participants"
     seed_form = inner({**energy, "saga.correction": "participants", "saga.memory-mean": "stored"})
     assert seed_form.mean_over == "stored" and seed_form.estimator == "saga"
     top = build_strategy(parse_run_config({**energy, "selection.order": "random"}))
     assert isinstance(top, EnergyAgeSelection) and top.order == "random"
+    with pytest.raises(ValueError, match="valid: channels, participants"):
+        FedSAG(correction="floor")
+
+
+def test_the_selection_cap_is_the_correction_floor() -> None:
+    """Under a selection that caps a round at M devices, FedSAG's default weighs each
+    correction 1/max(|S|, M): four devices answer, two can afford the round (deltas +1, +2,
+    zero memories), M = 4, so v = (1 + 2) / 4 against the seed's (1 + 2) / 2."""
+    kept = {}
+    for name, correction in (("capped", "channels"), ("seed", "participants")):
+        devices = {n: FakeDevice(n - 1, float(n), feasible=n <= 2) for n in (1, 2, 3, 4)}
+        strategy = EnergyAgeSelection(
+            FedSAG(correction=correction, **KW), max_devices=4, slots_per_round=4
+        )
+        loop = RoundLoop(strategy, FakeGrid(devices), evaluate_fn=no_eval,  # type: ignore[arg-type]
+                         callbacks=strategy.round_callbacks())  # fmt: skip
+        kept[name] = float(loop.run(rec(w=np.zeros(1)), 1).arrays["w"].numpy()[0])
+    assert kept == {"capped": pytest.approx(0.75), "seed": pytest.approx(1.5)}
 
 
 class _Replies(FakeDevice):
@@ -224,8 +246,9 @@ def test_fedsag_keys_a_reply_without_device_id_by_its_node() -> None:
 
     strategy = FedSAG(**KW)
     grid = FakeGrid({7: Foreign(0, 3.0)})
-    msgs = list(strategy.configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), grid))  # type: ignore[arg-type]
-    w, _ = strategy.aggregate_train(1, grid.send_and_receive(msgs))
+    with by_hand(1):
+        msgs = list(strategy.configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), grid))  # type: ignore[arg-type]
+        w, _ = strategy.aggregate_train(1, grid.send_and_receive(msgs))
     assert w is not None
     np.testing.assert_allclose(w["w"].numpy(), [3.0])
     assert strategy.memory is not None and strategy.memory.device_ids == ["node-7"]
@@ -274,11 +297,14 @@ def test_energy_age_selection_takes_oldest_feasible_and_resets_ages() -> None:
     devices = {n: FakeDevice(n - 1, 1.0, feasible=(n != 4)) for n in range(1, 5)}
     grid = FakeGrid(devices)  # type: ignore[arg-type]
     strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4, seed=0)
-    loop = RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=strategy.round_callbacks())
+    rows = Rows()
+    loop = RoundLoop(
+        strategy, grid, evaluate_fn=no_eval, callbacks=[*strategy.round_callbacks(), rows]
+    )
     seen = []
     for rnd in range(1, 7):
         out = loop.run(rec(w=np.zeros(1)), rnd, first_round=rnd)
-        seen.append(sorted(strategy._selected))
+        seen.append(sorted(rows.last(SelectionRow).selected))
         assert out.rounds_run == rnd
     assert all(len(s) == 2 and "3" not in s for s in seen)
     # three feasible devices, two slots: whoever sat out has the largest age next round
@@ -297,16 +323,17 @@ def _selections(node_ids: list[int], rounds: int, **kw: int) -> list[list[str]]:
         n: FakeDevice(i, 1.0, plan[i] if i % 3 == 0 else True) for i, n in enumerate(node_ids)
     }
     strategy = EnergyAgeSelection(FedAvg(**KW), slots_per_round=4, seed=7, **kw)  # type: ignore[arg-type]
+    rows = Rows()
     loop = RoundLoop(
         strategy,
         FakeGrid(devices),  # type: ignore[arg-type]
         evaluate_fn=no_eval,
-        callbacks=strategy.round_callbacks(),
+        callbacks=[*strategy.round_callbacks(), rows],
     )
     seen = []
     for rnd in range(1, rounds + 1):
         loop.run(rec(w=np.zeros(1)), rnd, first_round=rnd)
-        seen.append(list(strategy._selected))
+        seen.append(list(rows.last(SelectionRow).selected))
     return seen
 
 
@@ -322,11 +349,14 @@ def test_batched_status_queries_ask_fewer_devices() -> None:
     devices = {n: FakeDevice(n - 1, 1.0) for n in range(1, 21)}
     grid = FakeGrid(devices)  # type: ignore[arg-type]
     strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=3, slots_per_round=4, batch_size=4)
-    loop = RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=strategy.round_callbacks())
+    rows = Rows()
+    loop = RoundLoop(
+        strategy, grid, evaluate_fn=no_eval, callbacks=[*strategy.round_callbacks(), rows]
+    )
     loop.run(rec(w=np.zeros(1)), 1)
-    assert strategy._queried == 20  # round 1: every node once, to learn its device id
+    assert rows.last(SelectionRow).status_queries == 20  # round 1: every node, for its id
     loop.run(rec(w=np.zeros(1)), 2, first_round=2)
-    assert strategy._queried == 4  # from then on: the oldest batch only
+    assert rows.last(SelectionRow).status_queries == 4  # from then on: the oldest batch only
     assert sum(d.queries for d in devices.values()) == 24
     assert sum(d.trains for d in devices.values()) == 6
 
@@ -338,15 +368,49 @@ def test_a_reconnected_device_retires_its_old_node_id() -> None:
     other = FakeDevice(1, 1.0)
     grid = FakeGrid({5: old, 7: other})  # type: ignore[dict-item]
     strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4)
-    loop = RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=strategy.round_callbacks())  # type: ignore[arg-type]
+    rows = Rows()
+    loop = RoundLoop(
+        strategy, grid, evaluate_fn=no_eval, callbacks=[*strategy.round_callbacks(), rows]
+    )  # type: ignore[arg-type]
     loop.run(rec(w=np.zeros(1)), 1)
+    # While node 5 is listed, device 0's claim from node 3 is refused (as a train reply's
+    # would be): the id moves only once its old node is gone.
     grid.handlers = {5: lambda msg: None, 3: new, 7: other}
-    for rnd in (2, 3):
+    loop.run(rec(w=np.zeros(1)), 2, first_round=2)
+    assert rows.last(SelectionRow).selected == ["1"]
+    assert "bound to node 5, still online" in rows.last(ScreeningRow).status_refused[0]["reason"]
+    del grid.handlers[5]  # its heartbeat expired
+    for rnd in (3, 4):
         loop.run(rec(w=np.zeros(1)), rnd, first_round=rnd)
-        assert sorted(strategy._selected) == ["0", "1"]
+        assert sorted(rows.last(SelectionRow).selected) == ["0", "1"]
     assert [m.metadata.dst_node_id for m in grid.sent[-6:]].count(5) == 0
-    assert new.trains == 2 and strategy.device_of_node == {3: "0", 7: "1"}
-    assert strategy.state_dict()["retired"] == [5]
+    registry = loop.registry
+    assert new.trains == 2 and (registry.device_of(3), registry.device_of(7)) == ("0", "1")
+    assert registry.retired == {5}
+
+
+def test_a_status_answer_claiming_an_online_device_is_refused() -> None:
+    """A node that answers the status query with the id of a device whose node is still
+    online is refused (the same rule as for train replies): before the registry, energy
+    selection moved the id and retired the honest node, so an impostor's one answer took
+    a device out of selection for good."""
+    honest, impostor = FakeDevice(0, 1.0), FakeDevice(0, 1.0)
+    other = FakeDevice(1, 1.0)
+    grid = FakeGrid({5: honest, 7: other})  # type: ignore[dict-item]
+    strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=3, slots_per_round=4)
+    rows = Rows()
+    loop = RoundLoop(
+        strategy, grid, evaluate_fn=no_eval, callbacks=[*strategy.round_callbacks(), rows]
+    )  # type: ignore[arg-type]
+    loop.run(rec(w=np.zeros(1)), 1)
+    grid.handlers[9] = impostor
+    loop.run(rec(w=np.zeros(1)), 2, first_round=2)
+    refused = rows.last(ScreeningRow).status_refused
+    assert refused == [
+        {"device": "node-9", "reason": "device-id 0 is bound to node 5, still online"}
+    ]
+    assert loop.registry.node_of("0") == 5 and not loop.registry.retired
+    assert sorted(rows.last(SelectionRow).selected) == ["0", "1"] and impostor.trains == 0
 
 
 def test_answers_from_an_outer_query_are_not_asked_again() -> None:
@@ -354,9 +418,10 @@ def test_answers_from_an_outer_query_are_not_asked_again() -> None:
     grid = FakeGrid(devices)  # type: ignore[arg-type]
     strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4, batch_size=2)
     # what the sessions wrapper's presence query hands down before configure_train
-    strategy.on_status(1, StatusQuery(4, 5).ask(grid, list(devices), 1))  # type: ignore[arg-type]
-    msgs = list(strategy.configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), grid))  # type: ignore[arg-type]
-    assert strategy._queried == 0
+    with by_hand(1) as ctx:
+        strategy.on_status(1, StatusQuery(4, 5).ask(grid, list(devices), 1))  # type: ignore[arg-type]
+        msgs = list(strategy.configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), grid))  # type: ignore[arg-type]
+    assert ctx.section(SelectionRow).status_queries == 0
     assert sum(d.queries for d in devices.values()) == 6  # the outer query only
     assert len(msgs) == 2 and all(m.metadata.dst_node_id % 2 == 0 for m in msgs)
 
@@ -467,7 +532,7 @@ def test_status_without_device_id_is_keyed_by_node() -> None:
     loop.run(rec(w=np.zeros(1)), 2, ConfigRecord())
     # Ages follow both ids, so the two devices take turns.
     assert devices[1].trains == 1 and devices[2].trains == 1
-    assert strategy.device_of_node == {1: "0", 2: "node-2"}
+    assert (loop.registry.device_of(1), loop.registry.name(2)) == ("0", "node-2")
 
 
 def test_unreadable_energy_trace_is_an_error_reply_not_a_crash(tmp_path) -> None:
@@ -511,12 +576,16 @@ def test_a_status_query_waits_for_a_starting_node_then_uses_its_normal_timeout()
     devices = {1: FakeDevice(0, 1.0), 2: FakeDevice(1, 1.0)}
     grid = SlowStartGrid(devices, startup=100.0)
     query = StatusQuery(4, timeout=60.0, first_timeout=600.0)
-    assert set(query.ask(grid, [1, 2], 1)) == {1, 2}  # type: ignore[arg-type]
-    assert set(query.ask(grid, [1, 2], 2)) == {1, 2}  # type: ignore[arg-type]
+    registry = DeviceRegistry()
+    with by_hand(1, registry):
+        assert set(query.ask(grid, [1, 2], 1)) == {1, 2}  # type: ignore[arg-type]
+    with by_hand(2, registry):
+        assert set(query.ask(grid, [1, 2], 2)) == {1, 2}  # type: ignore[arg-type]
     assert grid.waits == [600.0, 60.0]
     # Without first_timeout (the earlier behaviour) the starting nodes are given up on.
     late = SlowStartGrid(dict(devices), startup=100.0)
-    assert StatusQuery(4, timeout=60.0).ask(late, [1, 2], 1) == {}  # type: ignore[arg-type]
+    with by_hand(1):
+        assert StatusQuery(4, timeout=60.0).ask(late, [1, 2], 1) == {}  # type: ignore[arg-type]
 
 
 def test_a_round_that_selects_nobody_says_why_in_its_row() -> None:
@@ -530,14 +599,16 @@ def test_a_round_that_selects_nobody_says_why_in_its_row() -> None:
         cb.after_round(result)
     assert result.participants == []
     assert "none of the 3 devices that answered can afford a round" in str(
-        result.extra["no_participants"]
+        result.context.section(ScreeningRow).no_participants
     )
     silent = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4)
     grid = FakeGrid({n: (lambda m: None) for n in (1, 2)})
     loop = RoundLoop(silent, grid, evaluate_fn=no_eval, callbacks=silent.round_callbacks())  # type: ignore[arg-type]
     result = loop.run_round(1, rec(w=np.zeros(1)), ConfigRecord(), 0.0)
     silent.after_round(result)
-    assert "none of the 2 nodes answered the status query" in str(result.extra["no_participants"])
+    assert "none of the 2 nodes answered the status query" in str(
+        result.context.section(ScreeningRow).no_participants
+    )
 
 
 def test_a_round_whose_replies_all_decline_says_so() -> None:
@@ -547,7 +618,8 @@ def test_a_round_whose_replies_all_decline_says_so() -> None:
     loop = RoundLoop(FedAvg(**KW), FakeGrid({1: decline, 2: decline}), evaluate_fn=no_eval)  # type: ignore[arg-type]
     result = loop.run_round(1, rec(w=np.zeros(1)), ConfigRecord(), 0.0)
     assert (
-        result.extra["no_participants"] == "none of the 2 replies was usable (declined or rejected)"
+        result.context.section(ScreeningRow).no_participants
+        == "none of the 2 replies was usable (declined or rejected)"
     )
 
 
@@ -566,5 +638,6 @@ def test_a_hostile_status_answer_is_ignored_not_fatal() -> None:
             4: answering({"device-id": 4, "labels": [0, 1]}),
         }
     )
-    answers = StatusQuery(4, timeout=5.0).ask(grid, [1, 2, 3, 4], 1, labels=True)  # type: ignore[arg-type]
+    with by_hand(1):
+        answers = StatusQuery(4, timeout=5.0).ask(grid, [1, 2, 3, 4], 1, labels=True)  # type: ignore[arg-type]
     assert set(answers) == {4} and answers[4].labels == (0, 1)

@@ -30,6 +30,7 @@ from edgefleet.client.faults import (
 from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.server.app import build_strategy, screening_for
 from edgefleet.simulation.runner import app_copy
+from edgefleet.strategies.context import ScreeningRow
 from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.task.train import get_arrays
 from tests.fakes import FakeGrid, no_eval
@@ -93,7 +94,7 @@ def test_every_kind_of_bad_reply_is_dropped_and_the_run_goes_on() -> None:
     grid = FakeGrid({1: _device(0), 2: _device(1, "cycle"), 3: _device(2)})
     arrays, results = _edgefleet_run(grid, rounds=len(KINDS))
     for kind, res in zip(KINDS, results, strict=True):
-        assert "round_dropped" not in res.extra, (kind, res.extra)
+        assert res.context.section(ScreeningRow).round_dropped is None, (kind, res.extra)
         why = WHY[kind]
         if why is None:
             assert res.participants == ["0", "1", "2"] and res.rejected == [], kind

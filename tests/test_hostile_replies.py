@@ -23,6 +23,7 @@ from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.config import parse_run_config
 from edgefleet.server.app import build_strategy, screening_for
+from edgefleet.strategies.context import ScreeningRow
 from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.strategies.screening import Screening
@@ -245,7 +246,7 @@ def test_bad_reply_is_rejected_with_its_reason(case: Case, make: str) -> None:
     arrays, results = _run(make, _fleet(case.spoil), case.screening)
     honest = [str(d) for d in range(HONEST) if d not in case.lost]
     for res in results:
-        assert "round_dropped" not in res.extra, res.extra
+        assert res.context.section(ScreeningRow).round_dropped is None, res.extra
         liar_rejected = [r for r in res.rejected if case.reason and case.reason in r["reason"]]
         if case.reason is None:
             assert res.rejected == [], res.rejected
@@ -274,7 +275,7 @@ def test_edgefleet_stack_rejects_the_same(case: Case) -> None:
     """EdgeFleet's own server stack (reconstruction and FedSAG, from the run config)."""
     _, results = _run("edgefleet-fedsag", _fleet(case.spoil), case.screening)
     for res in results:
-        assert "round_dropped" not in res.extra
+        assert res.context.section(ScreeningRow).round_dropped is None
         assert any(case.reason and case.reason in r["reason"] for r in res.rejected), res.rejected
 
 
@@ -354,8 +355,11 @@ def test_one_or_two_replies_are_not_measured_until_three_norms_are_known() -> No
     loop = RoundLoop(FedAvg(**COMMON), grid, evaluate_fn=no_eval, callbacks=[keep])  # type: ignore[arg-type]
     loop.run(rec(W0), 3)
     first, second, third = keep.results
-    assert first.rejected == [] and "update_norm_median" not in first.extra
-    assert second.rejected == [] and "update_norm_median" in second.extra
+    assert first.rejected == [] and first.context.section(ScreeningRow).update_norm_median is None
+    assert (
+        second.rejected == []
+        and second.context.section(ScreeningRow).update_norm_median is not None
+    )
     assert [r["device"] for r in third.rejected] == ["1"]
     assert "update norm" in third.rejected[0]["reason"]
 
@@ -372,7 +376,7 @@ def test_a_reconnected_device_takes_its_id_to_the_new_node_once_the_old_is_gone(
     grid.handlers[9] = lambda m: honest_reply(m, 2)
     loop.run(rec(W0), 2, first_round=2)
     assert keep.results[-1].participants == ["0", "1", "2"]
-    assert loop.binding.device_node["2"] == 9
+    assert loop.registry.node_of("2") == 9 and 3 in loop.registry.retired
     # Strict binding (SuperNode authentication: a reconnecting node keeps its node id).
     strict = RoundLoop(FedAvg(**COMMON), FakeGrid(dict(handlers)), evaluate_fn=no_eval,  # type: ignore[arg-type]
                        callbacks=[keep], screening=Screening(device_binding="strict"))  # fmt: skip

@@ -9,7 +9,13 @@ import time
 import flwr.server.superlink.fleet.vce.vce_api as vce
 import pytest
 
-from edgefleet.server.polling import fast_dispatch, fast_grid
+from edgefleet.server.polling import (
+    FAST_DISPATCH_ENV,
+    FLOWER_LOOP_SHA256,
+    fast_dispatch,
+    fast_grid,
+    install_if_asked,
+)
 
 
 class FakeState:
@@ -60,3 +66,25 @@ def test_fast_grid(interval: float | None, expected: float | None) -> None:
         grid.pull_interval = interval  # type: ignore[attr-defined]
     fast_grid(grid)
     assert getattr(grid, "pull_interval", None) == expected
+
+
+def test_the_replaced_loop_is_flowers_as_checked() -> None:
+    """The adaptive dispatcher reproduces Flower 1.42's loop with a shorter pause: when
+    Flower's loop changes, this fails, and the replacement must be checked again (or
+    dropped)."""
+    import hashlib
+    import inspect
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    source = inspect.getsource(vce_api.add_messages_to_queue)
+    assert hashlib.sha256(source.encode()).hexdigest() == FLOWER_LOOP_SHA256, source
+
+
+def test_the_loop_is_installed_only_where_the_runner_asks(monkeypatch) -> None:
+    monkeypatch.delenv(FAST_DISPATCH_ENV, raising=False)
+    assert not install_if_asked()
+    from edgefleet.simulation.engine import Engine
+
+    engine = Engine()
+    assert engine.fleet.env[FAST_DISPATCH_ENV] == "1"

@@ -15,6 +15,7 @@ from edgefleet.client.device import NodeConfigError, get_profile
 from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.pruning.submodel import PruningPlan
 from edgefleet.pruning.wire import KEPT, kept_record
+from edgefleet.strategies.context import PruningRow
 from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.pruning import SubmodelReconstruction, compact_slice
 from edgefleet.task.models import build_model
@@ -100,10 +101,10 @@ def test_clients_train_submodels_and_server_rebuilds_them() -> None:
     for res in results:
         assert res.rejected == [] and res.declined == []
         assert len(res.participants) == 3
-        assert res.extra["compact_replies"] == 2
+        assert res.context.section(PruningRow).compact_replies == 2
         # A keep ratio is a share of the parameters: (1 + 0.5 + 0.25) / 3 at most, and
         # whole channels land within a few points below.
-        assert 0.55 < res.extra["mean_kept_fraction"] <= 1.75 / 3
+        assert 0.55 < res.context.section(PruningRow).mean_kept_fraction <= 1.75 / 3
     full_bytes = sum(a.numpy().nbytes for a in start.values())
     # one full reply, one with at most half, one with at most a quarter of the parameters
     assert 1.6 * full_bytes < results[0].bytes_up < 1.76 * full_bytes
@@ -127,7 +128,7 @@ def test_full_masks_equal_fedavg_exactly() -> None:
     plain, _ = _run(FedAvg(**COMMON), full, start, rounds=2)
     for mode in ("global", "zeros", "elementwise"):
         ours, res = _run(_wrapper(plan, reconstruction=mode), compact, start, rounds=2)
-        assert res[0].extra["compact_replies"] == 3
+        assert res[0].context.section(PruningRow).compact_replies == 3
         for key, value in to_numpy(plain).items():
             got = to_numpy(ours)[key]
             assert got.dtype == value.dtype, key
@@ -219,7 +220,7 @@ def test_compact_download_sends_the_kept_slice_and_refreshes() -> None:
     to_pruned = [m for m in grid.sent if m.metadata.dst_node_id == 2]
     got_kept = [KEPT in m.content.array_records for m in to_pruned]
     assert got_kept == [False, True, True, False]  # full, compact, compact, refresh
-    assert [r.extra["compact_downloads"] for r in res] == [0, 1, 1, 0]
+    assert [r.context.section(PruningRow).compact_downloads for r in res] == [0, 1, 1, 0]
     # the full model and a slice of at most a quarter of the parameters, against two full ones
     assert res[1].bytes_down < 0.63 * res[0].bytes_down
     assert all(r.rejected == [] and r.declined == [] and len(r.participants) == 2 for r in res)

@@ -9,9 +9,24 @@ from edgefleet.strategies.saga import (
     SagaError,
     SagaMemory,
     flatten,
-    saga_step,
     unflatten,
 )
+
+
+def saga_step(
+    memory_mean: np.ndarray, deltas: list[np.ndarray], memories: list[np.ndarray]
+) -> np.ndarray:
+    """v = memory_mean + mean over participants of (delta_k - m_k); no participant -> 0.
+
+    The reference form of :meth:`SagaMemory.direction`, from explicit inputs (the
+    seed's, weight 1/|S|), which the memory must reproduce.
+    """
+    if not deltas:
+        return np.zeros_like(memory_mean, dtype=np.float64)
+    correction = np.zeros(memory_mean.shape, dtype=np.float64)
+    for d, m in zip(deltas, memories, strict=True):
+        correction += np.asarray(d, dtype=np.float64) - np.asarray(m, dtype=np.float64)
+    return np.asarray(memory_mean, dtype=np.float64) + correction / len(deltas)
 
 
 def _vec(*xs: float) -> np.ndarray:

@@ -14,6 +14,7 @@ from flwr.serverapp.strategy import FedAvg
 from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.server.checkpoint import Checkpoint, dumps, loads
 from edgefleet.simulation.runner import load_scenario, run_scenario
+from edgefleet.strategies.context import SelectionRow, SessionRow, StoppingRow
 from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping
@@ -104,22 +105,22 @@ def _run(mode: str, tmp: Path, sessions: int = 4, stopping: bool = False, aux_ro
 def test_sessions_follow_presence_and_pilot_runs_aux_rounds(tmp_path: Path) -> None:
     out, rows, devices, strategy = _run("pilot", tmp_path)
     assert [r.session for r in rows] == [1] * 3 + [2] * 3 + [3] * 3 + [4] * 3
-    phases = [r.extra["phase"] for r in rows]
+    phases = [r.context.section(SessionRow).phase for r in rows]
     assert phases == ["train"] * 6 + ["aux", "train", "train"] * 2
     # session 3 (group 0): its aux round starts from the pilot = mean of sessions 1 and 2
     pilot = np.mean([s.final["w"][0] for s in strategy.store.pilots()])
     assert devices[1].trained_from[3] == pytest.approx(pilot)
     # session 4 (group 1): one stored candidate (session 3), weight 1 -> starts from its final
-    assert rows[9].extra["warmstart_weights"] == {"3": 1.0}
+    assert rows[9].context.section(SessionRow).warmstart_weights == {"3": 1.0}
     final3 = strategy.store.candidates()[0].final["w"][0]
     assert devices[2].trained_from[-2] == pytest.approx(final3)
-    assert rows[0].extra["session_classes"] == [0]
+    assert rows[0].context.section(SessionRow).session_classes == [0]
     assert (tmp_path / "index.json").exists()
 
 
 def test_previous_mode_has_no_aux_rounds(tmp_path: Path) -> None:
     _, rows, devices, _ = _run("previous", tmp_path)
-    assert all(r.extra["phase"] == "train" for r in rows)
+    assert all(r.context.section(SessionRow).phase == "train" for r in rows)
     # session 2's first round starts from session 1's last model
     assert devices[2].trained_from[0] == pytest.approx(float(rows[2].arrays["w"].numpy()[0]))
 
@@ -132,7 +133,7 @@ def test_fresh_mode_restarts_from_the_initial_model(tmp_path: Path) -> None:
 def test_plateau_rests_until_next_session(tmp_path: Path) -> None:
     _, rows, devices, _ = _run("previous", tmp_path, stopping=True)
     assert len(rows) == 4 * T  # never stops the run
-    assert any(r.extra.get("stopping_resting") for r in rows)
+    assert any(r.context.section(StoppingRow).stopping_resting for r in rows)
     # every session trains again at its start
     assert all(rows[i].participants for i in (0, 3, 6, 9))
 
@@ -188,7 +189,7 @@ def test_four_alternating_sessions_end_to_end(tmp_path: Path, monkeypatch) -> No
 
 def test_rested_session_still_runs_the_next_aux_round(tmp_path: Path) -> None:
     _, rows, _, _ = _run("pilot", tmp_path, stopping=True)
-    aux = [r for r in rows if r.extra["phase"] == "aux"]
+    aux = [r for r in rows if r.context.section(SessionRow).phase == "aux"]
     assert len(aux) == 2 and all(r.participants for r in aux)
 
 
@@ -204,7 +205,7 @@ def test_fedsag_forgets_memories_at_a_session_start() -> None:
 
 def test_average_mode_starts_from_the_mean_of_stored_sessions(tmp_path: Path) -> None:
     _, rows, devices, strategy = _run("average", tmp_path)
-    assert all(r.extra["phase"] == "train" for r in rows)
+    assert all(r.context.section(SessionRow).phase == "train" for r in rows)
     finals = [float(rows[i].arrays["w"].numpy()[0]) for i in (2, 5)]
     assert devices[1].trained_from[3] == pytest.approx(np.mean(finals))
     assert len(strategy.store.candidates()) == 3
@@ -214,7 +215,7 @@ def test_session_change_during_aux_rounds_keeps_the_last_real_model(tmp_path: Pa
     """Four aux rounds never finish in 3-round sessions: each session after the pilots
     starts its aux rounds from the pilot again, and nothing half-trained is stored."""
     _, rows, devices, strategy = _run("pilot", tmp_path, aux_rounds=4)
-    assert [r.extra["phase"] for r in rows[6:]] == ["aux"] * 6
+    assert [r.context.section(SessionRow).phase for r in rows[6:]] == ["aux"] * 6
     pilot = np.mean([s.final["w"][0] for s in strategy.store.pilots()])
     assert devices[2].trained_from[3] == pytest.approx(pilot)  # session 4's first aux round
     assert strategy.store.candidates() == []
@@ -289,8 +290,36 @@ def test_energy_selection_inside_sessions_reuses_the_presence_answers(tmp_path: 
     _, more = _loop(strategy, handlers, out.arrays, T + 2, 2 * T)
     rows += more
     assert len(queries) == 2 * T * len(devices)  # the presence query only, never a second one
-    assert [r.extra["status_queries"] for r in rows] == [0] * (2 * T)
-    assert [r.extra["presence_queries"] for r in rows] == [len(devices)] * (2 * T)
+    assert [r.context.section(SelectionRow).status_queries for r in rows] == [0] * (2 * T)
+    assert [r.context.section(SessionRow).presence_queries for r in rows] == [len(devices)] * (
+        2 * T
+    )
     # session 2 is group 1 (device ids 1 and 3): selection and FedSAG see only those
     assert all(set(r.participants) <= {"1", "3"} for r in rows[T:])
     assert sorted(fedsag._known) == ["1", "3"]
+
+
+def test_a_users_app_opens_its_store_again_and_continues_it(tmp_path: Path) -> None:
+    """Warm start in a user's own ServerApp: one constructor with a folder, defaults for the
+    rest. Run twice on one folder (a ServerApp started again), the second opens the store the
+    first left instead of failing on its index, numbers its sessions after the stored ones
+    and warm-starts from them; it never overwrites a stored session with its initial model."""
+    folder = tmp_path / "sessions"
+
+    def app_run() -> tuple[WarmStartInitializer, list]:
+        strategy = WarmStartInitializer(
+            FedAvg(**KW), store=folder, initial=rec(w=np.zeros(2)), pilot_sessions=2
+        )
+        _, rows = _loop(strategy, _devices(), rec(w=np.zeros(2)), 1, 4 * T)
+        return strategy, rows
+
+    first, rows = app_run()
+    assert [r.session for r in rows] == [1] * T + [2] * T + [3] * T + [4] * T
+    stored = {s.session: s.final.copy() for s in first.store.pilots() + first.store.candidates()}
+    assert sorted(stored) == [1, 2, 3]  # session 4 was still running at the end
+    again, rows = app_run()
+    assert [r.session for r in rows][:T] == [4] * T  # continues after the stored sessions
+    assert rows[0].context.section(SessionRow).phase == "aux"  # pilot model -> warm start
+    assert any(r.context.section(SessionRow).warmstart_weights for r in rows)
+    for s in again.store.pilots():  # the pilots the first run stored, unchanged
+        np.testing.assert_array_equal(s.final["w"], stored[s.session]["w"])

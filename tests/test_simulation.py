@@ -56,6 +56,9 @@ def test_two_rounds_on_simulation_engine(tmp_path: Path, monkeypatch) -> None:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["rounds_run"] == 2
     assert summary["final_accuracy"] > 0.3  # 10 classes: chance is 0.1
+    fleet = json.loads((run_dir / "fleet.json").read_text())
+    assert fleet["round"] == 2 and [d["device"] for d in fleet["devices"]] == ["0", "1", "2"]
+    assert all(d["participations"] == 2 and d["online"] for d in fleet["devices"])
     assert summary["config"]["num-server-rounds"] == 2
     left = processes_with_env(f"FLWR_HOME={tmp_path / 'tmp'}")
     assert not left, f"the runner left Flower processes behind: {left}"

@@ -9,6 +9,7 @@ import pytest
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
+from edgefleet.strategies.context import StoppingRow, ValidationRow
 from edgefleet.strategies.loop import RoundResult
 from edgefleet.strategies.stopping import (
     STOP_DIVERGED,
@@ -168,7 +169,7 @@ def test_validation_stopping_reference_rule_records_loss_and_keeps_no_best_model
     assert stop.after_round(first) is None
     second = _result(2, rec(w=np.ones(1)), ["0"])
     assert stop.after_round(second) == "validation-plateau"
-    assert second.extra["validation_loss"] == 1.0 and stop.best_arrays is None
+    assert second.context.section(ValidationRow).validation_loss == 1.0 and stop.best_arrays is None
 
 
 def test_bad_arguments() -> None:
@@ -191,4 +192,7 @@ def test_observe_mode_records_both_rules_and_never_stops() -> None:
     for r in range(1, 6):
         res = _result(r, rec(w=np.ones(2)), ["0"])
         assert [cb.after_round(res) for cb in callbacks] == [None] * len(callbacks)
-    assert res.extra["plateau_count"] == 4 and res.extra["validation_accuracy"] == 0.5
+    assert (
+        res.context.section(StoppingRow).plateau_count == 4
+        and res.context.section(ValidationRow).validation_accuracy == 0.5
+    )

@@ -25,6 +25,7 @@ from edgefleet.strategies import (
     ValidationStopping,
     WarmStartInitializer,
 )
+from edgefleet.strategies.context import ScreeningRow
 from edgefleet.strategies.sessions import SessionStore
 from edgefleet.strategies.tracker import SessionTracker
 from tests.fakes import FakeGrid, no_eval, rec
@@ -113,7 +114,10 @@ def test_an_aggregation_that_raises_drops_the_round_not_the_run() -> None:
     grid = FakeGrid({1: _adds(1.0, 1)})
     loop = RoundLoop(Broken(fraction_evaluate=0.0, **ONE), grid, evaluate_fn=no_eval)  # type: ignore[arg-type]
     first = loop.run_round(1, rec(w=np.zeros(1)), ConfigRecord(), 0.0)
-    assert "boom" in str(first.extra["round_dropped"]) and first.participants == []
+    assert (
+        "boom" in str(first.context.section(ScreeningRow).round_dropped)
+        and first.participants == []
+    )
     np.testing.assert_array_equal(first.arrays["w"].numpy(), [0.0])
     second = loop.run_round(2, first.arrays, ConfigRecord(), 0.0)
     np.testing.assert_array_equal(second.arrays["w"].numpy(), [1.0])
@@ -131,7 +135,10 @@ def test_a_non_finite_global_model_is_rolled_back() -> None:
     strategy = Overflowing(fraction_evaluate=0.0, **ONE)
     loop = RoundLoop(strategy, grid, evaluate_fn=no_eval)  # type: ignore[arg-type]
     result = loop.run_round(1, rec(w=np.ones(1)), ConfigRecord(), 0.0)
-    assert "rolled back" in str(result.extra["round_dropped"]) and result.participants == []
+    assert (
+        "rolled back" in str(result.context.section(ScreeningRow).round_dropped)
+        and result.participants == []
+    )
     np.testing.assert_array_equal(result.arrays["w"].numpy(), [1.0])
 
 
@@ -226,3 +233,16 @@ def test_the_library_does_not_import_the_apps() -> None:
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_an_empty_subset_is_bounded_like_the_grid() -> None:
+    """A wrapper that hands its inner FedAvg a subset with fewer nodes than it samples (no
+    device present, say) must not hang the server: the loop's bound on waiting applies."""
+    from edgefleet.strategies.base import SubsetGrid
+    from edgefleet.strategies.loop import BoundedGrid, NotEnoughNodes
+
+    bounded = BoundedGrid(FakeGrid({1: _adds(1.0, 1), 2: _adds(1.0, 1)}), timeout=0.0)  # type: ignore[arg-type]
+    subset = SubsetGrid(bounded, [2, 7])  # type: ignore[arg-type]
+    assert subset.get_node_ids() == [2]  # node 7 is not online
+    with pytest.raises(NotEnoughNodes):
+        FedAvg(min_available_nodes=2).configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), subset)  # type: ignore[arg-type]

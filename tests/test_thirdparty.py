@@ -47,9 +47,13 @@ def _run(tmp_path: Path, strategies: list[str], clientapp: str) -> tuple[dict[st
             "--federation-config",
             config_arg({"num-supernodes": 6, "client-resources-num-cpus": 1}),
         ]
-        proc = subprocess.run(
-            cmd, env=fleet.env, capture_output=True, text=True, timeout=600, check=False
-        )
+        try:  # inside the test's own limit, so that a hung run still shows its log
+            proc = subprocess.run(
+                cmd, env=fleet.env, capture_output=True, text=True, timeout=540, check=False
+            )
+        except subprocess.TimeoutExpired as err:
+            log = (err.stdout or b"").decode() + (err.stderr or b"").decode()
+            pytest.fail(f"the app did not finish within 540 s:\n{log[-6000:]}")
         log = proc.stdout + proc.stderr
         (tmp_path / "flwr-run.log").write_text(log)
         if not out.exists():
@@ -119,3 +123,16 @@ def test_without_the_mod_energy_selection_says_so_and_falls_back(tmp_path: Path)
     got = results["energy"]
     assert sorted(got["train"]) == [str(r) for r in range(1, ROUNDS + 1)], log[-6000:]
     assert _last(got["central"])["accuracy"] > 0.5
+
+
+def test_warm_start_in_a_users_app_opens_its_store_on_a_second_start(tmp_path: Path) -> None:
+    """``WarmStartInitializer(FedAvg(), store=FOLDER, initial=...)`` in a user's ServerApp,
+    started twice on one folder: the second start opens the store the first left (it used
+    to fail on the store's index), continues its sessions and learns."""
+    results, log = _run(tmp_path, ["warmstart", "warmstart-again"], "app_with_energy")
+    assert "holds sessions up to 1 from an earlier run" in log, log[-6000:]
+    for name in ("warmstart", "warmstart-again"):
+        got = results[name]
+        assert sorted(got["train"]) == [str(r) for r in range(1, ROUNDS + 1)], log[-6000:]
+        assert sorted(got["central"]) == [str(r) for r in range(ROUNDS + 1)]
+        assert _last(got["central"])["accuracy"] > 0.5

@@ -29,12 +29,13 @@ from edgefleet.server.checkpoint import (
     check_resumable,
     run_identity,
 )
-from edgefleet.server.polling import fast_dispatch, fast_grid
+from edgefleet.server.fleet import FleetWriter
+from edgefleet.server.polling import fast_grid, install_if_asked
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
+from edgefleet.strategies.base import build_loop, find_wrapper
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
-from edgefleet.strategies.hooks import hooks_of
-from edgefleet.strategies.loop import EvaluateFn, RoundLoop
+from edgefleet.strategies.loop import EvaluateFn
 from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.screening import Screening
 from edgefleet.strategies.sessions import WarmStartInitializer
@@ -51,8 +52,9 @@ if TYPE_CHECKING:
 
 app = ServerApp()
 # In the Simulation Engine's process this module loads before the engine starts dispatching
-# messages to its actors: shorten that loop's pause now (a no-op anywhere else).
-fast_dispatch()
+# messages to its actors: shorten that loop's pause now where EdgeFleet's runner asked for
+# it (a no-op anywhere else, and in a plain `flwr run .`).
+install_if_asked()
 
 
 def build_strategy(
@@ -103,11 +105,15 @@ def build_strategy(
         strategy = FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
     elif cfg.server.strategy == "fedsag":
         srv = cfg.server
-        # Corrections weighted 1/max(|S|, M): M (the channels) exists only when energy-age
-        # selection caps the round; otherwise the seed's 1/|S|.
-        floor = cfg.energy.max_devices if energy_age and srv.saga_correction == "channels" else 0
+        # Corrections weighted 1/max(|S|, M), M read from the energy-age selection around it
+        # (none without one: the seed's 1/|S|), as FedSAG does in any app.
         strategy = FedSAG(
-            srv.server_lr, srv.saga_init, srv.saga_estimator, srv.saga_memory_mean, floor, **common
+            server_lr=srv.server_lr,
+            init=srv.saga_init,
+            estimator=srv.saga_estimator,
+            mean_over=srv.saga_memory_mean,
+            correction=srv.saga_correction,
+            **common,
         )
     elif energy_age:
         strategy = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
@@ -115,15 +121,19 @@ def build_strategy(
         strategy = FedAvg(**common)  # type: ignore[arg-type]
     p = cfg.pruning
     strategy = SubmodelReconstruction(
-        strategy, partial(pruning_plan, cfg), p.reconstruction, p.compact_download, p.refresh_rounds
+        strategy,
+        partial(pruning_plan, cfg),
+        reconstruction=p.reconstruction,
+        compact_download=p.compact_download,
+        refresh_rounds=p.refresh_rounds,
     )
     if energy_age:
         e = cfg.energy
         strategy = EnergyAgeSelection(
             strategy,
-            e.max_devices,
-            e.slots_per_round,
-            e.batch_size,
+            max_devices=e.max_devices,
+            slots_per_round=e.slots_per_round,
+            batch_size=e.batch_size,
             seed=cfg.seed,
             query_timeout=query_timeout(cfg),
             first_answer_timeout=first_answer_timeout(cfg),
@@ -137,12 +147,14 @@ def build_strategy(
     if sc.mode in ("data-free", "observe"):
         enforce = sc.mode == "data-free"
         keys = central.keys  # type: ignore[union-attr]
-        strategy = TaskVectorStopping(strategy, sc.tau, sc.patience, sc.norm, keys, enforce)
+        strategy = TaskVectorStopping(
+            strategy, tau=sc.tau, patience=sc.patience, norm=sc.norm, keys=keys, enforce=enforce
+        )
     if sc.mode in ("validation", "observe"):
         strategy = ValidationStopping(
             strategy,
-            central.validate,  # type: ignore[union-attr]
-            sc.patience,
+            validate=central.validate,  # type: ignore[union-attr]
+            patience=sc.patience,
             enforce=sc.mode == "validation",
             rule=sc.validation_rule,
             min_delta=sc.validation_min_delta,
@@ -200,11 +212,8 @@ def _sessions(
     strategy: Strategy, cfg: RunConfig, run_dir: Path, central: CentralEvaluation
 ) -> WarmStartInitializer:
     w, s = cfg.warmstart, cfg.sessions
-    folder = run_dir / "sessions"
-    if cfg.server.resume and (folder / "index.json").exists():
-        store = SessionStore.load(folder, w.max_stored)
-    else:
-        store = SessionStore(folder, w.max_stored)
+    # A fresh run's folder is new (prepare_run_dir), so only a resumed run finds a store.
+    store = SessionStore.open(run_dir / "sessions", w.max_stored)
     return WarmStartInitializer(
         strategy,
         store=store,
@@ -346,14 +355,15 @@ def main(grid: Grid, context: Context) -> None:
     wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout)
     fast_grid(grid)
     checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
-    loop = RoundLoop(
+    tau = cfg.stopping.tau if cfg.stopping.mode in ("data-free", "observe") else None
+    loop = build_loop(
         strategy,
         grid,
+        # The writer records what the wrappers wrote; the checkpoint comes last so that a
+        # round it covers is always on record.
+        after=[writer, FleetWriter(run_dir, tau), checkpointer],
         evaluate_fn=central.evaluate,
         evaluate_every=cfg.server.evaluate_every,
-        # The writer records what the callbacks before it add; the checkpoint comes last so
-        # that a round it covers is always on record.
-        callbacks=[*hooks_of(strategy).round_callbacks(), writer, checkpointer],
         round_timeout=cfg.server.round_timeout,
         screening=screening_for(cfg),
     )
@@ -368,10 +378,11 @@ def main(grid: Grid, context: Context) -> None:
     t0 = time.monotonic()
     outcome = loop.run(arrays, cfg.server.num_rounds, ConfigRecord(), first_round=first_round)
     extra = {}
-    if isinstance(strategy, ValidationStopping) and strategy.enforce and strategy.keeps_best:
+    baseline = find_wrapper(strategy, ValidationStopping)
+    if baseline is not None and baseline.enforce and baseline.keeps_best:
         # The baseline returns its best model, so its figures are those of that round.
-        extra = {"best_validation_round": strategy.best_round}
-        best = next((r for r in writer.rows if r["round"] == strategy.best_round), None)
+        extra = {"best_validation_round": baseline.best_round}
+        best = next((r for r in writer.rows if r["round"] == baseline.best_round), None)
         if best is not None:
             extra["final_accuracy"] = best["test_accuracy"]
     summary = write_summary(run_dir, cfg, outcome, writer.rows, time.monotonic() - t0, extra)

@@ -48,7 +48,9 @@ from edgefleet.strategies.loop import RoundCallback, RoundResult
 
 FILENAME = "checkpoint.npz"
 LEGACY_FILENAME = "checkpoint.pkl"
-FORMAT = 2
+# 3: the loop state holds the device registry (which device is which) instead of the
+# screening bindings, and the wrappers no longer keep node -> device maps of their own.
+FORMAT = 3
 _ARRAY, _TUPLE = "$array", "$tuple"
 
 

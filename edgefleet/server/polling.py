@@ -14,20 +14,33 @@ benchmark takes about 2.5 s.
   with 1,000 nodes (a pass of tens of ms) it stays at Flower's 100 ms.
 
 Both act only inside the Simulation Engine's process (where Flower has imported ``vce_api``)
-and only on the Flower version whose loop they were written against; anywhere else they do
-nothing. ``fast_dispatch`` must run before the engine starts its dispatcher thread, which it
-does after ``ray.init`` and the actor pool: the ServerApp module calls it when it is loaded.
+and only on the Flower version whose loop they were written against (:data:`FLOWER_LOOP_SHA256`,
+checked by tests/test_polling.py); anywhere else they do nothing. ``fast_dispatch`` must run
+before the engine starts its dispatcher thread, which it does after ``ray.init`` and the
+actor pool, so EdgeFleet's ServerApp module calls :func:`install_if_asked` when it is loaded:
+it installs the loop only where ``EDGEFLEET_FAST_DISPATCH=1`` is set, which EdgeFleet's
+simulation runner (``edgefleet run``, sweeps, benchmarks) does for the processes it starts.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import sys
 import time
 from typing import Any
 
 _VCE = "flwr.server.superlink.fleet.vce.vce_api"
 _SIGNATURE = ("state", "queue", "nodes_mapping", "f_stop")
+FAST_DISPATCH_ENV = "EDGEFLEET_FAST_DISPATCH"
+# sha256 of inspect.getsource(vce_api.add_messages_to_queue) in flwr 1.42.0: the loop the
+# replacement reproduces. tests/test_polling.py fails when Flower's changes.
+FLOWER_LOOP_SHA256 = "953f4bd41a931a7779a4a670ab17b633f6e20b08a0128535328674466419777a"
+
+
+def install_if_asked() -> bool:
+    """:func:`fast_dispatch` where the simulation runner asked for it (its environment)."""
+    return os.environ.get(FAST_DISPATCH_ENV) == "1" and fast_dispatch()
 
 
 def fast_grid(grid: object) -> None:

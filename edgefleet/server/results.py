@@ -99,8 +99,9 @@ def round_row(result: RoundResult) -> dict[str, Any]:
     }
     if result.federated_metrics:
         row["federated"] = result.federated_metrics
-    if result.extra.get("round_dropped"):
-        row["round_dropped"] = result.extra["round_dropped"]
+    # Each component's typed section (edgefleet.strategies.context), then any column a
+    # callback of the user's own added.
+    row.update(result.context.columns())
     row.update(result.extra)
     return row
 

@@ -14,17 +14,21 @@ Each is a ``flwr.serverapp.strategy.Strategy``; wrap your own (Flower's ``FedAvg
 - :class:`WarmStartInitializer`: sessions over a changing device set, each warm-started from
   the stored sessions' models (arXiv 2410.05662).
 
-They run in :class:`RoundLoop` (``start()`` does this for you), which screens every reply on
-its own, so a standard Flower reply (arrays + metrics with ``num-examples``) is valid and a
-malformed one is dropped with its reason. Nothing here imports EdgeFleet's apps or torch.
+They run in :class:`RoundLoop` (``start()`` does this for you), which keeps the run's
+:class:`DeviceRegistry` (which node is which device, what each said and did), hands every
+wrapper the round's :class:`RoundContext`, and screens every reply on its own, so a
+standard Flower reply (arrays + metrics with ``num-examples``) is valid and a malformed one
+is dropped with its reason. Nothing here imports EdgeFleet's apps or torch.
 """
 
-from edgefleet.strategies.base import DeviceStatus, LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.context import RoundContext, current_round
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
 from edgefleet.strategies.hooks import StrategyHooks, hooks_of
 from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundLoop, RoundResult
 from edgefleet.strategies.pruning import SubmodelReconstruction
+from edgefleet.strategies.registry import DeviceRecord, DeviceRegistry, DeviceStatus
 from edgefleet.strategies.saga import SagaMemory
 from edgefleet.strategies.screening import RecordKeys, check_train_reply
 from edgefleet.strategies.sessions import WarmStartInitializer
@@ -33,6 +37,8 @@ from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
 
 __all__ = [
+    "DeviceRecord",
+    "DeviceRegistry",
     "DeviceStatus",
     "EnergyAgeSelection",
     "EqualWeightFedAvg",
@@ -41,6 +47,7 @@ __all__ = [
     "LoopStrategy",
     "RecordKeys",
     "RoundCallback",
+    "RoundContext",
     "RoundLoop",
     "RoundResult",
     "SagaMemory",
@@ -54,5 +61,6 @@ __all__ = [
     "ValidationStopping",
     "WarmStartInitializer",
     "check_train_reply",
+    "current_round",
     "hooks_of",
 ]

@@ -21,10 +21,10 @@ node id (``node-<id>``), once said in the log, and never asked again.
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO, WARNING
-from typing import Any
+from typing import Any, TypeVar
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
@@ -32,23 +32,14 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
+from edgefleet.strategies.context import RoundContext, ScreeningRow, current_round
 from edgefleet.strategies.hooks import StrategyHooks, hooks_of
 from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult, numbers
+from edgefleet.strategies.registry import DeviceRegistry, DeviceStatus
 from edgefleet.strategies.screening import RecordKeys, Screening, parse_device_id
 
 # What Flower's ClientApp raises for a message type it has no function for.
 _NO_QUERY_HANDLER = "No query function registered"
-
-
-@dataclass(frozen=True)
-class DeviceStatus:
-    """A device's answer to the light status query."""
-
-    device: str  # the stable device id
-    feasible: bool  # its battery covers a round
-    present: bool  # it takes part in the current session
-    labels: tuple[int, ...] = ()  # classes of its data (only when asked for)
-    reported: bool = True  # False: the node does not answer status queries (assumed values)
 
 
 @dataclass
@@ -58,8 +49,14 @@ class StatusQuery:
     A node that does not answer, answers with an error or with a malformed status is left
     out: unavailable this round, never an end of the run. A node whose ClientApp has no
     query function (Flower says so in its error), or whose query function answers without a
-    ``status`` record, cannot report: it is taken as present and feasible under
-    ``node-<id>`` from then on (logged once) and not asked again.
+    ``status`` record, cannot report: it is taken as present and feasible from then on
+    (logged once) and not asked again (the registry's ``unreported`` nodes).
+
+    Every answer goes through the run's :class:`~edgefleet.strategies.registry.
+    DeviceRegistry`: the ``device-id`` it claims must pass the same binding rules as a
+    train reply's (a node that claims another online device's id is refused, with its
+    reason in the row's ``status_refused``), and the accepted ones land in the round
+    context's ``status``, where every wrapper of the round finds them.
 
     How long to wait: ``timeout`` for nodes that have answered before; for a batch with a node
     that never has, ``first_timeout`` (when larger). A node's first answer waits for its
@@ -72,14 +69,14 @@ class StatusQuery:
     slots_per_round: int = 1
     timeout: float = 60.0
     first_timeout: float | None = None
-    unsupported: set[int] = field(default_factory=set)  # nodes that cannot answer
-    heard: set[int] = field(default_factory=set)  # nodes that have answered (anything)
 
     def ask(
         self, grid: Grid, nodes: Iterable[int], server_round: int, labels: bool = False
     ) -> dict[int, DeviceStatus]:
+        ctx = current_round()
+        registry = ctx.registry
         nodes = list(nodes)
-        answers = {n: _assumed(n) for n in nodes if n in self.unsupported}
+        answers = {n: _assumed(registry, n) for n in nodes if n in registry.unreported}
         config = ConfigRecord(
             {
                 "slot": (server_round - 1) * self.slots_per_round,
@@ -90,19 +87,21 @@ class StatusQuery:
         messages = [
             Message(RecordDict({"config": config}), dst_node_id=n, message_type=MessageType.QUERY)
             for n in nodes
-            if n not in self.unsupported
+            if n not in registry.unreported
         ]
         if not messages:
+            ctx.status.update(answers)
             return answers
         wait = self.timeout
         if self.first_timeout is not None and any(
-            m.metadata.dst_node_id not in self.heard for m in messages
+            m.metadata.dst_node_id not in registry.heard for m in messages
         ):
             wait = max(wait, self.first_timeout)
         new: list[int] = []
+        parsed: dict[int, DeviceStatus] = {}
         for reply in grid.send_and_receive(messages, timeout=wait):
             node = reply.metadata.src_node_id
-            self.heard.add(node)
+            registry.heard.add(node)
             if reply.has_error():
                 if _NO_QUERY_HANDLER in (reply.error.reason or ""):
                     new.append(node)
@@ -111,9 +110,10 @@ class StatusQuery:
             if status is None:
                 new.append(node)
                 continue
-            parsed = _parse_status(node, status)
-            if parsed is not None:
-                answers[node] = parsed
+            one = _parse_status(node, status)
+            if one is not None:
+                parsed[node] = one
+        answers.update(_screened(ctx, server_round, parsed))
         if new:
             log(
                 WARNING,
@@ -124,13 +124,61 @@ class StatusQuery:
                 "(README: 'Use EdgeFleet's strategies in your own Flower app').",
                 len(new),
             )
-            self.unsupported.update(new)
-            answers.update({n: _assumed(n) for n in new})
+            registry.unreported.update(new)
+            answers.update({n: _assumed(registry, n) for n in new})
+        ctx.status.update(answers)
         return answers
 
 
-def _assumed(node: int) -> DeviceStatus:
-    return DeviceStatus(device=f"node-{node}", feasible=True, present=True, reported=False)
+def _screened(
+    ctx: RoundContext, server_round: int, parsed: Mapping[int, DeviceStatus]
+) -> dict[int, DeviceStatus]:
+    """The status answers whose device-id claim the registry accepts (bound and kept)."""
+    registry = ctx.registry
+    claims = {node: (node, s.device) for node, s in parsed.items()}
+    reasons = registry.screen(claims, ctx.online)
+    out: dict[int, DeviceStatus] = {}
+    for node, status in parsed.items():
+        if node in reasons:
+            log(WARNING, "Ignoring the status of node %d: %s", node, reasons[node])
+            row = ctx.section(ScreeningRow)
+            row.status_refused = [
+                *(row.status_refused or []),
+                {"device": registry.name(node), "reason": reasons[node]},
+            ]
+            continue
+        out[node] = status
+        if status.device == f"node-{node}":
+            registry.anonymous.add(node)  # no device-id of its own: a train reply may name one
+            continue
+        registry.bind(node, status.device)
+        registry.note_status(server_round, node, status)
+    return out
+
+
+def _assumed(registry: DeviceRegistry, node: int) -> DeviceStatus:
+    """What a node that cannot report is taken to say: present and feasible, under the
+    device id its train replies claimed (``node-<id>`` until one did)."""
+    return DeviceStatus(device=registry.name(node), feasible=True, present=True, reported=False)
+
+
+# A battery level a device may report, in energy units: beyond this it is not a battery.
+MAX_BATTERY = 1e6
+
+
+def _battery(node: int, value: object) -> float | None:
+    """A reported battery level, or None (absent; not a finite number in [0, MAX_BATTERY]:
+    dropped with its reason, never stored)."""
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        log(WARNING, "Node %d: battery-level %r is not a number; dropped", node, value)
+        return None
+    if not (0.0 <= float(value) <= MAX_BATTERY):  # also NaN
+        log(WARNING, "Node %d: battery-level %r is not in [0, %g]; dropped", node, value,
+            MAX_BATTERY)  # fmt: skip
+        return None
+    return float(value)
 
 
 def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
@@ -146,6 +194,7 @@ def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
             feasible=bool(status.get("feasible", 1)),
             present=bool(status.get("present", 1)),
             labels=tuple(int(c) for c in labels),
+            battery=_battery(node, status.get("battery-level")),
         )
     except (TypeError, ValueError, OverflowError) as err:  # int(inf) is an OverflowError
         log(WARNING, "Ignoring a malformed status from node %d: %r", node, err)
@@ -153,13 +202,17 @@ def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
 
 
 class SubsetGrid:
-    """The grid as an inner strategy should see it: only ``node_ids`` are online."""
+    """The grid as an inner strategy should see it: only ``node_ids`` (those still online).
+
+    Each call asks the grid below, so the round loop's bound on waiting for nodes holds
+    here too: a FedAvg asked to sample 2 of an empty subset used to wait for good."""
 
     def __init__(self, grid: Grid, node_ids: list[int]) -> None:
         self._grid, self._nodes = grid, node_ids
 
     def get_node_ids(self) -> list[int]:
-        return list(self._nodes)
+        online = set(self._grid.get_node_ids())
+        return [n for n in self._nodes if n in online]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -251,60 +304,119 @@ class LoopStrategy(StrategyHooks, Strategy):
         *,
         screening: Screening | None = None,
     ) -> Result:
-        """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop.
-
-        As in Flower: the summary is logged first; ``evaluate_fn`` is called on the initial
-        model (round 0) and after every round; federated evaluation runs when the inner
-        strategy's ``fraction_evaluate`` > 0; the returned ``Result`` holds the final arrays
-        and every round's aggregated train, federated-evaluation and central metrics. The one
-        difference: a round callback may end the run before ``num_rounds`` (a stopping rule).
-        ``screening`` (EdgeFleet's addition) sets the bounds replies are screened against
-        (:class:`~edgefleet.strategies.screening.Screening`; e.g. ``max_examples`` when your
-        ClientApp's sample count per round is known).
-        """
-        log(INFO, "Starting %s strategy:", type(self).__name__)
-        log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
-        self.summary()
-        log(INFO, "")
-        result = Result(arrays=initial_arrays)
-        central: dict[int, MetricRecord] = result.evaluate_metrics_serverapp
-
-        def evaluate(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
-            res = evaluate_fn(rnd, arrays) if evaluate_fn else None
-            if res is None:
-                return {}
-            central[rnd] = res
-            return numbers(res)
-
-        if evaluate_fn is not None:
-            log(INFO, "Initial global evaluation results: %s", evaluate(0, initial_arrays))
-
-        class Collect(RoundCallback):
-            def after_round(self, res: RoundResult) -> str | None:
-                if res.train_metrics:
-                    result.train_metrics_clientapp[res.round] = MetricRecord(
-                        dict(res.train_metrics)
-                    )
-                if res.federated_metrics:
-                    result.evaluate_metrics_clientapp[res.round] = MetricRecord(
-                        dict(res.federated_metrics)
-                    )
-                return None
-
-        loop = RoundLoop(
+        """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop
+        (:func:`start_on_loop`)."""
+        return start_on_loop(
             self,
             grid,
-            evaluate_fn=evaluate if evaluate_fn is not None else None,
-            evaluate_config=evaluate_config,
-            callbacks=[Collect(), *self.round_callbacks()],
-            round_timeout=timeout,
+            initial_arrays,
+            num_rounds,
+            timeout,
+            train_config,
+            evaluate_config,
+            evaluate_fn,
             screening=screening,
         )
-        outcome = loop.run(initial_arrays, num_rounds, train_config)
-        result.arrays = outcome.arrays
-        log(INFO, "")
-        log(INFO, "Run ended after round %d (%s). Final results:", outcome.rounds_run,
-            outcome.stop_reason)  # fmt: skip
-        for line in io.StringIO(str(result)):
-            log(INFO, "\t%s", line.strip("\n"))
-        return result
+
+
+W = TypeVar("W")
+
+
+def find_wrapper(strategy: object, kind: type[W]) -> W | None:
+    """The outermost wrapper of type ``kind`` in ``strategy``'s chain (``.inner`` links)."""
+    while strategy is not None:
+        if isinstance(strategy, kind):
+            return strategy
+        strategy = getattr(strategy, "inner", None)
+    return None
+
+
+def build_loop(
+    strategy: Strategy,
+    grid: Grid,
+    *,
+    before: Sequence[RoundCallback] = (),
+    after: Sequence[RoundCallback] = (),
+    **loop_kwargs: Any,
+) -> RoundLoop:
+    """The round loop for ``strategy``: its wrappers' callbacks (innermost first), between
+    ``before`` and ``after`` (EdgeFleet's ServerApp puts its metrics writer and checkpoint
+    after them, so that they record what the wrappers wrote). ``loop_kwargs`` go to
+    :class:`~edgefleet.strategies.loop.RoundLoop`. The one way both
+    :func:`start_on_loop` and EdgeFleet's ServerApp build it."""
+    callbacks = [*before, *hooks_of(strategy).round_callbacks(), *after]
+    return RoundLoop(strategy, grid, callbacks=callbacks, **loop_kwargs)
+
+
+def start_on_loop(
+    strategy: Strategy,
+    grid: Grid,
+    initial_arrays: ArrayRecord,
+    num_rounds: int = 3,
+    timeout: float = 3600,
+    train_config: ConfigRecord | None = None,
+    evaluate_config: ConfigRecord | None = None,
+    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    *,
+    screening: Screening | None = None,
+) -> Result:
+    """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop.
+
+    As in Flower: the summary is logged first; ``evaluate_fn`` is called on the initial
+    model (round 0) and after every round; federated evaluation runs when the inner
+    strategy's ``fraction_evaluate`` > 0; the returned ``Result`` holds the final arrays
+    and every round's aggregated train, federated-evaluation and central metrics (a round
+    that kept the model as it was holds the last evaluation's figures, without a second
+    pass). The one difference: a round callback may end the run before ``num_rounds`` (a
+    stopping rule). ``screening`` (EdgeFleet's addition) sets the bounds replies are
+    screened against (:class:`~edgefleet.strategies.screening.Screening`; e.g.
+    ``max_examples`` when your ClientApp's sample count per round is known).
+    """
+    log(INFO, "Starting %s strategy:", type(strategy).__name__)
+    log_strategy_start_info(num_rounds, initial_arrays, train_config, evaluate_config)
+    strategy.summary()
+    log(INFO, "")
+    result = Result(arrays=initial_arrays)
+    central: dict[int, MetricRecord] = result.evaluate_metrics_serverapp
+    last: list[MetricRecord] = []  # the last record evaluate_fn returned
+
+    def evaluate(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
+        res = evaluate_fn(rnd, arrays) if evaluate_fn else None
+        if res is None:
+            return {}
+        central[rnd] = res
+        last[:] = [res]
+        return numbers(res)
+
+    if evaluate_fn is not None:
+        log(INFO, "Initial global evaluation results: %s", evaluate(0, initial_arrays))
+
+    class Collect(RoundCallback):
+        def after_round(self, res: RoundResult) -> str | None:
+            if res.train_metrics:
+                result.train_metrics_clientapp[res.round] = MetricRecord(dict(res.train_metrics))
+            if res.federated_metrics:
+                result.evaluate_metrics_clientapp[res.round] = MetricRecord(
+                    dict(res.federated_metrics)
+                )
+            if res.evaluated and res.round not in central and last:
+                central[res.round] = last[0]  # the loop reused the last figures
+            return None
+
+    loop = build_loop(
+        strategy,
+        grid,
+        before=[Collect()],
+        evaluate_fn=evaluate if evaluate_fn is not None else None,
+        evaluate_config=evaluate_config,
+        round_timeout=timeout,
+        screening=screening,
+    )
+    outcome = loop.run(initial_arrays, num_rounds, train_config)
+    result.arrays = outcome.arrays
+    log(INFO, "")
+    log(INFO, "Run ended after round %d (%s). Final results:", outcome.rounds_run,
+        outcome.stop_reason)  # fmt: skip
+    for line in io.StringIO(str(result)):
+        log(INFO, "\t%s", line.strip("\n"))
+    return result

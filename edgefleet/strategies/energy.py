@@ -11,8 +11,9 @@ Devices are asked in descending age, ``batch_size`` at a time, until M feasible 
 answered: the rule picks the oldest feasible devices, so asking the rest could not change
 the selection, and a round's cost stays proportional to M rather than to the fleet
 (``batch_size = 0`` asks everyone at once). A node is asked when it first appears, to learn
-its stable device id, which orders it from then on; when a device reconnects under a new
-node id, the old id is retired and never asked again. When an outer wrapper has already
+its stable device id (kept in the run's device registry), which orders it from then on;
+when a device reconnects under a new node id, the registry retires the old id and it is
+never asked again. When an outer wrapper has already
 asked every node this round (the sessions wrapper's presence query carries the same slot
 clock), those answers are reused and no second query is sent. Wrapped around FedAvg this is
 EH-FedAvg, around :class:`~edgefleet.strategies.fedsag.FedSAG` it is EH-FedSAG.
@@ -30,8 +31,10 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.strategies.base import DeviceStatus, LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.context import ScreeningRow, SelectionRow, current_round
 from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.strategies.registry import DeviceStatus
 from edgefleet.strategies.selection import (
     SELECTION_ORDERS,
     AgeTracker,
@@ -63,17 +66,6 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self.query = StatusQuery(slots_per_round, query_timeout, first_answer_timeout)
         self.rng = np.random.default_rng(seed)
         self.ages = AgeTracker()
-        self.device_of_node: dict[int, str] = {}
-        self._node_of_device: dict[str, int] = {}
-        # Node ids superseded by a newer node of the same device (a reconnect): a dead
-        # incarnation stays listed until its heartbeat expires and must not be asked.
-        self._retired: set[int] = set()
-        self._configured = 0  # the round configure_train last ran for
-        self._queried = 0  # status messages sent this round
-        self._selected: list[str] = []
-        self._heard: dict[int, DeviceStatus] = {}  # this round's answers, by node
-        self._heard_round = 0
-        self._nobody = ""  # why the last configured round selected nobody
 
     def settings(self) -> dict[str, object]:
         return {
@@ -87,82 +79,69 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         return (server_round - 1) * self.slots_per_round
 
     def on_status(self, server_round: int, answers: Mapping[int, DeviceStatus]) -> None:
-        self._remember(server_round, answers)
+        self._note(answers)
         super().on_status(server_round, answers)
 
-    def _remember(self, server_round: int, answers: Mapping[int, DeviceStatus]) -> None:
-        """Keep this round's status answers (feasibility at this round's slot)."""
-        if self._heard_round != server_round:
-            self._heard, self._heard_round = {}, server_round
-        self._heard.update(answers)
-        for node, status in answers.items():
-            self._map(node, status.device)
+    def _note(self, answers: Mapping[int, DeviceStatus]) -> None:
+        """Track the devices that answered (their ages, and the inner strategy's fleet)."""
         devices = [a.device for a in answers.values()]
         self.ages.register(devices)
         self.register_devices(devices)
 
-    def _map(self, node: int, device: str) -> None:
-        before = self._node_of_device.get(device)
-        if before is not None and before != node:
-            self.device_of_node.pop(before, None)
-            self._retired.add(before)
-        self.device_of_node[node] = device
-        self._node_of_device[device] = node
-
-    def on_start(self, arrays: ArrayRecord, first_round: int) -> None:
-        self._heard, self._heard_round = {}, 0  # answers of an earlier start() are stale
-
     def _ask(self, grid: Grid, nodes: list[int], server_round: int) -> None:
         """Send the status query (battery at this round's slot) to ``nodes``."""
-        answers = self.query.ask(grid, nodes, server_round)
-        self._queried += len(nodes)
-        self._remember(server_round, answers)
+        self._note(self.query.ask(grid, nodes, server_round))
+        current_round().section(SelectionRow).status_queries += len(nodes)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        nodes = sorted(n for n in grid.get_node_ids() if n not in self._retired)
-        self._configured, self._queried = server_round, 0
-        self._remember(server_round, {})
+        ctx = current_round()
+        registry, heard = ctx.registry, ctx.status
+        row = ctx.section(SelectionRow)
+        ctx.max_participants = self.max_devices  # FedSAG's M (its uplink channels)
+        nodes = sorted(n for n in grid.get_node_ids() if n not in registry.retired)
+        known = registry.known
+
         # A node's first answer names its device. Asking newcomers before ordering keeps the
         # order, seeded ties included, on stable device ids: Flower's node ids change when a
         # node reconnects, and the Simulation Engine draws them afresh every run, so an order
         # keyed on them made two runs with one seed select different devices. A node that
         # answers is not asked this again; one that does not stays unknown (unavailable this
         # round) and is asked again next round.
-        new = [n for n in nodes if n not in self.device_of_node and n not in self._heard]
+        new = [n for n in nodes if not known(n) and n not in heard]
         if new:
             self._ask(grid, new, server_round)
-        node_of = {self.device_of_node[n]: n for n in nodes if n in self.device_of_node}
+        node_of = {registry.name(n): n for n in nodes if known(n)}
         order = query_order(self.ages.ages, node_of, self.rng, self.order)
         batch = self.batch_size or max(1, len(order))
 
         def feasible(devices: list[str]) -> dict[str, bool]:
-            ask = [node_of[d] for d in devices if node_of[d] not in self._heard]
+            ask = [node_of[d] for d in devices if node_of[d] not in heard]
             if ask:
                 self._ask(grid, ask, server_round)
-            heard = self._heard
             return {d: heard[node_of[d]].feasible for d in devices if node_of[d] in heard}
 
-        self._selected, _ = select_in_batches(order, feasible, self.max_devices, batch)
+        row.selected, _ = select_in_batches(order, feasible, self.max_devices, batch)
         log(
             INFO,
             "energy-age selection: %d of %d nodes selected (%d asked)",
-            len(self._selected),
+            len(row.selected),
             len(nodes),
-            self._queried,
+            row.status_queries,
         )
-        if not self._selected:
-            self._nobody = self._why_nobody(nodes)
-            log(WARNING, "Round %d: nobody selected: %s", server_round, self._nobody)
+        if not row.selected:
+            screening = ctx.section(ScreeningRow)
+            screening.no_participants = self._why_nobody(nodes, heard)
+            log(WARNING, "Round %d: nobody selected: %s", server_round, screening.no_participants)
             return []
         config = ConfigRecord({**dict(config), "slot": self.slot(server_round)})
-        subset = SubsetGrid(grid, [node_of[d] for d in self._selected])
+        subset = SubsetGrid(grid, [node_of[d] for d in row.selected])
         return self.inner.configure_train(server_round, arrays, config, subset)  # type: ignore[arg-type]
 
-    def _why_nobody(self, nodes: list[int]) -> str:
+    def _why_nobody(self, nodes: list[int], heard: Mapping[int, DeviceStatus]) -> str:
         """Why this round's selection is empty, for the row and the log."""
-        answered = [n for n in nodes if n in self._heard]
+        answered = [n for n in nodes if n in heard]
         if not nodes:
             return "energy-age selection: no node online"
         if not answered:
@@ -176,36 +155,16 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         )
 
     def after_round(self, result: RoundResult) -> str | None:
-        # A node's train reply may name another device id than its status answer did (a
-        # ClientApp that reports its id when training but cannot answer status queries):
-        # the id it trains under is the one its age must follow.
-        for node, device in zip(result.participant_nodes, result.participants, strict=True):
-            if self.device_of_node.get(node) != device:
-                self._map(node, device)
         self.ages.on_round(result.participants)
-        configured = self._configured == result.round  # not when an outer wrapper skipped it
-        result.extra["status_queries"] = self._queried if configured else 0
-        result.extra["selected"] = self._selected if configured else []
-        if configured and not self._selected:
-            result.extra["no_participants"] = self._nobody
+        result.context.section(SelectionRow)  # zero queries, nobody selected: still a row
         return None
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
-        state.update(
-            ages=self.ages.state_dict(),
-            device_of_node={str(k): v for k, v in self.device_of_node.items()},
-            retired=sorted(self._retired),
-            no_status=sorted(self.query.unsupported),
-            rng=self.rng.bit_generator.state,
-        )
+        state.update(ages=self.ages.state_dict(), rng=self.rng.bit_generator.state)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.ages.load_state_dict(state["ages"])
-        self.device_of_node = {int(k): v for k, v in state["device_of_node"].items()}
-        self._node_of_device = {v: k for k, v in self.device_of_node.items()}
-        self._retired = {int(n) for n in state.get("retired", [])}
-        self.query.unsupported = {int(n) for n in state.get("no_status", [])}
         self.rng.bit_generator.state = state["rng"]

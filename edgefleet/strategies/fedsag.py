@@ -5,17 +5,27 @@ their harvested energy allows) the plain average of whoever took part swings fro
 round. FedSAG keeps, per device, the last update it sent (its memory m_k) and moves the
 model along
 
-    v_t = mean over all K devices of m_k  +  mean over participants of (delta_k - m_k)
+    v_t = mean over all K devices of m_k  +  w * sum over participants S of (delta_k - m_k)
 
 then replaces the participants' memories by their new deltas; theta += server_lr * v_t.
+The correction weight ``w`` is, by default (``correction="channels"``), 1/max(|S|, M) where
+M is the devices a round has room for: the cap of the selection wrapper around it
+(:class:`~edgefleet.strategies.energy.EnergyAgeSelection`'s ``max_devices``, EH-FedSAG's
+uplink channels), so a round that few devices could afford does not inflate its stale
+corrections; without such a cap, 1/|S|. ``correction="participants"`` is the seed's 1/|S|
+always. The same default holds in EdgeFleet's app and in yours.
 With everyone participating and every memory filled this is exactly FedAvg's (unweighted)
 mean update. Choose it over FedAvg when few devices take part per round and the data are
 non-IID; it costs one parameter vector of server memory per device.
+
+Used alone (``FedSAG(...).start(grid, arrays, ...)``) it runs in EdgeFleet's round loop, as
+every EdgeFleet strategy does, so its replies are screened.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -23,12 +33,14 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
 
 from edgefleet.arrays import to_numpy, to_record
+from edgefleet.strategies.context import current_round
 from edgefleet.strategies.hooks import StrategyHooks
 from edgefleet.strategies.saga import (
+    SAGA_CORRECTIONS,
     SAGA_ESTIMATORS,
     SAGA_MEANS,
     SagaError,
@@ -50,10 +62,15 @@ class FedSAG(StrategyHooks, FedAvg):
         init: str = "zeros",
         estimator: str = "saga",
         mean_over: str = "fleet",
+        correction: str = "channels",
         correction_floor: float = 0.0,
         **fedavg_kwargs: Any,
     ) -> None:
+        """``correction_floor``: a fixed M for ``correction="channels"`` where no selection
+        wrapper caps the round (the larger of the two applies)."""
         super().__init__(**fedavg_kwargs)
+        if correction not in SAGA_CORRECTIONS:
+            raise SagaError(f"correction={correction!r}; valid: {', '.join(SAGA_CORRECTIONS)}")
         if estimator not in SAGA_ESTIMATORS:
             raise SagaError(f"estimator={estimator!r}; valid: {', '.join(SAGA_ESTIMATORS)}")
         if mean_over not in SAGA_MEANS:
@@ -66,10 +83,10 @@ class FedSAG(StrategyHooks, FedAvg):
         self.init = init
         self.estimator = estimator
         self.mean_over = mean_over
+        self.correction = correction
         self.correction_floor = float(correction_floor)
         self.memory: SagaMemory | None = None  # sized on the first aggregation
         self._known: dict[str, None] = {}  # devices seen before the memory existed
-        self._global: ArrayRecord | None = None
 
     def summary(self) -> None:
         log(INFO, "\t├──> FedSAG settings:")
@@ -77,8 +94,21 @@ class FedSAG(StrategyHooks, FedAvg):
         log(INFO, "\t│\t├── Memory init: %s", self.init)
         log(INFO, "\t│\t├── Estimator: %s", self.estimator)
         log(INFO, "\t│\t├── Memory mean over: %s", self.mean_over)
-        log(INFO, "\t│\t└── Correction floor: %s", self.correction_floor or "none (1/|S|)")
+        if self.correction == "participants":
+            weight = "1/|S| (the seed's)"
+        elif self.correction_floor:
+            weight = f"1/max(|S|, M), M the selection's cap or {self.correction_floor:g}"
+        else:
+            weight = "1/max(|S|, M), M the selection's cap (1/|S| without one)"
+        log(INFO, "\t│\t└── Correction weight: %s", weight)
         super().summary()
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
+        """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop (see
+        :meth:`~edgefleet.strategies.base.LoopStrategy.start`)."""
+        from edgefleet.strategies.base import start_on_loop  # base imports this module's peers
+
+        return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
 
     def register_devices(self, device_ids: Iterable[str]) -> None:
         """Count devices in K before their first upload (the memory mean is over all K;
@@ -99,16 +129,18 @@ class FedSAG(StrategyHooks, FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self._global = arrays  # deltas are taken against the model the devices received
+        # Deltas are taken against the model the devices received.
+        current_round().own(self, _Global).arrays = arrays
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         valid = [m for m in replies if not m.has_error()]
-        if not valid or self._global is None:
+        sent = current_round().own(self, _Global).arrays
+        if not valid or sent is None:
             return None, None
-        like = to_numpy(self._global)
+        like = to_numpy(sent)
         theta = flatten(like)
         if self.memory is None:
             self.memory = SagaMemory(theta.size, init=self.init, mean_over=self.mean_over)
@@ -128,7 +160,10 @@ class FedSAG(StrategyHooks, FedAvg):
         # Never below SAG's 1/K: a floor above the fleet size would discount fresh
         # information more than keeping every stale memory does.
         fleet = len(set(self.memory.device_ids) | set(updates))
-        weight = 1.0 / max(len(updates), min(self.correction_floor, fleet))
+        floor = 0.0
+        if self.correction == "channels":
+            floor = max(self.correction_floor, float(current_round().max_participants or 0))
+        weight = 1.0 / max(len(updates), min(floor, fleet))
         v = self.memory.direction(
             updates, estimator=self.estimator, correction_weight=weight, commit=False
         )
@@ -161,6 +196,11 @@ class FedSAG(StrategyHooks, FedAvg):
             saved = state["memory"]
             self.memory = SagaMemory(int(saved["dim"]), init=self.init, mean_over=self.mean_over)
             self.memory.load_state_dict(saved)
+
+
+@dataclass
+class _Global:
+    arrays: ArrayRecord | None = None  # the model this round's train messages carried
 
 
 class EqualWeightFedAvg(FedAvg):

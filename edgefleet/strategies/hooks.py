@@ -28,8 +28,8 @@ from edgefleet.strategies.screening import (
 )
 
 if TYPE_CHECKING:
-    from edgefleet.strategies.base import DeviceStatus
     from edgefleet.strategies.loop import RoundCallback
+    from edgefleet.strategies.registry import DeviceStatus
 
 
 class StrategyHooks:

@@ -15,6 +15,12 @@ written once. Per round it:
    and central evaluation every ``evaluate_every`` rounds and on the last;
 5. hands a :class:`RoundResult` to each callback in order; any callback may ask to stop (in
    the style of pfl-research's ``after_central_iteration``).
+
+The loop owns the run's :class:`~edgefleet.strategies.registry.DeviceRegistry` (which node
+speaks for which device, and what each device did) and makes one
+:class:`~edgefleet.strategies.context.RoundContext` per round, current around every call it
+makes into the strategy and the callbacks for that round: wrappers keep what they learn in a
+round there, never on themselves.
 """
 
 from __future__ import annotations
@@ -33,12 +39,18 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from edgefleet.strategies.context import (
+    RoundContext,
+    ScreeningRow,
+    in_round,
+    round_or_none,
+)
 from edgefleet.strategies.hooks import hooks_of
+from edgefleet.strategies.registry import DeviceRegistry
 from edgefleet.strategies.screening import (
     DEVICE_ID,
     ENERGY_SPENT,
     NORM_HISTORY_ROUNDS,
-    DeviceBinding,
     RecordKeys,
     Screening,
     check_bounds,
@@ -54,7 +66,8 @@ EvaluateFn = Callable[[int, ArrayRecord], dict[str, float]]
 
 @dataclass
 class RoundResult:
-    """What happened in one round; callbacks read it, and may add to ``extra``."""
+    """What happened in one round. ``context`` holds the round's typed row sections (what
+    each EdgeFleet component did); a callback of your own may add columns to ``extra``."""
 
     round: int
     session: int
@@ -72,6 +85,7 @@ class RoundResult:
     federated_metrics: dict[str, float] = field(default_factory=dict)  # ClientApps' evaluation
     evaluated: bool = True  # whether central evaluation ran this round
     extra: dict[str, object] = field(default_factory=dict)
+    context: RoundContext = field(default_factory=lambda: RoundContext(0, DeviceRegistry()))
 
 
 class RoundCallback:
@@ -178,7 +192,7 @@ class RoundLoop:
         # submodels) brings its own check.
         self.check: ReplyCheck = hooks_of(strategy).check_reply
         self.screening = screening or Screening()
-        self.binding = DeviceBinding(self.screening.device_binding)
+        self.registry = DeviceRegistry(self.screening.device_binding)
         # Update norms accepted in recent rounds: the reference of a round with few replies.
         self.norm_history: deque[list[float]] = deque(maxlen=NORM_HISTORY_ROUNDS)
         self.last_norms: dict[str, float] = {}  # the last round's norms by device (diagnostics)
@@ -197,13 +211,14 @@ class RoundLoop:
         t0 = time.monotonic()
         result: RoundResult | None = None
         for rnd in range(first_round, num_rounds + 1):
-            result = self.run_round(
-                rnd, arrays, ConfigRecord(dict(train_config or {})), t0, last=rnd == num_rounds
-            )
-            arrays = result.arrays
-            # Every callback sees every round (the metrics row must be written even when
-            # an earlier callback asks to stop); the first reason given wins.
-            reasons = [r for cb in self.callbacks if (r := cb.after_round(result))]
+            with in_round(self.new_context(rnd)):
+                result = self.run_round(
+                    rnd, arrays, ConfigRecord(dict(train_config or {})), t0, rnd == num_rounds
+                )
+                arrays = result.arrays
+                # Every callback sees every round (the metrics row must be written even when
+                # an earlier callback asks to stop); the first reason given wins.
+                reasons = [r for cb in self.callbacks if (r := cb.after_round(result))]
             if reasons:
                 log(INFO, "Stopping after round %d: %s", rnd, reasons[0])
                 final = result.eval_metrics if result.evaluated else self.evaluate(rnd, arrays)
@@ -223,25 +238,49 @@ class RoundLoop:
         self._last_eval = (arrays, dict(metrics))
         return metrics
 
+    def new_context(self, rnd: int) -> RoundContext:
+        return RoundContext(rnd, self.registry, online=self.grid.online)
+
     def run_round(
         self, rnd: int, arrays: ArrayRecord, config: ConfigRecord, t0: float, last: bool = False
     ) -> RoundResult:
+        """One round, in the context :meth:`run` made current (a new one when called on its
+        own); the callbacks are :meth:`run`'s business."""
+        ctx = round_or_none()
+        if ctx is None or ctx.round != rnd:
+            with in_round(self.new_context(rnd)):
+                return self.run_round(rnd, arrays, config, t0, last)
         log(INFO, "[ROUND %d]", rnd)
         messages = self._configure(self.strategy.configure_train, rnd, arrays, config)
+        ctx.train_nodes = {m.metadata.dst_node_id for m in messages}
         bytes_down = sum(_payload_bytes(m) for m in messages)
         replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
+        # A reply is the answer to the message its reply_to names: the SuperLink's own error
+        # for a node that went away comes from the SuperLink, not from that node.
+        asked: dict[str, int] = ctx.own(self, dict)
+        asked.update((m.metadata.message_id, m.metadata.dst_node_id) for m in messages)
+        asked.pop("", None)  # a message no grid has pushed has no id to answer to
+        row = ctx.section(ScreeningRow)
         if len(replies) < len(messages):
-            log(WARNING, "Round %d: %d of %d replies", rnd, len(replies), len(messages))
-        extra: dict[str, object] = {}
+            replied = {self.node_of(r) for r in replies}
+            missing = sorted(
+                (self.registry.name(m.metadata.dst_node_id) for m in messages
+                 if m.metadata.dst_node_id not in replied), key=_order,
+            )  # fmt: skip
+            log(WARNING, "Round %d: %d of %d replies; no reply from %s", rnd, len(replies),
+                len(messages), ", ".join(missing))  # fmt: skip
+            row.missing = missing
         sent = {m.metadata.dst_node_id: m.content for m in messages if m.has_content()}
-        accepted, declined, rejected = self._screen(replies, arrays, sent, extra)
-        new_arrays, train_metrics = self._aggregate(rnd, accepted, arrays, extra)
+        accepted, declined, rejected = self._screen(replies, arrays, sent, row)
+        new_arrays, train_metrics = self._aggregate(rnd, accepted, arrays, row)
         aggregated = accepted if new_arrays is not None else []
         if new_arrays is not None:
             arrays = new_arrays
         if not aggregated:
-            why = self._why_empty(len(messages), len(replies), len(accepted), extra)
-            extra.setdefault("no_participants", why)
+            why = self._why_empty(len(messages), len(replies), len(accepted), row)
+            row.no_participants = row.no_participants or why
+        participants = [self.device_of(m) for m in aggregated]
+        self.registry.note_round(rnd, participants, declined, rejected)
         federated = self._evaluate_federated(rnd, arrays)
         evaluated = self.evaluate_fn is not None and (rnd % self.evaluate_every == 0 or last)
         eval_metrics = self.evaluate(rnd, arrays) if evaluated else {}
@@ -250,9 +289,9 @@ class RoundLoop:
             log(INFO, "Round %d: %s", rnd, shown)
         return RoundResult(
             round=rnd,
-            session=0,
+            session=ctx.session,
             arrays=arrays,
-            participants=[self.device_of(m) for m in aggregated],
+            participants=participants,
             participant_nodes=[m.metadata.src_node_id for m in aggregated],
             declined=declined,
             rejected=rejected,
@@ -264,15 +303,15 @@ class RoundLoop:
             federated_metrics=federated,
             evaluated=evaluated,
             wall_s=time.monotonic() - t0,
-            extra=extra,
+            context=ctx,
         )
 
-    def _why_empty(self, sent: int, replies: int, accepted: int, extra: dict[str, object]) -> str:
+    def _why_empty(self, sent: int, replies: int, accepted: int, row: ScreeningRow) -> str:
         """Why a round aggregated nobody (a wrapper that chose nobody says more itself)."""
         if not sent:
             return "the strategy sent no train messages"
-        if "round_dropped" in extra:
-            why = str(extra["round_dropped"])
+        if row.round_dropped:
+            why = row.round_dropped
         elif not replies:
             why = f"no reply to {sent} train messages within {self.round_timeout:.0f} s"
         elif not accepted:
@@ -297,7 +336,7 @@ class RoundLoop:
             return []
 
     def _aggregate(
-        self, rnd: int, accepted: list[Message], arrays: ArrayRecord, extra: dict[str, object]
+        self, rnd: int, accepted: list[Message], arrays: ArrayRecord, row: ScreeningRow
     ) -> tuple[ArrayRecord | None, dict[str, float]]:
         """The strategy's new global model (None: unchanged) and its train metrics. Nothing
         the strategy raises ends the run, and a non-finite model never becomes global."""
@@ -306,7 +345,7 @@ class RoundLoop:
         except Exception as err:  # noqa: BLE001 - a device's reply must never end a run
             reason = f"aggregation failed: {type(err).__name__}: {err}"
             log(WARNING, "Round %d dropped (model unchanged): %s", rnd, reason)
-            extra["round_dropped"] = reason
+            row.round_dropped = reason
             return None, {}
         out = numbers(metrics)
         if new is None:
@@ -316,7 +355,7 @@ class RoundLoop:
         if bad:
             reason = f"aggregated model has non-finite values in {bad[:3]}: rolled back"
             log(WARNING, "Round %d: %s", rnd, reason)
-            extra["round_dropped"] = reason
+            row.round_dropped = reason
             return None, out
         return new, out
 
@@ -347,22 +386,25 @@ class RoundLoop:
             return {}
         return numbers(metrics)
 
+    def node_of(self, msg: Message) -> int:
+        """The node a reply answers for: the one its message was sent to (a reply to this
+        round's train messages), else its sender."""
+        ctx = round_or_none()
+        asked: dict[str, int] = ctx.own(self, dict) if ctx is not None else {}
+        return asked.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
+
     def device_of(self, msg: Message) -> str:
         """The device id a reply speaks for: the id bound to its node (the first it claimed
-        in an accepted reply), else the ``device-id`` it claims, else ``node-<node id>``."""
-        node = msg.metadata.src_node_id
-        bound = self.binding.node_device.get(node)
-        if bound is not None:
-            return bound
-        claimed = _claimed(msg)
-        return claimed if claimed is not None else f"node-{node}"
+        in an accepted reply or status answer), else the ``device-id`` it claims, else
+        ``node-<node id>``."""
+        return self.registry.name(self.node_of(msg), _claimed(msg))
 
     def _screen(
         self,
         replies: Iterable[Message],
         reference: ArrayRecord,
         sent: Mapping[int, Any],
-        extra: dict[str, object],
+        row: ScreeningRow,
     ) -> tuple[list[Message], list[str], list[dict[str, str]]]:
         """Accepted (in device order, metrics made consistent), declined and rejected
         replies. Nothing a reply holds can raise out of here."""
@@ -395,18 +437,17 @@ class RoundLoop:
             for i, m in enumerate(candidates)
             if (device := _claimed(m)) is not None
         }
-        reasons = self.binding.screen(claims, self.grid.online)
+        reasons = self.registry.screen(claims, self.grid.online)
         for i, reason in sorted(reasons.items()):
             # Its claim is refused: it is known by the node (or the device that node is bound to).
-            node = candidates[i].metadata.src_node_id
-            reject(candidates[i], reason, self.binding.node_device.get(node, f"node-{node}"))
+            reject(candidates[i], reason, self.registry.name(candidates[i].metadata.src_node_id))
         candidates = [m for i, m in enumerate(candidates) if i not in reasons]
 
-        candidates = self._screen_norms(candidates, reference, sent, reject, extra)
+        candidates = self._screen_norms(candidates, reference, sent, reject, row)
         for msg in candidates:
             device = _claimed(msg)
             if device is not None:
-                self.binding.bind(msg.metadata.src_node_id, device)
+                self.registry.bind(msg.metadata.src_node_id, device)
         # Replies arrive in whatever order the devices finish; float sums depend on the
         # order, so aggregate in device order to make a seeded run repeatable.
         candidates.sort(key=lambda m: _order(self.device_of(m)))
@@ -426,7 +467,7 @@ class RoundLoop:
         reference: ArrayRecord,
         sent: Mapping[int, Any],
         reject: Callable[[Message, str], None],
-        extra: dict[str, object],
+        row: ScreeningRow,
     ) -> list[Message]:
         """Drop replies whose update norm is not finite, or above both k x the round's median
         and the floor (a share of the global model's norm)."""
@@ -471,20 +512,20 @@ class RoundLoop:
             out.append(msg)
             accepted_norms.append(norm)
         self.norm_history.append(accepted_norms)
-        extra["update_norm_median"] = round(ref, 6)
+        row.update_norm_median = round(ref, 6)
         if accepted_norms:
-            extra["update_norm_max_ratio"] = round(max(accepted_norms) / ref, 4)
+            row.update_norm_max_ratio = round(max(accepted_norms) / ref, 4)
         return out
 
     def state_dict(self) -> dict[str, Any]:
-        """The run's device bindings and recent update norms (for the server checkpoint)."""
+        """The run's device registry and recent update norms (for the server checkpoint)."""
         return {
-            "binding": self.binding.state_dict(),
+            "registry": self.registry.state_dict(),
             "norm_history": [list(r) for r in self.norm_history],
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.binding.load_state_dict(state.get("binding", {}))
+        self.registry.load_state_dict(state.get("registry", {}))
         self.norm_history.clear()
         for norms in state.get("norm_history", []):
             self.norm_history.append([float(n) for n in norms])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from logging import WARNING
 from typing import TYPE_CHECKING
 
@@ -49,6 +50,7 @@ from edgefleet.pruning.names import RECONSTRUCTIONS
 from edgefleet.pruning.reconstruct import elementwise_average, scatter
 from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
 from edgefleet.strategies.base import LoopStrategy
+from edgefleet.strategies.context import PruningRow, current_round
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 from edgefleet.strategies.screening import (
     RecordKeys,
@@ -99,13 +101,11 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         self.reconstruction = reconstruction
         self.compact_download = compact_download
         self.refresh_rounds = refresh_rounds
-        self._sent: State = {}  # the global model this round's train messages carried
         # Compact download: node -> kept channels of its last compact reply, and the last
         # round it was sent the full model. Not checkpointed: after a restart every node
         # gets the full model once, which costs bytes but no accuracy.
         self.masks: dict[int, dict[str, np.ndarray]] = {}
         self.last_full: dict[int, int] = {}
-        self._round_stats: dict[str, float] = {}
 
     @property
     def plan(self) -> PruningPlan:
@@ -124,7 +124,9 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self._sent = to_numpy(arrays)
+        ctx = current_round()
+        sent = ctx.own(self, _Sent)
+        sent.model = to_numpy(arrays)
         messages = list(self.inner.configure_train(server_round, arrays, config, grid))
         compact = 0
         if self.compact_download:
@@ -137,14 +139,14 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
                     self.last_full[node] = server_round
                     out.append(msg)
                     continue
-                out.append(self._compact_message(msg, kept))
+                out.append(self._compact_message(msg, kept, sent.model))
                 compact += 1
             messages = out
-        self._round_stats = {"compact_downloads": compact}
+        ctx.section(PruningRow).compact_downloads = compact
         return messages
 
-    def _compact_message(self, msg: Message, kept: dict[str, np.ndarray]) -> Message:
-        part = compact_slice(self._sent, self.plan.index_maps(kept), self.plan.compact_shapes(kept))
+    def _compact_message(self, msg: Message, kept: dict[str, np.ndarray], full: State) -> Message:
+        part = compact_slice(full, self.plan.index_maps(kept), self.plan.compact_shapes(kept))
         content = RecordDict(
             {
                 RecordKeys.of(self).arrays: to_record(part),
@@ -181,7 +183,7 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         if KEPT not in msg.content.array_records:
             return super().update_norm(msg, sent, reference)
         kept = kept_from_record(msg.content.array_records[KEPT])
-        full = self._sent or to_numpy(reference)
+        full = self._sent_model() or to_numpy(reference)
         base = compact_slice(full, self.plan.index_maps(kept), self.plan.compact_shapes(kept))
         return update_norm(reply_arrays(msg.content), base)
 
@@ -204,14 +206,14 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             else:
                 self.masks[msg.metadata.src_node_id] = kept
         fractions = [_metric(m, "kept-fraction", 1.0) for m, _ in parts]
-        self._round_stats.update(
-            compact_replies=sum(kept is not None for _, kept in parts),
-            mean_kept_fraction=float(np.mean(fractions)) if fractions else 1.0,
-        )
+        row = current_round().section(PruningRow)
+        row.compact_replies = sum(kept is not None for _, kept in parts)
+        row.mean_kept_fraction = float(np.mean(fractions)) if fractions else 1.0
         if all(kept is None for _, kept in parts):
             return self.inner.aggregate_train(server_round, [m for m, _ in parts])
         fill = "zeros" if self.reconstruction == "zeros" else "global"
-        full = [m if kept is None else self._full_size(m, kept, fill) for m, kept in parts]
+        sent = self._sent_model()
+        full = [m if kept is None else self._full_size(m, kept, fill, sent) for m, kept in parts]
         arrays, metrics = self.inner.aggregate_train(server_round, full)
         if self.reconstruction != "elementwise" or arrays is None:
             return arrays, metrics
@@ -225,12 +227,18 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             )
             for msg, kept in parts
         ]
-        return to_record(elementwise_average(self._sent, updates)), metrics
+        return to_record(elementwise_average(sent, updates)), metrics
 
-    def _full_size(self, msg: Message, kept: dict[str, np.ndarray], fill: str) -> Message:
+    def _sent_model(self) -> State:
+        """The global model this round's train messages carried ({} before any)."""
+        return current_round().own(self, _Sent).model
+
+    def _full_size(
+        self, msg: Message, kept: dict[str, np.ndarray], fill: str, sent: State
+    ) -> Message:
         """A copy of the compact reply ``msg`` with its arrays scattered to full size."""
         values = to_numpy(reply_arrays(msg.content))
-        full = scatter(self._sent, values, self.plan.index_maps(kept), fill)
+        full = scatter(sent, values, self.plan.index_maps(kept), fill)
         out = copy.copy(msg)  # the loop still counts the compact reply's bytes
         name = next(n for n in msg.content.array_records if n != KEPT)
         metrics = dict(msg.content.metric_records)
@@ -238,8 +246,13 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         return out
 
     def after_round(self, result: RoundResult) -> str | None:
-        result.extra.update(self._round_stats)
+        result.context.section(PruningRow)  # no train message sent: still a row
         return None
+
+
+@dataclass
+class _Sent:
+    model: State = field(default_factory=dict)
 
 
 def _metric(msg: Message, key: str, default: float) -> float:

@@ -5,9 +5,11 @@ The server keeps one memory vector m_k per device k (its last update, keyed by t
 device id so a reconnecting node keeps it). With S the round's participants and K the fleet
 size, the direction is
 
-    v = (1/K) sum_k m_k  +  (1/|S|) sum_{k in S} (delta_k - m_k)
+    v = (1/K) sum_k m_k  +  w sum_{k in S} (delta_k - m_k)
 
-and then m_k <- delta_k for k in S; the global step is theta <- theta + server_lr * v. Under
+with the correction weight w = 1/|S| in the seed's form (:class:`~edgefleet.strategies.
+fedsag.FedSAG` takes 1/max(|S|, M) by default, M the devices a round has room for), and then
+m_k <- delta_k for k in S; the global step is theta <- theta + server_lr * v. Under
 partial participation the first term carries every absent device's last known update, so
 the average does not swing with who happened to be charged. With every device
 participating and every memory filled, v is the plain mean of the deltas (FedAvg). Choose
@@ -82,21 +84,6 @@ def unflatten(vec: np.ndarray, like: Mapping[str, np.ndarray]) -> dict[str, np.n
             part = np.rint(part)
         out[key] = part.astype(ref.dtype)
     return out
-
-
-def saga_step(
-    memory_mean: np.ndarray, deltas: list[np.ndarray], memories: list[np.ndarray]
-) -> np.ndarray:
-    """v = memory_mean + mean over participants of (delta_k - m_k); no participant -> 0.
-
-    The reference form of :meth:`SagaMemory.direction`, from explicit inputs.
-    """
-    if not deltas:
-        return np.zeros_like(memory_mean, dtype=np.float64)
-    correction = np.zeros(memory_mean.shape, dtype=np.float64)
-    for d, m in zip(deltas, memories, strict=True):
-        correction += np.asarray(d, dtype=np.float64) - np.asarray(m, dtype=np.float64)
-    return np.asarray(memory_mean, dtype=np.float64) + correction / len(deltas)
 
 
 @dataclass(frozen=True)

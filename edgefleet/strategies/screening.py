@@ -15,7 +15,7 @@ CA-HFP's ``kept`` ArrayRecord are optional enrichments, never requirements.
 Device identity (:func:`reply_device`): the reply's ``device-id`` metric when present (an
 EdgeFleet ClientApp or a SuperNode started with ``--node-config device-id=N``), else
 ``node-<Flower node id>``, which is stable for a SuperNode's life. A claimed id is bound to
-the node that first claims it (:class:`DeviceBinding`).
+the node that first claims it (:class:`~edgefleet.strategies.registry.DeviceRegistry`).
 
 Bounds (:class:`Screening`): a well-formed reply can still be absurd. What one device can
 do to a round is bounded by what the server knows:
@@ -50,8 +50,8 @@ from __future__ import annotations
 import copy
 import math
 import statistics
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO
 from typing import Any
 
@@ -356,90 +356,6 @@ def norm_reference(norms: Sequence[float], history: Iterable[float] = ()) -> flo
         return None
     median = float(statistics.median(pool))
     return median if median > 0 else None
-
-
-# -- device identity -----------------------------------------------------------------------
-
-
-@dataclass
-class DeviceBinding:
-    """Which Flower node speaks for which claimed device id, for one run.
-
-    A ``device-id`` is bound to the first node whose reply claiming it is accepted; a node,
-    once bound, speaks for that one device. A later claim by another node is rejected. An
-    id claimed by several nodes in one round while bound to none is bound to none of them
-    (all those replies are rejected): the server cannot tell the device from the impostor.
-
-    Reconnects (``mode="reconnect"``): without SuperNode authentication a device that
-    restarts comes back under a new node id. Its claim is accepted, and the id moves to the
-    new node, once the old node is no longer online (Flower lists a dead node until its
-    heartbeat expires). So an impostor can take over the id of a device that is offline,
-    never of one that is online. With ``mode="strict"`` the id never moves: use it with
-    SuperNode authentication, where the SuperLink gives a registered node the same node id
-    every time it connects (the node id stands for the authenticated public key).
-    """
-
-    mode: str = "reconnect"
-    device_node: dict[str, int] = field(default_factory=dict)
-    node_device: dict[int, str] = field(default_factory=dict)
-
-    def screen(
-        self, claims: Mapping[Any, tuple[int, str]], online: Callable[[], set[int]]
-    ) -> dict[Any, str]:
-        """Reasons to reject, by the key of each claim (``key -> (node, device id)``); the
-        claims not named may be bound with :meth:`bind` once accepted."""
-        claimants: dict[str, set[int]] = {}
-        for node, device in claims.values():
-            claimants.setdefault(device, set()).add(node)
-        nodes_online: set[int] | None = None
-        reasons: dict[Any, str] = {}
-        for key, (node, device) in claims.items():
-            own = self.node_device.get(node)
-            bound = self.device_node.get(device)
-            others = sorted(claimants[device] - {node})
-            if own is not None and own != device:
-                reasons[key] = (
-                    f"node {node} speaks for device {own} in this run and now claims "
-                    f"device-id {device}"
-                )
-            elif bound is None:
-                if others:
-                    reasons[key] = (
-                        f"device-id {device} is claimed by nodes {sorted(claimants[device])} "
-                        "in the same round and bound to none of them"
-                    )
-            elif bound != node:
-                if self.mode == "strict":
-                    reasons[key] = f"device-id {device} is bound to node {bound}"
-                    continue
-                if nodes_online is None:
-                    nodes_online = online()
-                if bound in nodes_online:
-                    reasons[key] = f"device-id {device} is bound to node {bound}, still online"
-                elif others:
-                    reasons[key] = (
-                        f"device-id {device} (its node {bound} is offline) is claimed by nodes "
-                        f"{sorted(claimants[device])} in the same round"
-                    )
-        return reasons
-
-    def bind(self, node: int, device: str) -> None:
-        before = self.device_node.get(device)
-        if before == node:
-            return
-        if before is not None:
-            log(INFO, "Device %s now speaks through node %d (was node %d)", device, node, before)
-            self.node_device.pop(before, None)
-        self.device_node[device] = node
-        self.node_device[node] = device
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"device_node": dict(self.device_node)}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        pairs = {str(d): int(n) for d, n in dict(state.get("device_node", {})).items()}
-        self.device_node = pairs
-        self.node_device = {n: d for d, n in pairs.items()}
 
 
 def _record_names(msg: Message) -> tuple[tuple[str, ...], tuple[str, ...]]:

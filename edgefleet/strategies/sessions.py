@@ -46,7 +46,10 @@ devices until the next session instead of ending the run).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
 from logging import INFO, WARNING
 from typing import Any
 
@@ -56,8 +59,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import State, to_numpy, to_record
-from edgefleet.strategies.base import DeviceStatus, LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.context import ScreeningRow, SessionRow, current_round
 from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.strategies.registry import DeviceStatus
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import (
     CONFIG_KL_LAMBDA,
@@ -77,6 +82,23 @@ from edgefleet.strategies.warmstart import (
 )
 
 
+class Phase(StrEnum):
+    """What a session's rounds do: train, or first run its auxiliary rounds (mode
+    ``pilot``: V rounds from the pilot model, for the session's pseudo-gradient)."""
+
+    TRAIN = "train"
+    AUX = "aux"
+
+
+@dataclass
+class _Round:
+    """What the sessions wrapper learns in one round (kept in the round's context)."""
+
+    present: dict[int, DeviceStatus] = field(default_factory=dict)  # present nodes' answers
+    answered: int = 0  # nodes that answered the presence query
+    asked: set[int] = field(default_factory=set)  # nodes sent a train message
+
+
 class WarmStartInitializer(LoopStrategy, RoundCallback):
     """Sessions over a changing device set, each started from a warm model."""
 
@@ -84,10 +106,11 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self,
         inner: Strategy,
         *,
-        store: SessionStore,
-        tracker: SessionTracker,
+        store: SessionStore | str | os.PathLike[str],
         initial: ArrayRecord,
-        param_keys: list[str],
+        tracker: SessionTracker | None = None,
+        param_keys: list[str] | None = None,
+        max_stored: int = 10,
         mode: str = "pilot",
         pilot_sessions: int = 1,
         aux_rounds: int = 1,
@@ -101,7 +124,13 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         kl_lambda: float = 0.5,
         reset_after_pilot: bool = False,
     ) -> None:
-        """``first_answer_timeout``: how long the presence query waits for a node never heard
+        """``store``: a :class:`SessionStore`, or the folder of one, opened if an earlier run
+        left one there (new sessions then continue its numbering and are warm-started from
+        its models) and made otherwise, keeping ``max_stored`` candidates. ``tracker``:
+        when sessions open (default: when a fifth of the present set changes, no length
+        limit). ``param_keys``: the trainable parameters the session distance is taken over
+        (default: every floating-point array of ``initial``).
+        ``first_answer_timeout``: how long the presence query waits for a node never heard
         from (its first answer may wait for its data to load). ``lr``: the devices' base
         learning rate; given, every train message carries the
         round's rate (``lr_min_ratio`` < 1: decaying within each session, which needs the
@@ -110,6 +139,17 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         ``reset_after_pilot``: session P + 1 starts from ``initial`` in every mode, as in the
         reference's experiments."""
         super().__init__(inner)
+        if not isinstance(store, SessionStore):
+            store = SessionStore.open(store, max_stored)
+            if last := store.last_session():
+                log(INFO, "Session store %s holds sessions up to %d from an earlier run: new "
+                    "sessions continue from there", store.directory, last)  # fmt: skip
+        if tracker is None:
+            tracker = SessionTracker(change_threshold=0.2, max_rounds=0)
+        if tracker.session == 0:
+            tracker.session = store.last_session()
+        if param_keys is None:
+            param_keys = [k for k, a in initial.items() if a.numpy().dtype.kind == "f"]
         if mode not in WARMSTART_MODES:
             raise WarmStartError(f"mode {mode!r}; valid choices: {', '.join(WARMSTART_MODES)}")
         if lr is not None:
@@ -127,26 +167,19 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.kl_lambda, self.reset_after_pilot = kl_lambda, reset_after_pilot
         self.session_round = 0  # training rounds configured in this session (the lr's t)
         self.teacher_holders: set[int] = set()  # nodes that trained with this session's teacher
-        self._asked: set[int] = set()  # nodes sent a train message this round
         self.store, self.tracker = store, tracker
         self.initial = to_numpy(initial)
         self.keys = distance_keys(self.initial, param_keys)
         self.mode, self.pilot_sessions = mode, pilot_sessions
         self.aux_rounds, self.temperature = aux_rounds, temperature
         self.query = StatusQuery(slots_per_round, query_timeout, first_answer_timeout)
-        self.devices: dict[int, str] = {}  # node id -> device id
-        self.labels: dict[str, list[int]] = {}  # device id -> classes of its data
-        self.present: list[str] = []
         self.session_devices: list[str] = []
-        self.phase = "train"  # "aux" while auxiliary rounds run
+        self.phase = Phase.TRAIN
         self.aux_left = 0
         self.aux_start: State | None = None  # the pilot model the aux rounds started from
         self.pending_grad: State | None = None  # this session's pseudo-gradient
         self.start_from: ArrayRecord | None = None  # the model this round starts from
         self.previous: ArrayRecord | None = None  # the model when the session opened
-        self._round_info: dict[str, Any] = {}
-        self._answers: dict[int, DeviceStatus] = {}  # this round's present nodes' status
-        self._answered = 0  # nodes that answered this round's presence query
 
     def settings(self) -> dict[str, object]:
         s: dict[str, object] = {"Mode": self.mode}
@@ -177,17 +210,14 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
 
     # -- presence -----------------------------------------------------------------------
 
-    def _presence(self, grid: Grid, server_round: int) -> list[int]:
+    def _presence(self, grid: Grid, server_round: int, mine: _Round) -> list[int]:
         """Nodes whose device is present this round (all asked in one batch)."""
         online = list(grid.get_node_ids())
-        self._round_info["presence_queries"] = len(online)
+        current_round().section(SessionRow).presence_queries = len(online)
         answers = self.query.ask(grid, online, server_round, labels=True)
-        self._answered = len(answers)
-        for node, status in answers.items():
-            self.devices[node] = status.device
-            self.labels[status.device] = list(status.labels)
-        self._answers = {node: status for node, status in answers.items() if status.present}
-        return sorted(self._answers)
+        mine.answered = len(answers)
+        mine.present = {node: status for node, status in answers.items() if status.present}
+        return sorted(mine.present)
 
     # -- session boundaries -------------------------------------------------------------
 
@@ -218,7 +248,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             # The aux rounds run even in a reset session: its pseudo-gradient is stored.
             self.aux_start = pilot_model([s.final for s in self.store.pilots()])
             self.aux_left = self.aux_rounds
-            self.phase = "aux"
+            self.phase = Phase.AUX
             self.start_from = to_record(self.aux_start)
             return None
         if (self.mode == "fresh" and session > 1) or self._resets(session):
@@ -232,16 +262,17 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         assert self.aux_start is not None
         self.pending_grad = pseudo_gradient(to_numpy(aux_result), self.aux_start)
         candidates = self.store.candidates()
+        row = current_round().section(SessionRow)
         if not candidates:
-            self._round_info["warmstart_weights"] = []
+            row.warmstart_weights = []
             return to_record(self.initial) if self._resets(self.tracker.session) else previous
         model, weights = warm_start_model(
             self.pending_grad, candidates, self.keys, self.temperature
         )
-        self._round_info["warmstart_weights"] = {
+        row.warmstart_weights = {
             str(s.session): round(float(w), 4) for s, w in zip(candidates, weights, strict=True)
         }
-        log(INFO, "Warm start weights over stored sessions: %s", self._round_info)
+        log(INFO, "Warm start weights over stored sessions: %s", row.warmstart_weights)
         return to_record(model)
 
     # -- Strategy -----------------------------------------------------------------------
@@ -249,11 +280,14 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self._round_info = {}
-        nodes = self._presence(grid, server_round)
-        self.present = [self.devices[n] for n in nodes]
+        ctx = current_round()
+        row, mine = ctx.section(SessionRow), ctx.own(self, _Round)
+        nodes = self._presence(grid, server_round, mine)
+        present = [mine.present[n].device for n in nodes]
+        row.present = len(present)
         previous_session = self.tracker.session
-        change = self.tracker.update(server_round, self.present)
+        change = self.tracker.update(server_round, present)
+        ctx.session = self.tracker.session
         if change is not None:
             log(
                 INFO,
@@ -266,37 +300,37 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
                 len(change.left),
                 sorted(change.left),
             )
-            if self.phase == "aux":
+            if self.phase == Phase.AUX:
                 # The last session ended during its auxiliary rounds: it never trained, and
                 # the loop's model is a half-done aux result, not a session's final model.
-                self.phase, self.start_from = "train", None
+                self.phase, self.start_from = Phase.TRAIN, None
             else:
-                self._finish_session(previous_session, arrays)
+                if self.previous is not None:  # a session of this run (not the store's last)
+                    self._finish_session(previous_session, arrays)
                 self.previous = arrays
-            self.session_devices = sorted(self.present)
+            self.session_devices = sorted(present)
             self.session_round, self.teacher_holders = 0, set()
             assert self.previous is not None
             start = self._open_session(change.session, self.previous)
             if start is not None and start is not arrays:
                 self.start_from = start
             super().on_session(start)
-            self._round_info.update(arrived=sorted(change.arrived), left=sorted(change.left))
-        self._asked = set()
+            row.arrived, row.left = sorted(change.arrived), sorted(change.left)
         if not nodes:
-            asked = self._round_info["presence_queries"]
-            why = f"sessions: no device present ({self._answered} of {asked} nodes answered)"
+            asked = row.presence_queries
+            why = f"sessions: no device present ({mine.answered} of {asked} nodes answered)"
             log(WARNING, "Round %d: nobody selected: %s", server_round, why)
-            self._round_info["no_participants"] = why
+            ctx.section(ScreeningRow).no_participants = why
             return []
         send = arrays if self.start_from is None else self.start_from
         # After on_session (FedSAG forgets its devices there): the present devices' answers
         # go down so that energy selection reuses their batteries instead of asking again.
-        self.on_status(server_round, self._answers)
+        self.on_status(server_round, mine.present)
         config = self._train_config(config)
         messages = list(
             super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
         )
-        if self.phase == "train":
+        if self.phase == Phase.TRAIN:
             self.session_round += 1
         return self._with_teacher(messages)
 
@@ -305,7 +339,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         term's weight and the session its teacher belongs to."""
         out = ConfigRecord(dict(config))
         if self.lr is not None:
-            if self.phase == "aux":
+            if self.phase == Phase.AUX:
                 lr = self.lr * self.aux_lr_scale
             elif self.lr_min_ratio < 1:
                 t, rounds = self.session_round, self.tracker.max_rounds
@@ -313,7 +347,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             else:
                 lr = self.lr
             out[CONFIG_LR] = lr
-            self._round_info["lr"] = lr
+            current_round().section(SessionRow).lr = lr
         if self._teacher() is not None:
             out[CONFIG_KL_LAMBDA] = self.kl_lambda
             out[CONFIG_TEACHER_SESSION] = self.tracker.session
@@ -329,7 +363,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     def _with_teacher(self, messages: list[Message]) -> list[Message]:
         """Add the teacher to the train message of every node that has not yet trained
         with it in this session."""
-        self._asked = {m.metadata.dst_node_id for m in messages}
+        current_round().own(self, _Round).asked = {m.metadata.dst_node_id for m in messages}
         teacher = self._teacher()
         if teacher is None:
             return messages
@@ -343,57 +377,59 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             content = RecordDict({**dict(msg.content.items()), TEACHER_RECORD: teacher})
             out.append(Message(content, dst_node_id=node, message_type=msg.metadata.message_type))
             sent += 1
-        self._round_info["teacher_downloads"] = sent
+        current_round().section(SessionRow).teacher_downloads = sent
         return out
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Federated evaluation on this round's present devices only."""
-        nodes = SubsetGrid(grid, sorted(self._answers))
+        nodes = SubsetGrid(grid, sorted(current_round().own(self, _Round).present))
         return super().configure_evaluate(server_round, arrays, config, nodes)  # type: ignore[arg-type]
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
+        ctx = current_round()
         if self._teacher() is not None:
             # A node asked to train without an accepted reply may have lost the teacher (a
             # restarted SuperNode declines for that): it is sent again next time.
+            asked = ctx.own(self, _Round).asked
             replied = {m.metadata.src_node_id for m in replies if not m.has_error()}
-            self.teacher_holders = (self.teacher_holders - self._asked) | (replied & self._asked)
+            self.teacher_holders = (self.teacher_holders - asked) | (replied & asked)
         arrays, metrics = super().aggregate_train(server_round, replies)
         trained = arrays is not None
         if not trained:  # nobody trained: the model the round started from stands
             arrays = self.start_from
         self.start_from = None
-        if self.phase != "aux":
+        if self.phase != Phase.AUX:
             return arrays, metrics
-        self._round_info["phase"] = "aux"
+        row = ctx.section(SessionRow)
+        row.phase = Phase.AUX
         if trained:  # an auxiliary round nobody took part in is run again
             self.aux_left -= 1
         if self.aux_left > 0 or arrays is None:
             return arrays, metrics
-        self.phase = "train"
+        self.phase = Phase.TRAIN
         assert self.previous is not None
         warm = self._warm_model(arrays, self.previous)
         super().on_session(warm)
         # This row's central evaluation is of the warm model: the session's start.
-        self._round_info["warm_start"] = True
+        row.warm_start = True
         return warm, metrics
 
     # -- RoundCallback ------------------------------------------------------------------
 
     def after_round(self, result: RoundResult) -> str | None:
-        result.session = self.tracker.session
-        result.extra["present"] = len(self.present)
-        result.extra.setdefault("phase", "train")
-        result.extra.update(self._round_info)
-        classes = sorted({c for d in self.present for c in self.labels.get(d, [])})
+        """The row's accuracy on the classes of this round's present devices."""
+        row = result.context.section(SessionRow)
+        present = result.context.own(self, _Round).present.values()
+        classes = sorted({c for status in present for c in status.labels})
         correct = sum(result.eval_metrics.get(f"class{c}_correct", 0.0) for c in classes)
         total = sum(result.eval_metrics.get(f"class{c}_total", 0.0) for c in classes)
-        result.extra["session_classes"] = classes
-        result.extra["session_accuracy"] = correct / total if total else None
+        row.session_classes = classes
+        row.session_accuracy = correct / total if total else None
         return None
 
     # -- checkpoint ---------------------------------------------------------------------
@@ -402,9 +438,6 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         state = super().state_dict()
         state.update(
             tracker=self.tracker.state_dict(),
-            devices={str(k): v for k, v in self.devices.items()},
-            no_status=sorted(self.query.unsupported),
-            labels=self.labels,
             session_devices=self.session_devices,
             phase=self.phase,
             aux_left=self.aux_left,
@@ -419,11 +452,8 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.tracker.load_state_dict(state["tracker"])
-        self.devices = {int(k): v for k, v in state["devices"].items()}
-        self.query.unsupported = {int(n) for n in state.get("no_status", [])}
-        self.labels = state["labels"]
         self.session_devices = state["session_devices"]
-        self.phase, self.aux_left = state["phase"], state["aux_left"]
+        self.phase, self.aux_left = Phase(state["phase"]), state["aux_left"]
         # Not checkpointed: after a restart every node is sent the teacher once more.
         self.session_round, self.teacher_holders = state.get("session_round", 0), set()
         self.aux_start, self.pending_grad = state["aux_start"], state["pending_grad"]

@@ -32,6 +32,7 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.strategies.base import LoopStrategy
+from edgefleet.strategies.context import StoppingRow, ValidationRow
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 
 NORMS = ("l2", "squared")
@@ -182,21 +183,21 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
 
     def after_round(self, result: RoundResult) -> str | None:
         assert self.theta0 is not None, "on_start was not called"
+        row = result.context.section(StoppingRow)
         if self.holding or self.resting:
-            result.extra["stopping_resting"] = self.resting
+            row.stopping_resting = self.resting
             return None
         theta = _float64(result.arrays, self.theta0)
         if not all(np.isfinite(v).all() for v in theta.values()):
-            result.extra["task_vector_norm"] = math.nan
+            row.task_vector_norm = math.nan
             return STOP_DIVERGED if self.enforce else None
         if not result.participants:
-            result.extra["task_vector_growth"] = None
-            return None
+            return None  # the model did not move: no growth to measure
         norm = _norm(theta, self.theta0, self.squared)
         fired = self.rule.update(norm)
-        result.extra["task_vector_norm"] = norm
-        result.extra["task_vector_growth"] = self.rule.growth[-1]
-        result.extra["plateau_count"] = self.rule.counter
+        row.task_vector_norm = norm
+        row.task_vector_growth = self.rule.growth[-1]
+        row.plateau_count = self.rule.counter
         if fired and self.enforce and self.in_sessions:
             self.resting = True
             log(INFO, "Round %d: task vector plateau; resting until the next session", result.round)
@@ -332,12 +333,13 @@ class ValidationStopping(LoopStrategy, RoundCallback):
             accuracy, loss = float(figures["accuracy"]), figures.get("loss")
         else:
             accuracy, loss = float(figures), None
-        result.extra["validation_accuracy"] = accuracy
+        row = result.context.section(ValidationRow)
+        row.validation_accuracy = accuracy
         if loss is not None:
             loss = float(loss)
-            result.extra["validation_loss"] = loss
+            row.validation_loss = loss
         if isinstance(figures, Mapping) and "balanced_accuracy" in figures:
-            result.extra["validation_balanced_accuracy"] = float(figures["balanced_accuracy"])
+            row.validation_balanced_accuracy = float(figures["balanced_accuracy"])
         if self.keeps_best and accuracy > self.counter.best_accuracy:
             self.best_arrays = result.arrays
         fired = self.counter.update(result.round, accuracy, loss)

@@ -63,6 +63,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -437,6 +438,19 @@ class SessionStore:
         }
         text = json.dumps(index, indent=1).encode()
         atomic_write(self.directory / INDEX_NAME, lambda f: f.write(text))
+
+    @classmethod
+    def open(cls, directory: str | os.PathLike[str], max_stored: int) -> SessionStore:
+        """The store in ``directory``: the one an earlier run left there (:meth:`load`), or
+        a new, empty one."""
+        directory = Path(directory)
+        if (directory / INDEX_NAME).exists():
+            return cls.load(directory, max_stored)
+        return cls(directory, max_stored)
+
+    def last_session(self) -> int:
+        """The highest session number stored (0: none)."""
+        return max([*self._pilots, *self._candidates], default=0)
 
     @classmethod
     def load(cls, directory: Path, max_stored: int) -> SessionStore:

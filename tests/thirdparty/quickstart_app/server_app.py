@@ -14,9 +14,11 @@ from flwr.serverapp.strategy import FedAvg, Result, Strategy
 from edgefleet.strategies import (
     EnergyAgeSelection,
     FedSAG,
+    SessionTracker,
     SubmodelReconstruction,
     TaskVectorStopping,
     ValidationStopping,
+    WarmStartInitializer,
 )
 from quickstart_app.task import Net, load_test, test
 
@@ -34,7 +36,7 @@ def _no_submodels():  # full-size replies never need the pruning plan
     raise AssertionError("a standard reply was taken for a pruned submodel")
 
 
-def make(name: str, fraction_evaluate: float) -> Strategy:
+def make(name: str, fraction_evaluate: float, store: str, initial: ArrayRecord) -> Strategy:
     fedavg = FedAvg(fraction_train=1.0, fraction_evaluate=fraction_evaluate)
     if name == "fedavg":
         return fedavg
@@ -51,6 +53,18 @@ def make(name: str, fraction_evaluate: float) -> Strategy:
         # A long query timeout: on a loaded machine the first round's status query can
         # outwait the Ray actors' start (the test is about the answers, not about load).
         return EnergyAgeSelection(fedavg, max_devices=3, slots_per_round=4, query_timeout=300)
+    if name in ("warmstart", "warmstart-again"):
+        # Sessions of two rounds, so that the first run leaves a stored session behind; the
+        # second ServerApp start opens the same folder.
+        tracker = SessionTracker(change_threshold=0.2, max_rounds=2)
+        return WarmStartInitializer(
+            fedavg,
+            store=store,
+            initial=initial,
+            tracker=tracker,
+            pilot_sessions=1,
+            first_answer_timeout=300,  # the Ray actors' start on a loaded machine
+        )
     raise ValueError(f"unknown strategy {name!r}")
 
 
@@ -71,11 +85,13 @@ def _summary(result: Result) -> dict[str, object]:
 def main(grid: Grid, context: Context) -> None:
     cfg = context.run_config
     out: dict[str, object] = {}
+    store = str(cfg["out"]) + ".sessions"
     for name in str(cfg["strategies"]).split(","):
         torch.manual_seed(0)
-        result = make(name, float(cfg["fraction-evaluate"])).start(
+        initial = ArrayRecord(Net().state_dict())
+        result = make(name, float(cfg["fraction-evaluate"]), store, initial).start(
             grid=grid,
-            initial_arrays=ArrayRecord(Net().state_dict()),
+            initial_arrays=initial,
             train_config=ConfigRecord({"lr": float(cfg["lr"])}),
             num_rounds=int(cfg["num-server-rounds"]),
             evaluate_fn=global_evaluate,

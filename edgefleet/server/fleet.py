@@ -1,0 +1,64 @@
+"""The live fleet snapshot: ``fleet.json`` in the run folder, rewritten after every round.
+
+A live run is observable from its run folder alone: ``metrics.jsonl`` (a row per round),
+``fleet.json`` (the fleet as the server sees it now) and the checkpoint. The snapshot is the
+round loop's device registry (which node speaks for which device, each device's last
+status, participations, declines and rejections with their reasons) plus the run's state
+(round, session, accuracy, the stopping signal, the round's selection). It is written
+atomically (a reader never sees half a file), so a dashboard or an exporter can poll it
+without ever slowing or breaking a round. Format: ``FORMAT``; every value comes from the
+server's own checked state, so nothing a device sent reaches it unchecked.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from edgefleet.fileio import atomic_write_text
+from edgefleet.strategies.context import SelectionRow, SessionRow, StoppingRow
+from edgefleet.strategies.loop import RoundCallback, RoundResult
+
+FILENAME = "fleet.json"
+FORMAT = 1
+
+
+def _finite(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and math.isfinite(value) else None
+
+
+def snapshot(result: RoundResult, stopping_tau: float | None = None) -> dict[str, Any]:
+    """The fleet after ``result``'s round, JSON-ready."""
+    ctx = result.context
+    selection, sessions = ctx.find(SelectionRow), ctx.find(SessionRow)
+    stopping = ctx.find(StoppingRow)
+    return {
+        "format": FORMAT,
+        "written_at": time.time(),
+        "round": result.round,
+        "session": result.session,
+        "phase": None if sessions is None else str(sessions.phase),
+        "test_accuracy": _finite(result.eval_metrics.get("test_accuracy")),
+        "participants": list(result.participants),
+        "declined": list(result.declined),
+        "rejected": list(result.rejected),
+        "selected": None if selection is None else list(selection.selected),
+        "task_vector_growth": None if stopping is None else _finite(stopping.task_vector_growth),
+        "stopping_tau": stopping_tau,
+        "devices": ctx.registry.snapshot(ctx.online()),
+    }
+
+
+class FleetWriter(RoundCallback):
+    """Round callback: rewrite ``run_dir/fleet.json`` after every round."""
+
+    def __init__(self, run_dir: Path, stopping_tau: float | None = None) -> None:
+        self.path = Path(run_dir) / FILENAME
+        self.stopping_tau = stopping_tau
+
+    def after_round(self, result: RoundResult) -> str | None:
+        atomic_write_text(self.path, json.dumps(snapshot(result, self.stopping_tau)) + "\n")
+        return None

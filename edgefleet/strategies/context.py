@@ -1,0 +1,199 @@
+"""The round context: what one round learns, handed to every wrapper, never kept on them.
+
+Flower's ``Strategy`` calls (``configure_train``, ``aggregate_train``, ...) carry no state
+between them, so a wrapper that learns something in ``configure_train`` (whom it selected,
+the model it sent) and needs it in ``aggregate_train`` or in its after-round callback would
+have to keep it on itself, where a second run on the same object (or a change in another
+wrapper) silently overwrites it. Instead :class:`~edgefleet.strategies.loop.RoundLoop` makes
+one :class:`RoundContext` per round and makes it current (:func:`current_round`) around
+every call it makes into the strategy for that round; the round's
+:class:`~edgefleet.strategies.loop.RoundResult` carries it to the callbacks.
+
+A wrapper keeps what it learns in the context:
+
+- a typed *row section* (a dataclass below, one per component) whose fields become the
+  round's ``metrics.jsonl`` columns, under the names they have always had;
+- its private per-round objects (:meth:`RoundContext.own`), which never reach the row;
+- the round's status answers (:attr:`RoundContext.status`), shared by every wrapper that asks.
+
+What lasts longer than a round (ages, memories, the session tracker) is the wrapper's run
+state, kept on it and checkpointed with ``state_dict``; which device is which lives in the
+run's :class:`~edgefleet.strategies.registry.DeviceRegistry`, reachable as
+``context.registry``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from edgefleet.strategies.registry import DeviceRegistry, DeviceStatus
+
+S = TypeVar("S")
+T = TypeVar("T")
+
+# A field with this metadata is left out of the row while it is None (the column appears
+# only in the rounds that have it, as a session's ``arrived`` or the stopping rule's
+# ``validation_loss``); every other field is written in every round that has the section.
+OPTIONAL = {"optional": True}
+
+
+def optional(default: Any = None) -> Any:
+    return field(default=default, metadata=OPTIONAL)
+
+
+def columns(section: object) -> dict[str, Any]:
+    """A row section's ``metrics.jsonl`` columns."""
+    out = {}
+    for f in dataclasses.fields(section):  # type: ignore[arg-type]
+        value = getattr(section, f.name)
+        if value is None and f.metadata.get("optional"):
+            continue
+        out[f.name] = value
+    return out
+
+
+# -- the row sections ------------------------------------------------------------------------
+
+
+@dataclass
+class ScreeningRow:
+    """The round loop's own columns: why a round was dropped or had nobody, the reference
+    of the update-norm bound, and the nodes sent a train message that never replied."""
+
+    round_dropped: str | None = optional()
+    no_participants: str | None = optional()
+    update_norm_median: float | None = optional()
+    update_norm_max_ratio: float | None = optional()
+    missing: list[str] | None = optional()  # asked to train, no reply within the timeout
+    status_refused: list[dict[str, str]] | None = optional()  # status answers not accepted
+
+
+@dataclass
+class SelectionRow:
+    """Energy-aware age-based selection."""
+
+    status_queries: int = 0  # status messages sent this round
+    selected: list[str] = field(default_factory=list)  # device ids, in selection order
+
+
+@dataclass
+class SessionRow:
+    """Sessions and warm start."""
+
+    present: int = 0  # devices present this round
+    phase: str = "train"  # "aux" in a session's auxiliary rounds
+    presence_queries: int = 0
+    arrived: list[str] | None = optional()  # at a session's first round
+    left: list[str] | None = optional()
+    lr: float | None = optional()  # the client learning rate this round's messages carried
+    warmstart_weights: dict[str, float] | list[Any] | None = optional()
+    warm_start: bool | None = optional()  # this row's model is a session's warm start
+    teacher_downloads: int | None = optional()
+    session_classes: list[int] = field(default_factory=list)
+    session_accuracy: float | None = None  # central accuracy on the session's classes
+
+
+@dataclass
+class PruningRow:
+    """CA-HFP reconstruction."""
+
+    compact_downloads: int = 0
+    compact_replies: int | None = optional()
+    mean_kept_fraction: float | None = optional()
+
+
+@dataclass
+class StoppingRow:
+    """Data-free stopping (the task vector)."""
+
+    stopping_resting: bool | None = optional()  # the rule rests the devices (sessions)
+    task_vector_norm: float | None = optional()
+    task_vector_growth: float | None = None  # None: not measured (first or idle round)
+    plateau_count: int | None = optional()
+
+
+@dataclass
+class ValidationRow:
+    """The validation-stopping baseline."""
+
+    validation_accuracy: float | None = None
+    validation_loss: float | None = optional()
+    validation_balanced_accuracy: float | None = optional()
+
+
+# -- the context -----------------------------------------------------------------------------
+
+
+@dataclass
+class RoundContext:
+    """One round's shared state (see the module docstring)."""
+
+    round: int
+    registry: DeviceRegistry
+    online: Callable[[], set[int]] = set  # the nodes online now (no waiting)
+    session: int = 0
+    status: dict[int, DeviceStatus] = field(default_factory=dict)  # this round's answers
+    train_nodes: set[int] = field(default_factory=set)  # nodes sent a train message
+    max_participants: int | None = None  # a selection wrapper's cap on the round (its M)
+    _sections: dict[type, Any] = field(default_factory=dict)
+    _own: dict[int, Any] = field(default_factory=dict)
+
+    def section(self, cls: type[S]) -> S:
+        """This round's section of type ``cls`` (made on first use)."""
+        if cls not in self._sections:
+            self._sections[cls] = cls()
+        return self._sections[cls]
+
+    def find(self, cls: type[S]) -> S | None:
+        """This round's section of type ``cls``, or None when no component wrote one."""
+        return self._sections.get(cls)
+
+    def own(self, owner: object, factory: Callable[[], T]) -> T:
+        """``owner``'s private per-round object (made by ``factory`` on first use)."""
+        key = id(owner)
+        if key not in self._own:
+            self._own[key] = factory()
+        return self._own[key]
+
+    def columns(self) -> dict[str, Any]:
+        """Every section's columns, in the order the sections were made."""
+        out: dict[str, Any] = {}
+        for section in self._sections.values():
+            out.update(columns(section))
+        return out
+
+
+_CURRENT: ContextVar[RoundContext | None] = ContextVar("edgefleet_round", default=None)
+
+
+def current_round() -> RoundContext:
+    """The context of the round being run. EdgeFleet's wrappers need one: they run inside
+    :class:`~edgefleet.strategies.loop.RoundLoop` (``strategy.start(...)`` runs it)."""
+    ctx = _CURRENT.get()
+    if ctx is None:
+        raise RuntimeError(
+            "EdgeFleet's strategies run inside EdgeFleet's round loop: call "
+            "strategy.start(grid, arrays, ...) (or RoundLoop(strategy, grid).run(...)), "
+            "not Flower's loop around them"
+        )
+    return ctx
+
+
+def round_or_none() -> RoundContext | None:
+    """The current round's context, or None outside a round."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def in_round(ctx: RoundContext) -> Iterator[RoundContext]:
+    """Make ``ctx`` current for the calls inside the ``with`` block."""
+    token = _CURRENT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _CURRENT.reset(token)

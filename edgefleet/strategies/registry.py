@@ -1,0 +1,287 @@
+"""The device registry: which device is which, what it last said, what happened to it.
+
+One :class:`DeviceRegistry` per run, owned by the round loop
+(:class:`~edgefleet.strategies.loop.RoundLoop`) and handed to every wrapper through the
+round's :class:`~edgefleet.strategies.context.RoundContext`. It is the only map between
+Flower node ids and EdgeFleet's stable device ids: screening, status queries, sessions,
+energy-aware selection and the results read and write it, and none keeps an identity map
+of its own. It is checkpointed with the loop.
+
+Binding. A node is bound to a device id by the first accepted claim of it: a status answer
+or a train reply whose ``device-id`` passes :meth:`DeviceRegistry.screen`. A node, once
+bound, speaks for that one device; a later claim of that id by another node is refused. An
+id claimed by several nodes in one round while bound to none is bound to none of them: the
+server cannot tell the device from the impostor.
+
+Reconnects (``mode="reconnect"``): without SuperNode authentication a device that restarts
+comes back under a new node id. Its claim is accepted, and the id moves to the new node,
+once the old node is no longer online (Flower lists a dead node until its heartbeat
+expires); the old node is retired and never asked again. So an impostor can take over the
+id of a device that is offline, never of one that is online. With ``mode="strict"`` the id
+never moves: use it with SuperNode authentication, where the SuperLink gives a registered
+node the same node id every time it connects.
+
+A node whose ClientApp cannot answer EdgeFleet's status query (Flower's quickstart has no
+``@app.query()``) is *unreported*, one that answers without a ``device-id`` *anonymous*:
+either is named ``node-<id>`` until a train reply of its claims a device id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from logging import INFO
+from typing import Any
+
+from flwr.common import log
+
+# How many rejection reasons a device's record keeps (the newest), for the fleet view.
+REJECTIONS_KEPT = 20
+
+
+class BindingMode(StrEnum):
+    """How a device id may move between nodes (``screening.device-binding``)."""
+
+    RECONNECT = "reconnect"
+    STRICT = "strict"
+
+
+class RegistryError(ValueError):
+    """A registry state that cannot be loaded, or a bad setting; the message says why."""
+
+
+@dataclass(frozen=True)
+class DeviceStatus:
+    """A device's answer to the light status query."""
+
+    device: str  # the stable device id
+    feasible: bool  # its battery covers a round
+    present: bool  # it takes part in the current session
+    labels: tuple[int, ...] = ()  # classes of its data (only when asked for)
+    reported: bool = True  # False: the node does not answer status queries (assumed values)
+    battery: float | None = None  # its battery level (energy units), when it reports one
+
+
+@dataclass
+class DeviceRecord:
+    """What the server knows of one device."""
+
+    device: str
+    node: int
+    status: DeviceStatus | None = None  # its last status answer
+    status_round: int = 0  # the round of that answer
+    labels: tuple[int, ...] = ()  # classes of its data, from the last answer that named them
+    last_seen: int = 0  # the last round it answered anything
+    participations: int = 0  # rounds its update was aggregated
+    last_trained: int = 0  # the last such round (0: never)
+    declines: int = 0
+    rejections: list[tuple[int, str]] = field(default_factory=list)  # newest last, bounded
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "labels": list(self.labels),
+            "last_seen": self.last_seen,
+            "participations": self.participations,
+            "last_trained": self.last_trained,
+            "declines": self.declines,
+            "rejections": [list(r) for r in self.rejections],
+        }
+
+
+class DeviceRegistry:
+    """Node <-> device binding, the last status of each device, and its history."""
+
+    def __init__(self, mode: str = BindingMode.RECONNECT) -> None:
+        try:
+            self.mode = BindingMode(mode)
+        except ValueError:
+            valid = ", ".join(m.value for m in BindingMode)
+            raise RegistryError(f"device binding {mode!r}; valid: {valid}") from None
+        self.devices: dict[str, DeviceRecord] = {}
+        self._node_device: dict[int, str] = {}
+        self.retired: set[int] = set()  # nodes superseded by a newer node of their device
+        self.unreported: set[int] = set()  # nodes that cannot answer status queries
+        self.anonymous: set[int] = set()  # nodes that answer them without a device id
+        self.heard: set[int] = set()  # nodes that have answered a status query (anything)
+
+    # -- identity -------------------------------------------------------------------------
+
+    def device_of(self, node: int) -> str | None:
+        """The device ``node`` is bound to, or None."""
+        return self._node_device.get(node)
+
+    def node_of(self, device: str) -> int | None:
+        record = self.devices.get(device)
+        return None if record is None else record.node
+
+    def known(self, node: int) -> bool:
+        """Whether ``node`` has a name from its own status answers (bound, or known by its
+        node id because it cannot report one)."""
+        return node in self._node_device or node in self.unreported or node in self.anonymous
+
+    def name(self, node: int, claimed: str | None = None) -> str:
+        """How logs and rows name ``node``: its bound device, else the id it claims, else
+        ``node-<id>``."""
+        bound = self._node_device.get(node)
+        if bound is not None:
+            return bound
+        return claimed if claimed is not None else f"node-{node}"
+
+    def screen(
+        self, claims: Mapping[Any, tuple[int, str]], online: Callable[[], set[int]]
+    ) -> dict[Any, str]:
+        """Reasons to refuse, by the key of each claim (``key -> (node, device id)``); the
+        claims not named may be bound with :meth:`bind` once accepted."""
+        claimants: dict[str, set[int]] = {}
+        for node, device in claims.values():
+            claimants.setdefault(device, set()).add(node)
+        nodes_online: set[int] | None = None
+        reasons: dict[Any, str] = {}
+        for key, (node, device) in claims.items():
+            own = self._node_device.get(node)
+            bound = self.node_of(device)
+            others = sorted(claimants[device] - {node})
+            if own is not None and own != device:
+                reasons[key] = (
+                    f"node {node} speaks for device {own} in this run and now claims "
+                    f"device-id {device}"
+                )
+            elif bound is None:
+                if others:
+                    reasons[key] = (
+                        f"device-id {device} is claimed by nodes {sorted(claimants[device])} "
+                        "in the same round and bound to none of them"
+                    )
+            elif bound != node:
+                if self.mode is BindingMode.STRICT:
+                    reasons[key] = f"device-id {device} is bound to node {bound}"
+                    continue
+                if nodes_online is None:
+                    nodes_online = online()
+                if bound in nodes_online:
+                    reasons[key] = f"device-id {device} is bound to node {bound}, still online"
+                elif others:
+                    reasons[key] = (
+                        f"device-id {device} (its node {bound} is offline) is claimed by nodes "
+                        f"{sorted(claimants[device])} in the same round"
+                    )
+        return reasons
+
+    def bind(self, node: int, device: str) -> DeviceRecord:
+        """Bind ``node`` to ``device`` (a claim :meth:`screen` accepted); a device that moves
+        retires its old node."""
+        record = self.devices.get(device)
+        if record is None:
+            record = self.devices[device] = DeviceRecord(device, node)
+        elif record.node != node:
+            log(INFO, "Device %s now speaks through node %d (was node %d)", device, node,
+                record.node)  # fmt: skip
+            self._node_device.pop(record.node, None)
+            self.retired.add(record.node)
+            record.node = node
+        self._node_device[node] = device
+        self.retired.discard(node)
+        return record
+
+    # -- what devices said and what happened to them ---------------------------------------
+
+    def note_status(self, rnd: int, node: int, status: DeviceStatus) -> None:
+        """Keep an accepted status answer of a bound (reported) node."""
+        record = self.devices[status.device]
+        record.status, record.status_round, record.last_seen = status, rnd, rnd
+        if status.labels:
+            record.labels = status.labels
+
+    def labels(self, device: str) -> tuple[int, ...]:
+        record = self.devices.get(device)
+        return () if record is None else record.labels
+
+    def note_round(
+        self,
+        rnd: int,
+        participants: Iterable[str],
+        declined: Iterable[str],
+        rejected: Iterable[Mapping[str, str]],
+    ) -> None:
+        """Add a round's outcome to the devices' histories (names not bound are skipped:
+        an unbound node has no record to keep)."""
+        for device in participants:
+            if (record := self.devices.get(device)) is not None:
+                record.participations += 1
+                record.last_trained = record.last_seen = rnd
+        for device in declined:
+            if (record := self.devices.get(device)) is not None:
+                record.declines += 1
+                record.last_seen = rnd
+        for item in rejected:
+            if (record := self.devices.get(item["device"])) is not None:
+                record.rejections = [*record.rejections, (rnd, item["reason"])][-REJECTIONS_KEPT:]
+
+    # -- checkpoint ------------------------------------------------------------------------
+
+    def snapshot(self, online: set[int]) -> list[dict[str, Any]]:
+        """Every device as the fleet view shows it (JSON-ready), in device order."""
+        out = []
+        for device in sorted(self.devices, key=_natural):
+            r = self.devices[device]
+            status = r.status
+            out.append(
+                {
+                    "device": device,
+                    "node": r.node,
+                    "online": r.node in online and r.node not in self.retired,
+                    "last_seen": r.last_seen,
+                    "battery": None if status is None else status.battery,
+                    "feasible": None if status is None else status.feasible,
+                    "present": None if status is None else status.present,
+                    "status_round": r.status_round,
+                    "labels": list(r.labels),
+                    "participations": r.participations,
+                    "last_trained": r.last_trained,
+                    "declines": r.declines,
+                    "rejections": [{"round": a, "reason": b} for a, b in r.rejections[-5:]],
+                }
+            )
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "devices": {d: r.state_dict() for d, r in self.devices.items()},
+            "retired": sorted(self.retired),
+            "unreported": sorted(self.unreported),
+            "anonymous": sorted(self.anonymous),
+            "heard": sorted(self.heard),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        try:
+            records = dict(state.get("devices", {}))
+            devices = {
+                str(d): DeviceRecord(
+                    device=str(d),
+                    node=int(r["node"]),
+                    labels=tuple(int(c) for c in r.get("labels", [])),
+                    last_seen=int(r.get("last_seen", 0)),
+                    participations=int(r.get("participations", 0)),
+                    last_trained=int(r.get("last_trained", 0)),
+                    declines=int(r.get("declines", 0)),
+                    rejections=[(int(a), str(b)) for a, b in r.get("rejections", [])],
+                )
+                for d, r in records.items()
+            }
+            retired = {int(n) for n in state.get("retired", [])}
+            unreported = {int(n) for n in state.get("unreported", [])}
+            anonymous = {int(n) for n in state.get("anonymous", [])}
+            heard = {int(n) for n in state.get("heard", [])}
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise RegistryError(f"device registry state is malformed: {err!r}") from None
+        self.devices = devices
+        self._node_device = {r.node: d for d, r in devices.items()}
+        self.retired, self.unreported, self.heard = retired, unreported, heard
+        self.anonymous = anonymous
+
+
+def _natural(device: str) -> tuple[int, int | str]:
+    return (0, int(device)) if device.isdigit() else (1, device)

@@ -1,0 +1,152 @@
+"""The device registry (binding, reconnect, strict, retirement, history, state) and the round
+context (per-round state kept there, not on the wrappers)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord
+
+from edgefleet.strategies.context import (
+    PruningRow,
+    RoundContext,
+    SelectionRow,
+    columns,
+    current_round,
+    in_round,
+)
+from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.fedsag import FedSAG
+from edgefleet.strategies.registry import DeviceRegistry, DeviceStatus, RegistryError
+from tests.fakes import FakeGrid, by_hand, rec
+from tests.test_ehfedsag import KW, FakeDevice
+
+
+def _online(*nodes: int):  # type: ignore[no-untyped-def]
+    return lambda: set(nodes)
+
+
+def test_first_accepted_claim_binds_and_a_second_node_is_refused() -> None:
+    reg = DeviceRegistry()
+    assert reg.screen({"a": (1, "7")}, _online(1)) == {}
+    reg.bind(1, "7")
+    assert (reg.device_of(1), reg.node_of("7"), reg.name(1), reg.name(2)) == ("7", 1, "7", "node-2")
+    reasons = reg.screen({"b": (2, "7"), "c": (1, "8")}, _online(1, 2))
+    assert reasons["b"] == "device-id 7 is bound to node 1, still online"
+    assert reasons["c"] == "node 1 speaks for device 7 in this run and now claims device-id 8"
+
+
+def test_an_id_claimed_twice_in_one_round_is_bound_to_nobody() -> None:
+    reg = DeviceRegistry()
+    reasons = reg.screen({1: (1, "3"), 2: (2, "3")}, _online(1, 2))
+    assert set(reasons) == {1, 2} and "bound to none of them" in reasons[1]
+
+
+def test_reconnect_moves_the_id_once_the_old_node_is_offline_and_retires_it() -> None:
+    reg = DeviceRegistry("reconnect")
+    reg.bind(5, "0")
+    assert reg.screen({9: (9, "0")}, _online(5, 9))  # node 5 still listed: refused
+    assert reg.screen({9: (9, "0")}, _online(9)) == {}
+    reg.bind(9, "0")
+    assert (reg.node_of("0"), reg.device_of(5), reg.retired) == (9, None, {5})
+
+
+def test_strict_never_moves_an_id() -> None:
+    reg = DeviceRegistry("strict")
+    reg.bind(5, "0")
+    assert reg.screen({9: (9, "0")}, _online(9)) == {9: "device-id 0 is bound to node 5"}
+    with pytest.raises(RegistryError, match="valid: reconnect, strict"):
+        DeviceRegistry("loose")
+
+
+def test_history_and_state_round_trip() -> None:
+    reg = DeviceRegistry()
+    reg.bind(1, "0")
+    reg.bind(2, "1")
+    reg.note_status(3, 1, DeviceStatus("0", feasible=True, present=True, labels=(2, 5)))
+    reg.note_round(
+        3, ["0"], ["1"], [{"device": "1", "reason": "bad"}, {"device": "x", "reason": "?"}]
+    )
+    reg.unreported.add(4)
+    reg.anonymous.add(6)
+    reg.heard.update({1, 2, 4, 6})
+    reg.bind(7, "1")  # device 1 moved: node 2 retired
+    again = DeviceRegistry()
+    again.load_state_dict(reg.state_dict())
+    assert again.state_dict() == reg.state_dict()
+    zero = again.devices["0"]
+    assert (zero.labels, zero.participations, zero.last_trained, zero.last_seen) == (
+        (2, 5),
+        1,
+        3,
+        3,
+    )
+    one = again.devices["1"]
+    assert (one.node, one.declines, one.rejections) == (7, 1, [(3, "bad")])
+    assert (again.retired, again.unreported, again.anonymous) == ({2}, {4}, {6})
+    assert again.known(4) and again.known(6) and again.known(7) and not again.known(2)
+    with pytest.raises(RegistryError, match="malformed"):
+        again.load_state_dict({"devices": {"0": {"labels": [1]}}})  # no node
+
+
+def test_rejections_kept_are_bounded() -> None:
+    reg = DeviceRegistry()
+    reg.bind(1, "0")
+    for rnd in range(1, 60):
+        reg.note_round(rnd, [], [], [{"device": "0", "reason": f"r{rnd}"}])
+    kept = reg.devices["0"].rejections
+    assert len(kept) == 20 and kept[-1] == (59, "r59")
+
+
+def test_wrappers_need_a_round_and_say_how_to_get_one() -> None:
+    strategy = FedSAG(**KW)
+    with pytest.raises(RuntimeError, match=r"strategy.start\(grid, arrays"):
+        strategy.configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), FakeGrid({}))  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError):
+        current_round()
+
+
+def test_sections_become_columns_and_optional_ones_only_when_set() -> None:
+    row = PruningRow(compact_downloads=2)
+    assert columns(row) == {"compact_downloads": 2}
+    row.compact_replies = 0
+    assert columns(row) == {"compact_downloads": 2, "compact_replies": 0}
+    ctx = RoundContext(1, DeviceRegistry())
+    ctx.section(SelectionRow).selected.append("3")
+    assert ctx.columns() == {"status_queries": 0, "selected": ["3"]}
+    assert ctx.find(PruningRow) is None
+
+
+def test_two_interleaved_runs_on_one_strategy_object_keep_their_rounds_apart() -> None:
+    """Per-round state lives in the round's context: two runs that use one wrapper object,
+    their calls interleaved (configure A, configure B, aggregate A, aggregate B), each see
+    what their own round did. A wrapper that kept it on itself would hand run A the model
+    and selection of run B."""
+    strategy = EnergyAgeSelection(FedSAG(**KW), max_devices=1, slots_per_round=4)
+    grid_a = FakeGrid({1: FakeDevice(0, 1.0)})  # type: ignore[dict-item]
+    grid_b = FakeGrid({2: FakeDevice(1, 2.0)})  # type: ignore[dict-item]
+    ctx_a, ctx_b = RoundContext(1, DeviceRegistry()), RoundContext(1, DeviceRegistry())
+    with in_round(ctx_a):
+        sent_a = list(strategy.configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), grid_a))  # type: ignore[arg-type]
+    with in_round(ctx_b):
+        sent_b = list(strategy.configure_train(1, rec(w=np.full(1, 10.0)), ConfigRecord(), grid_b))  # type: ignore[arg-type]
+    with in_round(ctx_a):
+        new_a, _ = strategy.aggregate_train(1, grid_a.send_and_receive(sent_a))
+    with in_round(ctx_b):
+        new_b, _ = strategy.aggregate_train(1, grid_b.send_and_receive(sent_b))
+    assert ctx_a.section(SelectionRow).selected == ["0"]
+    assert ctx_b.section(SelectionRow).selected == ["1"]
+    assert ctx_a.registry.device_of(1) == "0" and ctx_a.registry.device_of(2) is None
+    # FedSAG takes each run's deltas against the model that run sent (0 and 10): its
+    # memory is run state the two share, the model sent is per round.
+    assert new_a is not None and new_b is not None
+    np.testing.assert_allclose(new_a["w"].numpy(), [1.0])  # delta +1 from 0
+    assert 10.0 < float(new_b["w"].numpy()[0]) < 13.0  # delta +2 from 10, plus A's memory
+
+
+def test_by_hand_contexts_share_a_registry_when_given_one() -> None:
+    reg = DeviceRegistry()
+    with by_hand(1, reg) as ctx:
+        assert ctx.registry is reg and current_round() is ctx
+    with pytest.raises(RuntimeError):
+        current_round()
