@@ -25,9 +25,10 @@ from edgefleet.config import parse_run_config
 from edgefleet.server.app import build_strategy, screening_for
 from edgefleet.strategies.context import ScreeningRow
 from edgefleet.strategies.fedsag import FedSAG
-from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult
+from edgefleet.strategies.loop import RoundLoop, RoundResult
 from edgefleet.strategies.screening import Screening
 from tests.fakes import FakeGrid, no_eval, rec
+from tests.fakes import Rows as Keep
 
 W0 = {
     "w": np.linspace(-2.0, 2.0, 12, dtype=np.float32).reshape(3, 4),
@@ -200,15 +201,6 @@ def _renamed(reply: Message) -> Message:
         {"weights": reply.content["arrays"], "train-metrics": reply.content["metrics"]}
     )
     return out
-
-
-class Keep(RoundCallback):
-    def __init__(self) -> None:
-        self.results: list[RoundResult] = []
-
-    def after_round(self, result: RoundResult) -> str | None:
-        self.results.append(result)
-        return None
 
 
 def _fleet(spoil: Spoil | None, without: tuple[int, ...] = ()) -> FakeGrid:

@@ -292,31 +292,10 @@ class LoopStrategy(StrategyHooks, Strategy):
     ) -> MetricRecord | None:
         return self.inner.aggregate_evaluate(server_round, replies)
 
-    def start(
-        self,
-        grid: Grid,
-        initial_arrays: ArrayRecord,
-        num_rounds: int = 3,
-        timeout: float = 3600,
-        train_config: ConfigRecord | None = None,
-        evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-        *,
-        screening: Screening | None = None,
-    ) -> Result:
-        """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop
-        (:func:`start_on_loop`)."""
-        return start_on_loop(
-            self,
-            grid,
-            initial_arrays,
-            num_rounds,
-            timeout,
-            train_config,
-            evaluate_config,
-            evaluate_fn,
-            screening=screening,
-        )
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
+        """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop: the arguments
+        and the ``Result`` of :func:`start_on_loop`."""
+        return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
 
 
 W = TypeVar("W")
