@@ -96,7 +96,7 @@ def _lines(row: Any) -> list[dict[str, Any]]:
 
 
 def test_fedsag_verdict_follows_the_figures() -> None:
-    row = _row("EH-FedSAG")
+    row = _row("EH-FedSAG, paper")
     assert row.measure(_lines(row)).verdict == "holds, larger than claimed"
     swapped = _lines(row)
     for line in swapped:
@@ -106,7 +106,7 @@ def test_fedsag_verdict_follows_the_figures() -> None:
 
 
 def test_fedsag_row_says_what_the_files_compare() -> None:
-    row = _row("EH-FedSAG")
+    row = _row("EH-FedSAG, paper")
     why = row.measure(_lines(row)).why
     # The committed files were written before the check became same_selection.
     assert "`same_participants`" in why and "7 of 8 runs" in why
@@ -145,7 +145,7 @@ def test_earlystop_verdict_follows_the_figures() -> None:
 
 
 def test_rows_of_one_claim_must_share_their_sizes() -> None:
-    row = _row("EH-FedSAG")
+    row = _row("EH-FedSAG, paper")
     lines = _lines(row)
     lines[1]["sizes"]["rounds"] = 50
     with pytest.raises(ValueError, match="differ in sizes"):
@@ -170,3 +170,14 @@ def test_a_benchmark_line_records_how_it_was_made(monkeypatch: pytest.MonkeyPatc
     assert claims.convention_problems("x.json", line) == []
     # A line's own wall time is kept.
     assert prov.stamp({"benchmark": "y", "wall_s": 12.5})["wall_s"] == 12.5
+
+
+def test_fedsag_seed_form_verdict_follows_the_figures() -> None:
+    row = _row("EH-FedSAG, the seed's form")
+    got = row.measure(_lines(row))
+    assert got.verdict == "does not" and "1/max(participants, M)" in got.why
+    lines = _lines(row)
+    for s in lines[0]["settings"]:  # the seed's form far above EH-FedAvg in every run
+        for fig in s["fedsag-seed"]["seeds"]:
+            fig["final_accuracy"] = 0.99
+    assert row.measure(lines).verdict == "holds"
