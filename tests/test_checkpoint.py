@@ -278,6 +278,34 @@ def test_resumed_simulation_ends_with_the_same_model(tmp_path: Path, monkeypatch
     assert json.loads((part / "summary.json").read_text())["rounds_run"] == 3
 
 
+@pytest.mark.timeout(600)
+def test_a_resume_on_another_fleet_stops_with_the_reason(tmp_path: Path, monkeypatch) -> None:
+    """The newcomer's case: a run of 3 devices, resumed on a fleet of 5, used to go on
+    (accuracy jumped); the server's census now stops it before the resumed first round."""
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+
+    def run(devices: int, rounds: int, resume: bool = False) -> Path:
+        overrides = {
+            "federation.num-supernodes": devices,
+            "num-server-rounds": rounds,
+            "local-steps": 3,
+            "output-dir": str(tmp_path),
+            "run-name": "r",
+            "resume": resume,
+            "resume-changes": "num-server-rounds" if resume else "",
+        }
+        scenario = load_scenario(ROOT / "scenarios" / "fedavg.toml", overrides)
+        return run_scenario(scenario, timeout=240, quiet=True)
+
+    part = run(3, 2)
+    (part / "summary.json").unlink()  # as if the ServerApp had died after round 2
+    with pytest.raises(Exception, match="checkpointed on a fleet of 3 partitions"):
+        run(5, 3, resume=True)
+    rows = [json.loads(x) for x in (part / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2]  # nothing of the other fleet was written
+
+
 def test_array_record_from_checkpoint() -> None:
     ckpt = Checkpoint(1, {"w": np.ones(2, dtype=np.float32)}, {}, None)
     rec = ckpt.array_record()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import ConfigRecord
+from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.strategies.context import (
     PruningRow,
@@ -150,3 +151,54 @@ def test_by_hand_contexts_share_a_registry_when_given_one() -> None:
         assert ctx.registry is reg and current_round() is ctx
     with pytest.raises(RuntimeError):
         current_round()
+
+
+def test_the_fleets_partitioning_is_fixed_by_most_answers_and_checked_on_resume() -> None:
+    from edgefleet.strategies.registry import FleetMismatch
+
+    reg = DeviceRegistry()
+    # Three devices say 3 partitions, one hostile answer says 999: the fleet is 3.
+    assert reg.check_fleet({1: 3, 2: 3, 3: 3, 4: 999}) == {
+        4: "reports num-partitions 999, this run's fleet has 3"
+    }
+    assert reg.partitions == 3
+    resumed = DeviceRegistry()
+    resumed.load_state_dict(reg.state_dict())
+    assert resumed.partitions == 3 and resumed.check_fleet({1: 3, 9: 10}) == {
+        9: "reports num-partitions 10, this run's fleet has 3"
+    }
+    with pytest.raises(FleetMismatch, match="checkpointed on a fleet of 3 partitions; 3 of 4"):
+        resumed.check_fleet({1: 10, 2: 10, 3: 10, 4: 3})
+    # Not resumed: a majority that disagrees later is refused, never adopted.
+    assert set(reg.check_fleet({1: 10, 2: 10, 3: 3})) == {1, 2}
+
+
+def test_a_resume_on_another_fleet_is_refused_before_its_first_round(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The server's census before round 1: a run of 3 devices checkpointed, then resumed on
+    a fleet of 10 partitions, stops with the reason; the same fleet resumes."""
+    from flwr.app import Message, MessageType, MetricRecord, RecordDict
+
+    from edgefleet.config import parse_run_config
+    from edgefleet.server.app import fleet_census
+    from edgefleet.strategies.loop import RoundLoop
+    from edgefleet.strategies.registry import FleetMismatch
+
+    def device(d: int, n: int):  # type: ignore[no-untyped-def]
+        def answer(msg: Message) -> Message:
+            assert msg.metadata.message_type == MessageType.QUERY
+            status = MetricRecord({"device-id": d, "present": 1, "num-partitions": n})
+            return Message(RecordDict({"status": status}), reply_to=msg)
+
+        return answer
+
+    cfg = parse_run_config({})
+    first = RoundLoop(FedAvg(**KW), FakeGrid({i + 1: device(i, 3) for i in range(3)}))  # type: ignore[arg-type]
+    fleet_census(first, cfg, 1)
+    assert first.registry.partitions == 3 and first.registry.node_of("2") == 3
+    same = RoundLoop(FedAvg(**KW), FakeGrid({i + 1: device(i, 3) for i in range(3)}))  # type: ignore[arg-type]
+    same.load_state_dict(first.state_dict())
+    fleet_census(same, cfg, 3)
+    other = RoundLoop(FedAvg(**KW), FakeGrid({i + 1: device(i, 10) for i in range(10)}))  # type: ignore[arg-type]
+    other.load_state_dict(first.state_dict())
+    with pytest.raises(FleetMismatch, match="now report num-partitions 10"):
+        fleet_census(other, cfg, 3)

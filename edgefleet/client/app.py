@@ -95,6 +95,8 @@ def status(msg: Message, context: Context) -> Message:
     status: dict[str, int | float | list[int] | list[float]] = {
         "device-id": profile.device_id,
         "present": int(is_present(cfg, profile, int(config["server-round"]))),  # type: ignore[arg-type]
+        # The partitioning the device's data comes from: a resume on another fleet is refused.
+        "num-partitions": profile.num_partitions,
     }
     if labels:
         status["labels"] = labels

@@ -64,6 +64,7 @@ ERR_NO_TEACHER = 14  # warm start's continuous mode: this device does not hold t
 
 STATE_KEY = "edgefleet.battery"
 DEVICE_ID = "device-id"
+NUM_PARTITIONS = "num-partitions"
 
 
 @dataclass(frozen=True)
@@ -219,10 +220,12 @@ def _slot(msg: Message) -> int | None:
 
 
 def _add_device_id(fields: dict[str, Any], context: Context) -> None:
-    if DEVICE_ID not in fields and DEVICE_ID in context.node_config:
-        # A bad device-id stays out; the server then keys the device by its node id.
-        with contextlib.suppress(TypeError, ValueError):
-            fields[DEVICE_ID] = int(context.node_config[DEVICE_ID])
+    # A bad value stays out; the server then keys the device by its node id (and cannot tell
+    # the fleet's partitioning from it).
+    for key in (DEVICE_ID, NUM_PARTITIONS):
+        if key not in fields and key in context.node_config:
+            with contextlib.suppress(TypeError, ValueError):
+                fields[key] = int(context.node_config[key])
 
 
 def load_battery(settings: BatterySettings, context: Context) -> Battery:

@@ -32,10 +32,11 @@ from edgefleet.server.checkpoint import (
 from edgefleet.server.fleet import FleetWriter
 from edgefleet.server.polling import fast_grid, install_if_asked
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
-from edgefleet.strategies.base import build_loop, find_wrapper
+from edgefleet.strategies.base import StatusQuery, build_loop, find_wrapper
+from edgefleet.strategies.context import in_round
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
-from edgefleet.strategies.loop import EvaluateFn
+from edgefleet.strategies.loop import EvaluateFn, RoundLoop
 from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.screening import Screening
 from edgefleet.strategies.sessions import WarmStartInitializer
@@ -235,6 +236,18 @@ def _sessions(
     )
 
 
+def fleet_census(loop: RoundLoop, cfg: RunConfig, first_round: int) -> None:
+    """One status query to every online node before the first round: it fixes the fleet's
+    partitioning (the ``num-partitions`` EdgeFleet's devices report; the checkpoint keeps
+    it) in a fresh run, and in a resumed run checks it against the checkpoint's, so that a
+    run of 3 SuperNodes never resumes on 10 simulated devices (``FleetMismatch``). Nodes
+    whose ClientApp cannot answer are not checked. The query carries the first round's slot
+    clock, so batteries advance to where that round finds them anyway."""
+    query = StatusQuery(cfg.energy.slots_per_round, query_timeout(cfg), first_answer_timeout(cfg))
+    with in_round(loop.new_context(first_round)):
+        query.ask(loop.grid, sorted(loop.grid.online()), first_round)  # type: ignore[arg-type]
+
+
 def wait_for_nodes(grid: Grid, wanted: int, timeout: float) -> int:
     """Wait up to ``timeout`` s for ``wanted`` nodes; go on with whoever is there after that.
 
@@ -373,6 +386,8 @@ def main(grid: Grid, context: Context) -> None:
         apply_checkpoint(ckpt, strategy, list(central.initial), loop)
         log(INFO, "Resuming run %s: round %d done", run_dir.name, ckpt.round)
         arrays, first_round = ckpt.array_record(), ckpt.round + 1
+    fleet_census(loop, cfg, first_round)  # a resume on another fleet stops here
+    if ckpt is not None:
         writer.keep_until(ckpt.round)
         (run_dir / "summary.json").unlink(missing_ok=True)  # written again at the end
     t0 = time.monotonic()

@@ -137,6 +137,8 @@ def _screened(
     registry = ctx.registry
     claims = {node: (node, s.device) for node, s in parsed.items()}
     reasons = registry.screen(claims, ctx.online)
+    reported = {n: s.partitions for n, s in parsed.items() if s.partitions is not None}
+    reasons.update({n: r for n, r in registry.check_fleet(reported).items() if n not in reasons})
     out: dict[int, DeviceStatus] = {}
     for node, status in parsed.items():
         if node in reasons:
@@ -181,6 +183,17 @@ def _battery(node: int, value: object) -> float | None:
     return float(value)
 
 
+def _partitions(node: int, value: object) -> int | None:
+    """A reported ``num-partitions`` (a whole number in [1, 10^7]), or None."""
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 10**7:
+        log(WARNING, "Node %d: num-partitions %r is not a whole number in [1, 1e7]; dropped",
+            node, value)  # fmt: skip
+        return None
+    return value
+
+
 def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
     raw_id = status.get("device-id")
     device = f"node-{node}" if raw_id is None else parse_device_id(raw_id)
@@ -195,6 +208,7 @@ def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
             present=bool(status.get("present", 1)),
             labels=tuple(int(c) for c in labels),
             battery=_battery(node, status.get("battery-level")),
+            partitions=_partitions(node, status.get("num-partitions")),
         )
     except (TypeError, ValueError, OverflowError) as err:  # int(inf) is an OverflowError
         log(WARNING, "Ignoring a malformed status from node %d: %r", node, err)

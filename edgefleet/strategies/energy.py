@@ -113,6 +113,10 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         if new:
             self._ask(grid, new, server_round)
         node_of = {registry.name(n): n for n in nodes if known(n)}
+        # A device the registry learnt of elsewhere (the server's census before round 1, a
+        # train reply) is tracked from its first round here.
+        self.ages.register(node_of)
+        self.register_devices(node_of)
         order = query_order(self.ages.ages, node_of, self.rng, self.order)
         batch = self.batch_size or max(1, len(order))
 

@@ -51,6 +51,10 @@ class RegistryError(ValueError):
     """A registry state that cannot be loaded, or a bad setting; the message says why."""
 
 
+class FleetMismatch(RegistryError):
+    """A resumed run's nodes come from another fleet than its checkpoint's."""
+
+
 @dataclass(frozen=True)
 class DeviceStatus:
     """A device's answer to the light status query."""
@@ -61,6 +65,7 @@ class DeviceStatus:
     labels: tuple[int, ...] = ()  # classes of its data (only when asked for)
     reported: bool = True  # False: the node does not answer status queries (assumed values)
     battery: float | None = None  # its battery level (energy units), when it reports one
+    partitions: int | None = None  # the num-partitions its data was cut from, when reported
 
 
 @dataclass
@@ -105,6 +110,10 @@ class DeviceRegistry:
         self.unreported: set[int] = set()  # nodes that cannot answer status queries
         self.anonymous: set[int] = set()  # nodes that answer them without a device id
         self.heard: set[int] = set()  # nodes that have answered a status query (anything)
+        # The fleet's partitioning (num-partitions its devices report), fixed by the most
+        # common value of the run's first answers; None while no device has reported one.
+        self.partitions: int | None = None
+        self.resumed = False  # loaded from a checkpoint
 
     # -- identity -------------------------------------------------------------------------
 
@@ -185,6 +194,31 @@ class DeviceRegistry:
         self.retired.discard(node)
         return record
 
+    def check_fleet(self, reported: dict[int, int]) -> dict[int, str]:
+        """Reasons to refuse status answers whose ``num-partitions`` (node -> value) is not
+        the fleet's. The first answers fix the fleet's value (the most common one, so that
+        a few hostile answers cannot); answers that disagree are refused. A resumed run whose
+        answers mostly disagree with its checkpoint's fleet raises :class:`FleetMismatch`:
+        resume continues the same run, on the same fleet, or refuses."""
+        if not reported:
+            return {}
+        values = sorted(reported.values())
+        common = max(set(values), key=lambda v: (values.count(v), -v))
+        if self.partitions is None:
+            self.partitions = common
+        elif common != self.partitions and self.resumed and values.count(common) * 2 > len(values):
+            raise FleetMismatch(
+                f"this run was checkpointed on a fleet of {self.partitions} partitions; "
+                f"{values.count(common)} of {len(values)} nodes now report num-partitions "
+                f"{common}. A resume continues the same run on the same fleet: start this "
+                "fleet under another run-name"
+            )
+        return {
+            node: f"reports num-partitions {value}, this run's fleet has {self.partitions}"
+            for node, value in reported.items()
+            if value != self.partitions
+        }
+
     # -- what devices said and what happened to them ---------------------------------------
 
     def note_status(self, rnd: int, node: int, status: DeviceStatus) -> None:
@@ -253,6 +287,7 @@ class DeviceRegistry:
             "unreported": sorted(self.unreported),
             "anonymous": sorted(self.anonymous),
             "heard": sorted(self.heard),
+            "partitions": self.partitions,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -275,12 +310,14 @@ class DeviceRegistry:
             unreported = {int(n) for n in state.get("unreported", [])}
             anonymous = {int(n) for n in state.get("anonymous", [])}
             heard = {int(n) for n in state.get("heard", [])}
+            partitions = state.get("partitions")
+            partitions = None if partitions is None else int(partitions)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise RegistryError(f"device registry state is malformed: {err!r}") from None
         self.devices = devices
         self._node_device = {r.node: d for d, r in devices.items()}
         self.retired, self.unreported, self.heard = retired, unreported, heard
-        self.anonymous = anonymous
+        self.anonymous, self.partitions, self.resumed = anonymous, partitions, True
 
 
 def _natural(device: str) -> tuple[int, int | str]:
