@@ -472,9 +472,9 @@ def test_serverapp_extends_a_finished_run_only_when_told(tmp_path: Path) -> None
     """EdgeFleet's ServerApp main(), in-process over the real ClientApp: a finished 2-round
     run resumed as it was is refused, with 3 rounds it is refused until resume-changes
     names num-server-rounds, then round 3 runs and the rows read 1, 2, 3."""
-    from flwr.app import Context, RecordDict
+    from flwr.app import Context, MessageType, RecordDict
 
-    from edgefleet.client.app import train
+    from edgefleet.client.app import status, train
     from edgefleet.server.app import main
 
     def serve(**config: object) -> list[int]:
@@ -487,7 +487,11 @@ def test_serverapp_extends_a_finished_run_only_when_told(tmp_path: Path) -> None
             node = {"partition-id": p, "num-partitions": 3}
             ctx = Context(run_id=1, node_id=p + 1, node_config=node, state=RecordDict(),
                           run_config=run_config)  # fmt: skip
-            return lambda msg: train(msg, ctx)
+            # The ServerApp's census before round 1 asks every node for its status.
+            return lambda msg: (
+                status(msg, ctx) if msg.metadata.message_type == MessageType.QUERY
+                else train(msg, ctx)
+            )  # fmt: skip
 
         grid = FakeGrid({p + 1: device(p) for p in range(3)})
         server = Context(run_id=1, node_id=0, node_config={}, state=RecordDict(),
