@@ -203,7 +203,7 @@ class _EnergyMod:
         save_battery(battery, context)
         name, metrics = next(iter(reply.content.metric_records.items()))
         fields: dict[str, Any] = {**dict(metrics), "energy-spent": cost}
-        _add_device_id(fields, context)
+        _add_device_id(fields, context, status=False)
         reply.content[name] = MetricRecord(fields)
         return reply
 
@@ -219,10 +219,11 @@ def _slot(msg: Message) -> int | None:
     return None
 
 
-def _add_device_id(fields: dict[str, Any], context: Context) -> None:
+def _add_device_id(fields: dict[str, Any], context: Context, status: bool = True) -> None:
     # A bad value stays out; the server then keys the device by its node id (and cannot tell
-    # the fleet's partitioning from it).
-    for key in (DEVICE_ID, NUM_PARTITIONS):
+    # the fleet's partitioning from it). A train reply carries the id only: its metrics are
+    # the app's, averaged by the strategy.
+    for key in (DEVICE_ID, NUM_PARTITIONS) if status else (DEVICE_ID,):
         if key not in fields and key in context.node_config:
             with contextlib.suppress(TypeError, ValueError):
                 fields[key] = int(context.node_config[key])
