@@ -138,7 +138,6 @@ class RoundContext:
     online: Callable[[], set[int]] = set  # the nodes online now (no waiting)
     session: int = 0
     status: dict[int, DeviceStatus] = field(default_factory=dict)  # this round's answers
-    train_nodes: set[int] = field(default_factory=set)  # nodes sent a train message
     max_participants: int | None = None  # a selection wrapper's cap on the round (its M)
     _sections: dict[type, Any] = field(default_factory=dict)
     _own: dict[int, Any] = field(default_factory=dict)

@@ -252,7 +252,6 @@ class RoundLoop:
                 return self.run_round(rnd, arrays, config, t0, last)
         log(INFO, "[ROUND %d]", rnd)
         messages = self._configure(self.strategy.configure_train, rnd, arrays, config)
-        ctx.train_nodes = {m.metadata.dst_node_id for m in messages}
         bytes_down = sum(_payload_bytes(m) for m in messages)
         replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
         # A reply is the answer to the message its reply_to names: the SuperLink's own error
