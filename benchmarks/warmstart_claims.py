@@ -8,7 +8,10 @@ overlap x inner strategy (FedAvg, FedProx) x warm-start mode x seed, one run on 
 Simulation Engine. Modes: ``pilot`` = the paper's method, ``previous`` = carry the last model
 on, ``continuous`` = the paper's Continuous baseline (``previous`` + lambda x KL to the last
 session's final model in every local loss, ``--kl-lambda``), ``average`` = uniform average of
-the stored session models, ``fresh`` = the initial model.
+the stored session models, ``fresh`` = the initial model, ``pilot-candidates`` = ``pilot`` with
+the pilot sessions' own models weighed too (``warmstart.pilot-candidates``; the reference only
+averages them, so the first post-pilot session of a group seen only in the pilots has nothing
+of its own to weigh).
 
 Reported per session (mean over seeds), both counts from the same runs:
 
@@ -79,8 +82,13 @@ from _runs import parse_with_smoke, run_once
 from edgefleet.simulation.report import draw_plots, load_run, session_spans
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = ("pilot", "previous", "average", "fresh", "continuous")
-BASELINES = ("previous", "continuous", "average", "fresh")
+MODES = ("pilot", "pilot-candidates", "previous", "average", "fresh", "continuous")
+BASELINES = ("pilot-candidates", "previous", "continuous", "average", "fresh")
+# Benchmark modes that are a warm-start mode plus settings (``warmstart.pilot-candidates``:
+# the pilot sessions' own models are weighed too, not only averaged).
+MODE_KEYS: dict[str, dict[str, Any]] = {
+    "pilot-candidates": {"warmstart.mode": "pilot", "warmstart.pilot-candidates": True},
+}
 COUNTS = ("rounds_to_target", "rounds_to_target_ref")
 # --smoke: 3 modes (pilot, a baseline, continuous's teacher) over 4 sessions, so that the
 # post-pilot and look-alike sessions and every ratio exist; --also-targets 0.1 is reached.
@@ -347,7 +355,11 @@ def main() -> None:
     p.add_argument("--datasets", default="mnist-5k", help="mnist-5k, mnist, fashion-mnist, ...")
     p.add_argument("--overlaps", default="0,0.4", help="label overlap between the two groups")
     p.add_argument("--strategies", default="fedavg,fedprox", help="inner strategies")
-    p.add_argument("--modes", default=",".join(MODES), help="warm-start modes to compare")
+    p.add_argument(
+        "--modes",
+        default="pilot,previous,average,fresh,continuous",
+        help=f"warm-start modes to compare, of {','.join(MODES)}",
+    )
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--devices", type=int, default=10, help="half of them in each group")
     p.add_argument("--sessions", type=int, default=6, help="S")
@@ -414,7 +426,7 @@ def main() -> None:
                         rows = _run(
                             args, f"{tag}-{mode}-s{seed}", dataset=dataset, strategy=strategy,
                             seed=seed, **{"sessions.label-overlap": overlap,
-                                          "warmstart.mode": mode},
+                                          "warmstart.mode": mode, **MODE_KEYS.get(mode, {})},
                         )  # fmt: skip
                         figures[mode].append(session_figures(rows, args.target))
                         runs[mode].append(rows)

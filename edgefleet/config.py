@@ -585,6 +585,13 @@ class WarmStartConfig:
         "the first post-pilot session starts from the initial model in every mode, as the "
         "reference's experiments do (false: from the last model)",
     )
+    pilot_candidates: bool = key(
+        "warmstart.pilot-candidates",
+        False,
+        _any,
+        "`pilot`: the pilot sessions' own models are candidates too (fingerprint: final "
+        "minus pilot model; needs P >= 2), not only averaged into the pilot model",
+    )
     max_stored: int = key(
         "warmstart.max-stored", 10, _at_least(1), "stored session models kept (oldest evicted)"
     )

@@ -55,7 +55,13 @@ def _eval(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
     return {"test_accuracy": 0.0, "class0_correct": -abs(w + 4), "class0_total": 1.0}
 
 
-def _strategy(mode: str, store: SessionStore, stopping: bool = False, aux_rounds: int = 1):
+def _strategy(
+    mode: str,
+    store: SessionStore,
+    stopping: bool = False,
+    aux_rounds: int = 1,
+    pilot_candidates: bool = False,
+):
     inner = FedAvg(**KW)
     if stopping:
         inner = TaskVectorStopping(inner, tau=0.6, patience=1)  # type: ignore[assignment]
@@ -69,6 +75,7 @@ def _strategy(mode: str, store: SessionStore, stopping: bool = False, aux_rounds
         pilot_sessions=2,
         aux_rounds=aux_rounds,
         temperature=50.0,
+        pilot_candidates=pilot_candidates,
     )
 
 
@@ -116,6 +123,26 @@ def test_sessions_follow_presence_and_pilot_runs_aux_rounds(tmp_path: Path) -> N
     assert devices[2].trained_from[-2] == pytest.approx(final3)
     assert rows[0].context.section(SessionRow).session_classes == [0]
     assert (tmp_path / "index.json").exists()
+
+
+def test_pilot_candidates_let_a_group_seen_only_in_the_pilots_start_from_its_own_model(
+    tmp_path: Path,
+) -> None:
+    # Session 4 is group 1, seen before only in pilot session 2. By the reference's rule its
+    # only candidate is session 3 (group 0): weight 1 on the other group's model (above).
+    # With the pilots as candidates, its aux rounds (from the pilot model towards +4) point
+    # the way pilot session 2's final model lies from the pilot model: session 2 wins.
+    devices = _devices()
+    store = SessionStore(tmp_path, max_stored=5)
+    strategy = _strategy("pilot", store, pilot_candidates=True)
+    _, rows = _loop(strategy, devices, rec(w=np.zeros(2)), 1, 4 * T)
+    weights = rows[9].context.section(SessionRow).warmstart_weights
+    assert set(weights) == {"1", "2", "3"}
+    assert weights["2"] > 0.99
+    final2 = store.pilots()[1].final["w"][0]
+    assert final2 > 0 and devices[2].trained_from[-2] == pytest.approx(final2, abs=0.01)
+    # session 3 (group 0) weighed the two pilots only, and took group 0's pilot session 1
+    assert rows[6].context.section(SessionRow).warmstart_weights["1"] > 0.99
 
 
 def test_previous_mode_has_no_aux_rounds(tmp_path: Path) -> None:

@@ -233,6 +233,7 @@ def _sessions(
         aux_lr_scale=w.aux_lr_scale,
         kl_lambda=w.kl_lambda,
         reset_after_pilot=w.reset_after_pilot,
+        pilot_candidates=w.pilot_candidates,
     )
 
 

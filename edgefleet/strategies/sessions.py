@@ -123,6 +123,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         aux_lr_scale: float = 0.5,
         kl_lambda: float = 0.5,
         reset_after_pilot: bool = False,
+        pilot_candidates: bool = False,
     ) -> None:
         """``store``: a :class:`SessionStore`, or the folder of one, opened if an earlier run
         left one there (new sessions then continue its numbering and are warm-started from
@@ -137,7 +138,11 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         tracker's ``max_rounds``; auxiliary rounds at lr x ``aux_lr_scale``). None: no rate
         is sent. ``kl_lambda``: the KL weight of mode ``continuous``.
         ``reset_after_pilot``: session P + 1 starts from ``initial`` in every mode, as in the
-        reference's experiments."""
+        reference's experiments. ``pilot_candidates`` (mode ``pilot``): the pilot sessions'
+        own final models are weighed too, fingerprinted by their final model minus the pilot
+        model (the reference only averages them, so a group seen only in the pilots has
+        nothing of its own to be warm-started from); with one pilot session that difference
+        is zero and it stays out."""
         super().__init__(inner)
         if not isinstance(store, SessionStore):
             store = SessionStore.open(store, max_stored)
@@ -165,6 +170,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             )
         self.lr, self.lr_min_ratio, self.aux_lr_scale = lr, lr_min_ratio, aux_lr_scale
         self.kl_lambda, self.reset_after_pilot = kl_lambda, reset_after_pilot
+        self.pilot_candidates = pilot_candidates
         self.session_round = 0  # training rounds configured in this session (the lr's t)
         self.teacher_holders: set[int] = set()  # nodes that trained with this session's teacher
         self.store, self.tracker = store, tracker
@@ -198,6 +204,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
                     "Pilot sessions": self.pilot_sessions,
                     "Auxiliary rounds": self.aux_rounds,
                     "Softmin temperature": self.temperature,
+                    "Pilot sessions as candidates": self.pilot_candidates,
                 }
             )
             if self.lr is not None:
@@ -261,7 +268,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     def _warm_model(self, aux_result: ArrayRecord, previous: ArrayRecord) -> ArrayRecord:
         assert self.aux_start is not None
         self.pending_grad = pseudo_gradient(to_numpy(aux_result), self.aux_start)
-        candidates = self.store.candidates()
+        candidates = self._pilot_candidates() + self.store.candidates()
         row = current_round().section(SessionRow)
         if not candidates:
             row.warmstart_weights = []
@@ -274,6 +281,20 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         }
         log(INFO, "Warm start weights over stored sessions: %s", row.warmstart_weights)
         return to_record(model)
+
+    def _pilot_candidates(self) -> list[StoredSession]:
+        """The pilot sessions as candidates (``pilot_candidates``): each one's pseudo-gradient
+        stand-in is its final model minus the pilot model, the direction the aux rounds of a
+        new session of the same devices would take from it. With one pilot session it is the
+        zero vector (no direction) and that session is left out."""
+        pilots = self.store.pilots()
+        if not self.pilot_candidates or len(pilots) < 2:
+            return []
+        assert self.aux_start is not None
+        return [
+            StoredSession(p.session, p.final, pseudo_gradient(p.final, self.aux_start), p.devices)
+            for p in pilots
+        ]
 
     # -- Strategy -----------------------------------------------------------------------
 
