@@ -181,6 +181,7 @@ class FlowerFleet:
         self.ray_address: str | None = None
         self.ray_temp_dirs: list[Path] = []
         self._ray_head: FlowerProcess | None = None
+        self._ray_head_start: tuple[list[str], dict[str, str]] = ([], {})  # to start it again
         self._ray_head_port = 0  # the head's GCS port, chosen with its other ports
         self._ray_timeout = 120.0
         self._count: dict[str, int] = {}
@@ -320,6 +321,8 @@ class FlowerFleet:
             args.append(f"--num-gpus={num_gpus}")
         env = {k: v for k, v in self.env.items() if k != "RAY_ADDRESS"}
         env["RAY_USAGE_STATS_ENABLED"] = "0"
+        if head:
+            self._ray_head_start = (args, env)
         return self.start(name, args, env=env)
 
     def wait_for_log(self, proc: FlowerProcess, text: str, timeout: float) -> None:
@@ -335,11 +338,39 @@ class FlowerFleet:
             time.sleep(0.2)
 
     def wait_for_ray(self) -> None:
-        """Until the Ray head started by :meth:`start_ray_head` accepts connections."""
+        """Until the Ray head started by :meth:`start_ray_head` is up: its node registered
+        (``ray start`` prints ``Ray runtime started.``), not only its GCS port open.
+
+        ``ray start`` gives its raylet a fixed 30 s to register (``ray/_private/node.py``; no
+        setting moves it), which a machine with many more runnable processes than cores can
+        exceed; the head then exits. That exit is a start-up race, not a broken setup: the
+        head is started again, on the same ports (nothing has connected to it yet), up to
+        :data:`RAY_START_ATTEMPTS` times, each retry logged."""
         if self._ray_head is None or self.ray_address is None:
             raise FleetError("no Ray head started")
-        host, port = self.ray_address.rsplit(":", 1)
-        wait_for_port(host, int(port), self._ray_timeout, self._ray_head)
+        for attempt in range(1, RAY_START_ATTEMPTS + 1):
+            head = self._ray_head
+            try:
+                self.wait_for_log(head, RAY_STARTED, self._ray_timeout)
+                return
+            except FleetError:
+                timed_out = RAY_NODE_TIMED_OUT in head.log_path.read_text(errors="replace")
+                if head.running() or not timed_out or attempt == RAY_START_ATTEMPTS:
+                    raise
+            # Its GCS server and raylet may outlive it, holding the ports: end them too.
+            temp_dir = next(a for a in head.args if a.startswith("--temp-dir="))[11:]
+            orphans = [m for m in self.members() if temp_dir in m.cmd]
+            _signal_all([head], orphans, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                head.popen.wait(timeout=5.0)
+            print(
+                f"edgefleet: Ray's head timed out registering its node (attempt {attempt} of "
+                f"{RAY_START_ATTEMPTS}, load average {os.getloadavg()[0]:.1f}): starting it "
+                "again",
+                file=sys.stderr,
+            )
+            args, env = self._ray_head_start
+            self._ray_head = self.start("ray-head", args, env=env)
 
     def write_connection(self) -> Path:
         """``$FLWR_HOME/config.toml`` with one connection, the default, to our SuperLink."""
@@ -565,6 +596,12 @@ def _stop_groups(processes: Sequence[FlowerProcess]) -> None:
             _signal_all([proc], [], signal.SIGKILL)
             proc.popen.wait(timeout=5.0)
 
+
+# `ray start --head` prints the first when its node is up; its raylet's fixed 30 s to register
+# ran out when its log holds the second (ray/_private/node.py).
+RAY_STARTED = "Ray runtime started."
+RAY_NODE_TIMED_OUT = "timed out during startup"
+RAY_START_ATTEMPTS = 3
 
 # Every port `ray start` would otherwise take at a fixed default (the agent's 52365, ...),
 # shared with any other Ray on the machine; the head's dashboard port is set apart.
