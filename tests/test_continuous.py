@@ -18,6 +18,7 @@ from edgefleet.client.mods import ERR_NO_TEACHER
 from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.strategies.context import SessionRow
 from edgefleet.strategies.loop import RoundLoop
+from edgefleet.strategies.lrschedule import SessionLearningRate
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import (
@@ -175,6 +176,21 @@ def test_without_a_base_rate_no_lr_is_sent(tmp_path: Path) -> None:
             FedAvg(**KW), store=SessionStore(None, 1), tracker=SessionTracker(0.2, 0),
             initial=rec(w=np.zeros(2)), param_keys=["w"], lr=0.1, lr_min_ratio=0.5,
         )  # fmt: skip
+
+
+def test_the_learning_rate_schedule_works_under_any_wrapper_without_sessions() -> None:
+    # No sessions wrapper: the whole run is one session of T rounds, decaying from round 1;
+    # its state (the round t) survives a checkpoint round trip.
+    strategy = SessionLearningRate(FedAvg(**KW), 0.2, min_ratio=0.5, session_rounds=T)
+    _, grid = _drive(strategy, {1: GroupDevice(0, 0, -4.0)}, T + 1)  # type: ignore[arg-type]
+    lrs = [c[CONFIG_LR] for _, c in _train_configs(grid)]
+    assert lrs == pytest.approx([session_lr(0.2, 0.5, t, T) for t in range(T + 1)])
+    again = SessionLearningRate(FedAvg(**KW), 0.2, min_ratio=0.5, session_rounds=T)
+    again.load_state_dict(strategy.state_dict())
+    assert again.rate(aux=False) == pytest.approx(session_lr(0.2, 0.5, T + 1, T))
+    assert again.rate(aux=True) == pytest.approx(0.1)
+    with pytest.raises(WarmStartError, match="known length"):
+        SessionLearningRate(FedAvg(**KW), 0.2, min_ratio=0.5)
 
 
 @pytest.mark.parametrize("mode", ["previous", "continuous", "pilot", "average"])

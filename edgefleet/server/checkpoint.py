@@ -50,7 +50,9 @@ FILENAME = "checkpoint.npz"
 LEGACY_FILENAME = "checkpoint.pkl"
 # 3: the loop state holds the device registry (which device is which) instead of the
 # screening bindings, and the wrappers no longer keep node -> device maps of their own.
-FORMAT = 3
+# 4: the sessions wrapper's state nests its learning-rate schedule and continuous teacher,
+# now wrappers of their own (SessionLearningRate, ContinuousTeacher).
+FORMAT = 4
 _ARRAY, _TUPLE = "$array", "$tuple"
 
 

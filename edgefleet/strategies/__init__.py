@@ -12,7 +12,9 @@ Each is a ``flwr.serverapp.strategy.Strategy``; wrap your own (Flower's ``FedAvg
 - :class:`SubmodelReconstruction`: rebuilds CA-HFP's pruned submodels into the full
   parameter space before aggregation (arXiv 2603.12591).
 - :class:`WarmStartInitializer`: sessions over a changing device set, each warm-started from
-  the stored sessions' models (arXiv 2410.05662).
+  the stored sessions' models (arXiv 2410.05662); :class:`SessionLearningRate` (the
+  per-session client learning rate) and :class:`ContinuousTeacher` (the Continuous
+  baseline's KL teacher) are wrappers of their own that it adds.
 
 They run in :class:`RoundLoop` (``start()`` does this for you), which keeps the run's
 :class:`DeviceRegistry` (which node is which device, what each said and did), hands every
@@ -27,16 +29,19 @@ from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
 from edgefleet.strategies.hooks import StrategyHooks, hooks_of
 from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundLoop, RoundResult
+from edgefleet.strategies.lrschedule import SessionLearningRate
 from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.registry import DeviceRecord, DeviceRegistry, DeviceStatus
 from edgefleet.strategies.saga import SagaMemory
 from edgefleet.strategies.screening import RecordKeys, check_train_reply
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
+from edgefleet.strategies.teacher import ContinuousTeacher
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
 
 __all__ = [
+    "ContinuousTeacher",
     "DeviceRecord",
     "DeviceRegistry",
     "DeviceStatus",
@@ -51,6 +56,7 @@ __all__ = [
     "RoundLoop",
     "RoundResult",
     "SagaMemory",
+    "SessionLearningRate",
     "SessionStore",
     "SessionTracker",
     "StatusQuery",

@@ -31,6 +31,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from flwr.app import ArrayRecord
+
 from edgefleet.strategies.registry import DeviceRegistry, DeviceStatus
 
 S = TypeVar("S")
@@ -139,6 +141,9 @@ class RoundContext:
     session: int = 0
     status: dict[int, DeviceStatus] = field(default_factory=dict)  # this round's answers
     max_participants: int | None = None  # a selection wrapper's cap on the round (its M)
+    # the model the loop had when this session opened (the last session's final model), named
+    # by the sessions wrapper every round: the continuous mode's teacher
+    last_session_model: ArrayRecord | None = None
     _sections: dict[type, Any] = field(default_factory=dict)
     _own: dict[int, Any] = field(default_factory=dict)
 

@@ -22,22 +22,14 @@ stores the finished session's final model and builds the new session's initial m
 - ``continuous``: ``previous`` plus a KL term to the last session's final model in every
   device's local loss (the paper's Continuous baseline).
 
-What the train messages carry besides the model, for EdgeFleet's ClientApp:
-
-- ``lr`` in the config (when the wrapper is given a base rate): the round's client learning
-  rate, decaying within the session (``lr_min_ratio`` < 1, :func:`session_lr`) and scaled by
-  ``aux_lr_scale`` in auxiliary rounds, as the reference does. A ClientApp that ignores it
-  trains at its own rate.
-- ``continuous``: ``kl-lambda`` and ``teacher-session`` (the session number) in the config,
-  and the teacher (the last session's final model) as a second ArrayRecord ``teacher``, sent
-  to a node only until it has trained with it once in this session: the device keeps it in
-  its ``Context.state`` (kept between messages on both engines) and later messages name the
-  session only. A node that has lost it (its SuperNode restarted) declines the round, and a
-  node asked to train that sent no accepted reply gets the teacher again next time. The extra
-  download is one model per device per session (in the round's ``bytes_down``; the row's
-  ``teacher_downloads`` counts them), not one per round: about 1/T of the downloads of a
-  T-round session, against a doubling for sending it in every message. The device holds one
-  more model in memory and runs one more forward pass a step.
+Two small wrappers of their own sit right inside it, made by it from its arguments:
+:class:`~edgefleet.strategies.lrschedule.SessionLearningRate` (given a base ``lr``: the
+round's client learning rate in every train config, decaying within each session, lower in
+auxiliary rounds) and, in mode ``continuous``,
+:class:`~edgefleet.strategies.teacher.ContinuousTeacher` (the last session's final model as
+a KL teacher, sent once per device and session). Both read what they need of sessions from
+the round context (the session number, the phase, the last session's model), so the
+learning-rate schedule also works under any other wrapper.
 
 Wrappers inside are told of each boundary through ``on_session`` (the data-free stopping
 rule restarts from the session's initial model, and under sessions a plateau rests the
@@ -53,7 +45,7 @@ from enum import StrEnum
 from logging import INFO, WARNING
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
@@ -62,13 +54,11 @@ from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
 from edgefleet.strategies.context import ScreeningRow, SessionRow, current_round
 from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.strategies.lrschedule import SessionLearningRate
 from edgefleet.strategies.registry import DeviceStatus
+from edgefleet.strategies.teacher import ContinuousTeacher
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import (
-    CONFIG_KL_LAMBDA,
-    CONFIG_LR,
-    CONFIG_TEACHER_SESSION,
-    TEACHER_RECORD,
     WARMSTART_MODES,
     SessionStore,
     StoredSession,
@@ -77,7 +67,6 @@ from edgefleet.strategies.warmstart import (
     distance_keys,
     pilot_model,
     pseudo_gradient,
-    session_lr,
     warm_start_model,
 )
 
@@ -96,7 +85,6 @@ class _Round:
 
     present: dict[int, DeviceStatus] = field(default_factory=dict)  # present nodes' answers
     answered: int = 0  # nodes that answered the presence query
-    asked: set[int] = field(default_factory=set)  # nodes sent a train message
 
 
 class WarmStartInitializer(LoopStrategy, RoundCallback):
@@ -143,7 +131,6 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         model (the reference only averages them, so a group seen only in the pilots has
         nothing of its own to be warm-started from); with one pilot session that difference
         is zero and it stays out."""
-        super().__init__(inner)
         if not isinstance(store, SessionStore):
             store = SessionStore.open(store, max_stored)
             if last := store.last_session():
@@ -157,22 +144,18 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             param_keys = [k for k, a in initial.items() if a.numpy().dtype.kind == "f"]
         if mode not in WARMSTART_MODES:
             raise WarmStartError(f"mode {mode!r}; valid choices: {', '.join(WARMSTART_MODES)}")
+        if mode == "continuous":
+            inner = ContinuousTeacher(inner, kl_lambda)
         if lr is not None:
-            session_lr(lr, lr_min_ratio, 0, 1)  # raises on a bad rate or ratio
-            if lr_min_ratio < 1 and not tracker.max_rounds:
-                raise WarmStartError(
-                    "a learning rate that decays within each session needs sessions of a "
-                    "known length (SessionTracker max_rounds >= 1)"
-                )
-        if not 0 < aux_lr_scale <= 1 or not kl_lambda >= 0:
-            raise WarmStartError(
-                f"aux_lr_scale={aux_lr_scale!r} must be in (0, 1] and kl_lambda={kl_lambda!r} >= 0"
+            inner = SessionLearningRate(
+                inner,
+                lr,
+                min_ratio=lr_min_ratio,
+                session_rounds=tracker.max_rounds,
+                aux_scale=aux_lr_scale,
             )
-        self.lr, self.lr_min_ratio, self.aux_lr_scale = lr, lr_min_ratio, aux_lr_scale
-        self.kl_lambda, self.reset_after_pilot = kl_lambda, reset_after_pilot
-        self.pilot_candidates = pilot_candidates
-        self.session_round = 0  # training rounds configured in this session (the lr's t)
-        self.teacher_holders: set[int] = set()  # nodes that trained with this session's teacher
+        super().__init__(inner)
+        self.reset_after_pilot, self.pilot_candidates = reset_after_pilot, pilot_candidates
         self.store, self.tracker = store, tracker
         self.initial = to_numpy(initial)
         self.keys = distance_keys(self.initial, param_keys)
@@ -192,12 +175,6 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         s["Change threshold"] = self.tracker.change_threshold
         if self.tracker.max_rounds:
             s["Session length (rounds)"] = self.tracker.max_rounds
-        if self.lr is not None:
-            s["Client learning rate"] = (
-                self.lr
-                if self.lr_min_ratio == 1
-                else f"{self.lr:g} -> {self.lr * self.lr_min_ratio:g} within each session"
-            )
         if self.mode == "pilot":
             s.update(
                 {
@@ -207,10 +184,6 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
                     "Pilot sessions as candidates": self.pilot_candidates,
                 }
             )
-            if self.lr is not None:
-                s["Auxiliary learning rate"] = self.lr * self.aux_lr_scale
-        if self.mode == "continuous":
-            s["KL weight (lambda)"] = self.kl_lambda
         if self.reset_after_pilot:
             s["First post-pilot session from"] = "the initial model"
         return s
@@ -330,7 +303,6 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
                     self._finish_session(previous_session, arrays)
                 self.previous = arrays
             self.session_devices = sorted(present)
-            self.session_round, self.teacher_holders = 0, set()
             assert self.previous is not None
             start = self._open_session(change.session, self.previous)
             if start is not None and start is not arrays:
@@ -347,59 +319,9 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         # After on_session (FedSAG forgets its devices there): the present devices' answers
         # go down so that energy selection reuses their batteries instead of asking again.
         self.on_status(server_round, mine.present)
-        config = self._train_config(config)
-        messages = list(
-            super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
-        )
-        if self.phase == Phase.TRAIN:
-            self.session_round += 1
-        return self._with_teacher(messages)
-
-    def _train_config(self, config: ConfigRecord) -> ConfigRecord:
-        """The round's config with the learning rate and, in mode continuous, the KL
-        term's weight and the session its teacher belongs to."""
-        out = ConfigRecord(dict(config))
-        if self.lr is not None:
-            if self.phase == Phase.AUX:
-                lr = self.lr * self.aux_lr_scale
-            elif self.lr_min_ratio < 1:
-                t, rounds = self.session_round, self.tracker.max_rounds
-                lr = session_lr(self.lr, self.lr_min_ratio, t, rounds)
-            else:
-                lr = self.lr
-            out[CONFIG_LR] = lr
-            current_round().section(SessionRow).lr = lr
-        if self._teacher() is not None:
-            out[CONFIG_KL_LAMBDA] = self.kl_lambda
-            out[CONFIG_TEACHER_SESSION] = self.tracker.session
-        return out
-
-    def _teacher(self) -> ArrayRecord | None:
-        """Mode continuous: the last session's final model, which this session's local
-        losses stay close to (None in the first session, or with lambda 0)."""
-        if self.mode != "continuous" or self.tracker.session < 2 or self.kl_lambda <= 0:
-            return None
-        return self.previous
-
-    def _with_teacher(self, messages: list[Message]) -> list[Message]:
-        """Add the teacher to the train message of every node that has not yet trained
-        with it in this session."""
-        current_round().own(self, _Round).asked = {m.metadata.dst_node_id for m in messages}
-        teacher = self._teacher()
-        if teacher is None:
-            return messages
-        out, sent = [], 0
-        for msg in messages:
-            node = msg.metadata.dst_node_id
-            if node in self.teacher_holders:
-                out.append(msg)
-                continue
-            # The inner strategy shares one RecordDict between its messages: a new one each.
-            content = RecordDict({**dict(msg.content.items()), TEACHER_RECORD: teacher})
-            out.append(Message(content, dst_node_id=node, message_type=msg.metadata.message_type))
-            sent += 1
-        current_round().section(SessionRow).teacher_downloads = sent
-        return out
+        # What the learning-rate schedule and the continuous teacher inside read.
+        row.phase, ctx.last_session_model = self.phase, self.previous
+        return super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -411,14 +333,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        replies = list(replies)
         ctx = current_round()
-        if self._teacher() is not None:
-            # A node asked to train without an accepted reply may have lost the teacher (a
-            # restarted SuperNode declines for that): it is sent again next time.
-            asked = ctx.own(self, _Round).asked
-            replied = {m.metadata.src_node_id for m in replies if not m.has_error()}
-            self.teacher_holders = (self.teacher_holders - asked) | (replied & asked)
         arrays, metrics = super().aggregate_train(server_round, replies)
         trained = arrays is not None
         if not trained:  # nobody trained: the model the round started from stands
@@ -462,7 +377,6 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             session_devices=self.session_devices,
             phase=self.phase,
             aux_left=self.aux_left,
-            session_round=self.session_round,
             aux_start=self.aux_start,
             pending_grad=self.pending_grad,
             start_from=None if self.start_from is None else to_numpy(self.start_from),
@@ -475,8 +389,6 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.tracker.load_state_dict(state["tracker"])
         self.session_devices = state["session_devices"]
         self.phase, self.aux_left = Phase(state["phase"]), state["aux_left"]
-        # Not checkpointed: after a restart every node is sent the teacher once more.
-        self.session_round, self.teacher_holders = state.get("session_round", 0), set()
         self.aux_start, self.pending_grad = state["aux_start"], state["pending_grad"]
         for key in ("start_from", "previous"):
             setattr(self, key, None if state[key] is None else to_record(state[key]))
