@@ -306,3 +306,30 @@ def test_accuracy_plot_with_sessions(tmp_path: Path) -> None:
 
 def _png_height(path: Path) -> int:
     return int.from_bytes(path.read_bytes()[20:24], "big")  # IHDR: width, then height
+
+
+def test_energy_off_is_said_and_the_accuracy_legend_sits_beside_the_curves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import edgefleet.simulation.report as report
+
+    figures: dict[str, Any] = {}
+
+    def keep(fig: Any, path: Path) -> Path:
+        figures[path.name] = fig
+        fig.canvas.draw()  # lays the legend out, as saving would
+        return path
+
+    monkeypatch.setattr(report, "_save", keep)
+    rows = [_row(r, 0.1 * r, session=1 + r // 3, energy_spent=0.0) for r in range(1, 7)]
+    draw_plots([load_run(_write_run(tmp_path / "run", rows, _summary(rows)))], tmp_path / "out")
+    (energy,) = figures["energy.png"].axes
+    assert energy.get_ylim()[0] == 0.0  # a flat 0 lies on the axis, not in mid-air
+    assert any("energy off" in t.get_text() for t in energy.texts)
+    acc = figures["accuracy.png"].axes[0]
+    legend = acc.get_legend().get_window_extent()
+    assert legend.x0 >= acc.get_window_extent().x1  # beside the axes: covers no curve
+    spent = [_row(r, 0.1 * r) for r in range(1, 4)]
+    figures.clear()
+    draw_plots([load_run(_write_run(tmp_path / "spent", spent, _summary(spent)))], tmp_path / "o2")
+    assert not figures["energy.png"].axes[0].texts

@@ -83,3 +83,36 @@ def test_story_leads_with_sessions_then_techniques_then_the_labelled_whole_test(
     assert "1 of 8 replies were curvature-pruned" in text
     assert "rested for 1 rounds" in text and "sessions 3" in text
     assert "so this stays low by design): final 0.310, best 0.450" in text
+
+
+def _sessions_run(tmp_path: Path, second: list[float], stop: str = "budget") -> str:
+    """Session 1 from scratch (0.5 then 0.7), session 2 warm-started with ``second``."""
+    config = {**DEFAULTS, "warmstart.mode": "previous", "sessions.schedule": "alternate",
+              "stopping.mode": "data-free", "num-server-rounds": 8}  # fmt: skip
+    curve = [(1, 0.5), (1, 0.7)] + [(2, a) for a in second]
+    rows = [_row(i + 1, s, ["0"], session_accuracy=a) for i, (s, a) in enumerate(curve)]
+    sessions = [
+        {"session": s, "start_round": 1 if s == 1 else 3, "rounds": n, "aux_rounds": 0,
+         "rounds_to_target": None, "final_session_accuracy": 0.7, "bytes": 0, "energy_spent": 0}
+        for s, n in ((1, 2), (2, len(second)))
+    ]  # fmt: skip
+    summary = {"run_name": "r", "rounds_run": len(rows), "stop_reason": stop, "stop_round": None,
+               "wall_s": 1.0, "final_accuracy": 0.3, "best_accuracy": 0.3,
+               "target_accuracy": 0.8, "sessions": sessions, "config": config}  # fmt: skip
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return story(tmp_path)
+
+
+def test_the_story_says_whether_warm_start_and_stopping_helped(tmp_path: Path) -> None:
+    text = _sessions_run(tmp_path, [0.72, 0.8])
+    assert "Did it help?" in text
+    assert "session 1 from scratch (0.70 on its classes after 2 round(s))" in text
+    assert "session 2 reached it in 1 round(s) (1 fewer: helped)" in text
+    assert "Data-free stopping never fired" in text and "all 4 rounds ran" in text
+    text = _sessions_run(tmp_path, [0.4, 0.6])
+    assert "did not reach it in 2 round(s); after 2 round(s) it had 0.60 against" in text
+    assert "session 1's 0.70 (did not help)" in text
+    text = _sessions_run(tmp_path, [0.4, 0.7], stop="task-vector-plateau")
+    assert "reached it in 2 round(s) (as many: no gain)" in text
+    assert "Data-free stopping saved 4 of 8 rounds not run" in text

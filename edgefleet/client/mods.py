@@ -14,7 +14,8 @@ messages only and passes every other message through untouched:
 - **Status query** (a ``query`` message whose ``config`` record holds the server's ``slot``):
   the battery is advanced to that slot, the app's query function answers (``status_query``,
   EdgeFleet's own, or yours), and the mod adds ``battery-level`` and ``feasible`` (the battery
-  covers a round) to the reply's ``status`` record, making one if the function gave none.
+  covers a round) to the reply's ``status`` record, making one if the function gave none,
+  and the device's telemetry as a ``telemetry`` config record (:func:`device_telemetry`).
 - **Train message with a ``slot``** (sent under energy-aware selection): the battery is
   advanced; if it cannot pay for the round, the device declines with an ``Error`` and spends
   nothing; otherwise the app trains, and only a successful reply is charged (Omega training
@@ -37,9 +38,14 @@ server keys the device's age and memory by it rather than by the node id.
 from __future__ import annotations
 
 import contextlib
+import functools
+import glob
+import os
+import platform
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any
 
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
@@ -63,6 +69,8 @@ ERR_ABSENT = 13
 ERR_NO_TEACHER = 14  # warm start's continuous mode: this device does not hold the teacher
 
 STATE_KEY = "edgefleet.battery"
+HARVEST_KEY = "edgefleet.harvested"  # energy harvested since the last status answer
+TELEMETRY = "telemetry"  # the status answer's record of device telemetry
 DEVICE_ID = "device-id"
 NUM_PARTITIONS = "num-partitions"
 
@@ -151,10 +159,12 @@ class _EnergyMod:
         try:
             settings = self.settings(context)
             battery = load_battery(settings, context)
+            before = battery.level
             battery.advance(slot)
         except (*SETTINGS_ERRORS, ClockError) as err:
             return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
         save_battery(battery, context)
+        _note_harvest(context, battery.level - before)
         kind = msg.metadata.message_type.split(".")[0]
         if kind == MessageType.QUERY:
             return self._status(msg, context, call_next, battery, settings)
@@ -182,7 +192,9 @@ class _EnergyMod:
             }
         )
         _add_device_id(fields, context)
-        return Message(RecordDict({"status": MetricRecord(fields)}), reply_to=msg)
+        content = RecordDict({"status": MetricRecord(fields)})
+        content[TELEMETRY] = ConfigRecord(device_telemetry(battery, _take_harvest(context)))
+        return Message(content, reply_to=msg)
 
     def _train(
         self,
@@ -227,6 +239,92 @@ def _add_device_id(fields: dict[str, Any], context: Context, status: bool = True
         if key not in fields and key in context.node_config:
             with contextlib.suppress(TypeError, ValueError):
                 fields[key] = int(context.node_config[key])
+
+
+def _note_harvest(context: Context, gained: float) -> None:
+    # A level read from the board (sysfs) may fall between answers: only gains are harvest.
+    if gained > 0:
+        held = context.state.config_records.get(HARVEST_KEY, ConfigRecord({"units": 0.0}))
+        context.state[HARVEST_KEY] = ConfigRecord({"units": float(held["units"]) + gained})  # type: ignore[arg-type]
+
+
+def _take_harvest(context: Context) -> float:
+    """The energy harvested since the last status answer (and start counting anew)."""
+    held = context.state.config_records.get(HARVEST_KEY)
+    context.state[HARVEST_KEY] = ConfigRecord({"units": 0.0})
+    return 0.0 if held is None else float(held["units"])  # type: ignore[arg-type]
+
+
+def device_telemetry(battery: Battery, harvested: float) -> dict[str, Any]:
+    """What a device reports of itself beside its status: its battery's capacity, the energy
+    harvested since its last answer and spent in all, and what the board tells (CPU
+    temperature, load, free memory, architecture, accelerator, versions). A reading the
+    board does not offer is left out, never sent as a made-up value. The server checks every
+    value against its table (:data:`edgefleet.strategies.registry.TELEMETRY_FIELDS`)."""
+    out: dict[str, Any] = {
+        "battery-capacity": float(battery.capacity),
+        "harvested": float(harvested),
+        "energy-spent": float(battery.spent_total),
+    }
+    temp = cpu_temperature()
+    if temp is not None:
+        out["cpu-temp-c"] = temp
+    with contextlib.suppress(OSError, AttributeError):  # no load average on this OS
+        out["load-1m"] = round(os.getloadavg()[0], 3)
+    free = free_memory_mb()
+    if free is not None:
+        out["mem-free-mb"] = free
+    return {**out, **_platform()}
+
+
+def cpu_temperature(root: str = "/sys/class/thermal") -> float | None:
+    """The CPU's temperature in degrees C from the board's thermal zones (a zone whose type
+    names the CPU or SoC first, else the first zone), or None where there is none."""
+    zones = sorted(glob.glob(f"{root}/thermal_zone*"))
+
+    def kind(zone: str) -> str:
+        try:
+            with open(f"{zone}/type") as f:
+                return f.read().strip().lower()
+        except OSError:
+            return ""
+
+    cpu_like = [z for z in zones if any(w in kind(z) for w in ("cpu", "soc", "pkg"))]
+    for zone in cpu_like + zones:
+        try:
+            with open(f"{zone}/temp") as f:
+                return int(f.read().strip()) / 1000.0  # millidegrees
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def free_memory_mb(meminfo: str = "/proc/meminfo") -> float | None:
+    """Memory available to new work (MemAvailable), in MB; None off Linux."""
+    try:
+        with open(meminfo) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return round(int(line.split()[1]) / 1024.0, 1)  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+@functools.cache
+def _platform() -> dict[str, str]:
+    """Architecture, accelerator and versions: fixed for the process, so read once."""
+    out = {"arch": platform.machine() or "unknown"}
+    try:  # torch only if the app has it: the mod is for any ClientApp
+        from edgefleet.task.accelerator import available_accelerators
+
+        out["accelerator"] = available_accelerators()[-1]
+    except ImportError:
+        pass
+    for key, package in (("edgefleet-version", "edgefleet"), ("flwr-version", "flwr")):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[key] = metadata.version(package)
+    return out
 
 
 def load_battery(settings: BatterySettings, context: Context) -> Battery:

@@ -3,7 +3,8 @@
 A live run is observable from its run folder alone: ``metrics.jsonl`` (a row per round),
 ``fleet.json`` (the fleet as the server sees it now) and the checkpoint. The snapshot is the
 round loop's device registry (which node speaks for which device, each device's last
-status, participations, declines and rejections with their reasons) plus the run's state
+status, its screened telemetry and the reasons any of it was dropped, participations,
+declines and rejections with their reasons) plus the run's state
 (round, session, accuracy, the stopping signal, the round's selection). It is written
 atomically (a reader never sees half a file), so a dashboard or an exporter can poll it
 without ever slowing or breaking a round. Format: ``FORMAT``; every value comes from the

@@ -12,18 +12,20 @@ import os
 import re
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, TextIO, cast
 
 from edgefleet.processes import FleetError, FlowerFleet, FlowerProcess, config_arg
 from edgefleet.server.polling import FAST_DISPATCH_ENV
 
 if TYPE_CHECKING:
+    from edgefleet.simulation.progress import ProgressReporter
     from edgefleet.simulation.runner import Scenario
 
 PROJECT_DIR = Path(__file__).resolve().parents[2]
@@ -195,10 +197,18 @@ class Engine:
             self.fleet.__exit__(exc_type, exc, tb)
 
     def run(
-        self, scenario: Scenario, *, timeout: float = 3600.0, echo: TextIO | None = None
+        self,
+        scenario: Scenario,
+        *,
+        timeout: float = 3600.0,
+        echo: TextIO | None = None,
+        progress: str | None = None,
+        progress_stream: TextIO | None = None,
     ) -> Path:
         """Run ``scenario`` to completion; its run folder. ``echo`` gets the ServerApp's log
-        as it streams (None: only ``flower.log`` does)."""
+        as it streams (None: only ``flower.log`` does). ``progress`` (``live`` or ``plain``,
+        :mod:`edgefleet.simulation.progress`) shows the run's progress line on
+        ``progress_stream`` (default stdout) from its rows as they land."""
         from edgefleet.config import ConfigError
         from edgefleet.runlock import RunLocked
         from edgefleet.server.results import prepare_run_dir
@@ -227,6 +237,14 @@ class Engine:
         link = next((p for p in self.fleet.processes if p.name == "superlink"), None)
         link_offset = self._log_mark  # where this run's part of the SuperLink's log starts
         flwr: FlowerProcess | None = None
+        reporter = None
+        if progress is not None:
+            from edgefleet.simulation.progress import EchoThrough, ProgressReporter
+
+            stream = progress_stream if progress_stream is not None else sys.stdout
+            reporter = ProgressReporter(run_dir, cfg.server.num_rounds, stream, progress)
+            if echo is not None:  # the log scrolls above the live line, not through it
+                echo = cast(TextIO, EchoThrough(reporter))
         try:
             flwr = self.fleet.flwr(
                 "run",
@@ -240,7 +258,11 @@ class Engine:
                 name="flwr-run",
                 echo=echo,
             )
-            self._wait(flwr, run_dir, timeout)
+            try:
+                self._wait(flwr, run_dir, timeout, reporter)
+            finally:
+                if reporter is not None:
+                    reporter.close()
         except (KeyboardInterrupt, SystemExit) as err:
             sig = "SIGINT" if isinstance(err, KeyboardInterrupt) else "SIGTERM"
             _write_log(run_dir, flwr, link, link_offset, self.fleet)
@@ -254,10 +276,18 @@ class Engine:
         self._log_mark = _size(link.log_path) if link else 0
         return run_dir
 
-    def _wait(self, flwr: FlowerProcess, run_dir: Path, timeout: float) -> None:
+    def _wait(
+        self,
+        flwr: FlowerProcess,
+        run_dir: Path,
+        timeout: float,
+        reporter: ProgressReporter | None = None,
+    ) -> None:
         deadline = time.monotonic() + timeout
         summary = run_dir / "summary.json"
         while flwr.running():
+            if reporter is not None:
+                reporter.poll()
             if time.monotonic() > deadline:
                 raise RunFailed(
                     f"run {run_dir.name} ran past the {timeout:.0f} s timeout "

@@ -431,21 +431,31 @@ def _plot_accuracy(runs: list[RunData], path: Path) -> Path:
     axes[-1].set_xlabel("round")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     if runs:
-        ax.legend(fontsize="small")
+        # Beside the plot, not on it: inside, "best" still covered session 1's curve once the
+        # session marks joined the legend.
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)
 
 
 def _plot_per_round(
-    runs: list[RunData], path: Path, title: str, panels: list[tuple[str, str, float]]
+    runs: list[RunData],
+    path: Path,
+    title: str,
+    panels: list[tuple[str, str, float]],
+    off: str = "",
 ) -> Path:
-    """One subplot per (key, y label, scale) in ``panels``, every run overlaid."""
+    """One subplot per (key, y label, scale) in ``panels``, every run overlaid; ``off``, when
+    given, is written across a panel whose every value is 0 or missing."""
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3 * len(panels) + 1), sharex=True)
     axes_list: list[Axes] = list(axes) if len(panels) > 1 else [axes]
     for ax, (key, ylabel, scale) in zip(axes_list, panels, strict=True):
         for run in runs:
             ax.plot(*_series(run.rows, key, scale), marker=".", label=run.name)
         ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)  # counts and amounts: a flat 0 sits on the axis, not mid-plot
         ax.grid(alpha=0.3)
+        if off and all(not any(_series(run.rows, key)[1]) for run in runs):
+            ax.text(0.5, 0.5, off, ha="center", va="center", transform=ax.transAxes)
     axes_list[0].set_title(title)
     axes_list[-1].set_xlabel("round")
     axes_list[-1].xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -474,6 +484,14 @@ def _plot_participation(runs: list[RunData], path: Path) -> Path:
     return _save(fig, path)
 
 
+def _energy_off(runs: list[RunData]) -> str:
+    """What the energy plot says when no run spent any energy."""
+    modes = {run.summary.get("config", {}).get("selection.mode") for run in runs}
+    if "energy-age" not in modes:
+        return "energy off (selection.mode is not energy-age): no energy spent"
+    return "no energy spent"
+
+
 def draw_plots(runs: list[RunData], out_dir: str | Path) -> list[Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -482,7 +500,13 @@ def draw_plots(runs: list[RunData], out_dir: str | Path) -> list[Path]:
     return [
         _plot_accuracy(runs, out / "accuracy.png"),
         _plot_per_round(runs, out / "communication.png", "Communication per round", comm),
-        _plot_per_round(runs, out / "energy.png", "Energy spent per round", energy),
+        _plot_per_round(
+            runs,
+            out / "energy.png",
+            "Energy spent per round",
+            energy,
+            off=_energy_off(runs),
+        ),  # fmt: skip
         _plot_participation(runs, out / "participation.png"),
     ]
 

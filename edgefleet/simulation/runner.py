@@ -276,12 +276,17 @@ def run_scenario(
     engine: Engine | None = None,
 ) -> Path:
     """Run ``scenario`` to completion on an engine of its own (``engine``: one made, and
-    maybe launched, beforehand); return its run folder."""
+    maybe launched, beforehand); return its run folder. Its progress shows on stdout as a
+    line redrawn in place on a terminal, else (or ``quiet``) as a plain line per round."""
     cpus = scenario.federation.get("init-args-num-cpus")
     gpus = scenario.federation.get("init-args-num-gpus")
     if engine is None:
         if ray_address is not None and (cpus is not None or gpus is not None):
             raise ConfigError(RAY_ADDRESS_WITH_SIZES)
         engine = Engine(ray_address=ray_address, ray_cpus=cpus, ray_gpus=gpus)
+    from edgefleet.simulation.progress import display_mode
+
+    mode = display_mode(sys.stdout.isatty(), quiet)
     with engine:
-        return engine.run(scenario, timeout=timeout, echo=None if quiet else sys.stdout)
+        echo = None if quiet else sys.stdout
+        return engine.run(scenario, timeout=timeout, echo=echo, progress=mode)

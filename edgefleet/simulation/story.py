@@ -2,8 +2,11 @@
 
 A run with sessions leads with the per-session table (who trained, what each session started
 from, rounds until the target accuracy on the session's own classes, energy, bytes), then one
-line per technique that was on, saying what it did in this run; the whole-test-set accuracy
-comes last, labelled for what it is. Everything is read from ``summary.json`` and
+line per technique that was on, saying what it did in this run, then whether it helped against a
+reference the run itself has (a warm-started session against the first session, which
+started from scratch; the rounds data-free stopping saved, or that it never fired; the
+declines energy-aware selection met); the whole-test-set accuracy comes last, labelled for
+what it is. Everything is read from ``summary.json`` and
 ``metrics.jsonl``; nothing here changes them.
 """
 
@@ -43,6 +46,17 @@ def story(run_dir: Path) -> str:
     ]
     if techniques:
         out += ["", "What each technique did in this run:", *(f"- {t}" for t in techniques)]
+    verdicts = [
+        line
+        for line in (
+            _warm_start_helped(cfg, rows, summary),
+            _stopping_helped(cfg, rows, summary),
+            _energy_helped(cfg, rows),
+        )
+        if line
+    ]
+    if verdicts:
+        out += ["", "Did it help? (against a reference in this run)", *(f"- {v}" for v in verdicts)]
     out += ["", _whole_test(summary, rows)]
     return "\n".join(out)
 
@@ -182,7 +196,98 @@ def _stopping(cfg: dict[str, Any], rows: list[Row], summary: dict[str, Any]) -> 
         return (
             f"Data-free stopping: stopped at round {summary['stop_round']} ({saved} rounds saved)."
         )
-    return "Data-free stopping: the task vector kept growing; no round was saved."
+    return (
+        f"Data-free stopping: measured the task vector's growth every round; it never stayed "
+        f"below tau ({cfg.get('stopping.tau', '?')}) for {cfg.get('stopping.patience', '?')} "
+        "rounds in a row."
+    )
+
+
+def _session_curve(rows: list[Row], session: int) -> list[float | None]:
+    """A session's accuracy on its own classes, round by round from its start, as
+    ``rounds_to_target`` counts it: an auxiliary row only when it evaluated the warm start."""
+    return [
+        r.get("session_accuracy") if r.get("phase") != "aux" or r.get("warm_start") else None
+        for r in rows
+        if r.get("session") == session
+    ]
+
+
+def _warm_start_helped(cfg: dict[str, Any], rows: list[Row], summary: dict[str, Any]) -> str | None:
+    """Each later session against session 1 (from the initial model): the rounds it took to
+    reach session 1's final accuracy, else the accuracy both had after the same rounds."""
+    sessions = summary.get("sessions") or []
+    if len(sessions) < 2 or cfg.get("warmstart.mode", "previous") == "fresh":
+        return None
+    ref = _session_curve(rows, sessions[0]["session"])
+    ref_final = next((a for a in reversed(ref) if a is not None), None)
+    if ref_final is None:
+        return None
+    parts = []
+    for s in sessions[1:]:
+        mine = _session_curve(rows, s["session"])
+        reached = next(
+            (i + 1 for i, a in enumerate(mine) if a is not None and a >= ref_final), None
+        )
+        if reached is not None:
+            diff = len(ref) - reached
+            verdict = "helped" if diff > 0 else "no gain" if diff == 0 else "slower"
+            than = "as many" if diff == 0 else f"{abs(diff)} {'fewer' if diff > 0 else 'more'}"
+            parts.append(
+                f"session {s['session']} reached it in {reached} round(s) ({than}: {verdict})"
+            )
+            continue
+        n = min(len(ref), len(mine))
+        at = [
+            (a, b)
+            for a, b in zip(ref[:n], mine[:n], strict=True)
+            if a is not None and b is not None
+        ]
+        if not at:
+            parts.append(f"session {s['session']} has no accuracy to compare")
+            continue
+        a, b = at[-1]
+        verdict = "helped" if b > a else "did not help"
+        parts.append(
+            f"session {s['session']} did not reach it in {len(mine)} round(s); after "
+            f"{len(at)} round(s) it had {b:.2f} against session 1's {a:.2f} ({verdict})"
+        )
+    return (
+        f"Warm start vs session 1 from scratch ({ref_final:.2f} on its classes after "
+        f"{len(ref)} round(s)): " + "; ".join(parts) + "."
+    )
+
+
+def _stopping_helped(cfg: dict[str, Any], rows: list[Row], summary: dict[str, Any]) -> str | None:
+    if cfg.get("stopping.mode", "off") != "data-free":
+        return None
+    rested = sum(bool(r.get("stopping_resting")) for r in rows)
+    budget = cfg.get("num-server-rounds", len(rows))
+    saved = budget - summary["rounds_run"] if summary["stop_reason"] == "task-vector-plateau" else 0
+    if rested or saved:
+        what = [f"{saved} of {budget} rounds not run"] if saved else []
+        what += [f"{rested} round(s) in which the devices rested"] if rested else []
+        return f"Data-free stopping saved {' and '.join(what)} (no training, no energy)."
+    return (
+        f"Data-free stopping never fired: the task vector grew faster than tau "
+        f"({cfg.get('stopping.tau', '?')}) often enough that all {len(rows)} rounds ran; "
+        "it saved nothing in this run."
+    )
+
+
+def _energy_helped(cfg: dict[str, Any], rows: list[Row]) -> str | None:
+    if cfg.get("selection.mode") != "energy-age":
+        return None
+    declined = sum(len(r["declined"]) for r in rows)
+    sent = sum(len(r["participants"]) + len(r["declined"]) + len(r["rejected"]) for r in rows)
+    if not sent:
+        return "Energy-aware selection sent no train message in this run."
+    return (
+        f"Energy-aware selection: {declined} of {sent} train messages were declined (a "
+        "battery short of the round's cost, or another error; the battery is asked before a "
+        "device is sent one). The declines a battery-blind selection would have met are not "
+        "measured in this run."
+    )
 
 
 def _whole_test(summary: dict[str, Any], rows: list[Row]) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import INFO, WARNING
 from typing import Any, TypeVar
 
@@ -32,10 +32,15 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
-from edgefleet.strategies.context import RoundContext, ScreeningRow, current_round
+from edgefleet.strategies.context import RoundContext, ScreeningRow, TelemetryRow, current_round
 from edgefleet.strategies.hooks import StrategyHooks, hooks_of
 from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult, numbers
-from edgefleet.strategies.registry import DeviceRegistry, DeviceStatus
+from edgefleet.strategies.registry import (
+    TELEMETRY_RECORD,
+    DeviceRegistry,
+    DeviceStatus,
+    screen_telemetry,
+)
 from edgefleet.strategies.screening import RecordKeys, Screening, parse_device_id
 
 # What Flower's ClientApp raises for a message type it has no function for.
@@ -112,7 +117,8 @@ class StatusQuery:
                 continue
             one = _parse_status(node, status)
             if one is not None:
-                parsed[node] = one
+                telemetry = screen_telemetry(reply.content.get(TELEMETRY_RECORD))
+                parsed[node] = replace(one, telemetry=telemetry)
         answers.update(_screened(ctx, server_round, parsed))
         if new:
             log(
@@ -155,6 +161,10 @@ def _screened(
             continue
         registry.bind(node, status.device)
         registry.note_status(server_round, node, status)
+        if status.telemetry.dropped:
+            counts = ctx.section(TelemetryRow).telemetry_dropped
+            for key in status.telemetry.dropped:
+                counts[key] = counts.get(key, 0) + 1
     return out
 
 

@@ -76,6 +76,14 @@ class ScreeningRow:
 
 
 @dataclass
+class TelemetryRow:
+    """Device telemetry the status screening dropped this round (field -> answers), the
+    reasons in the log and in ``fleet.json``; only in rounds that dropped some."""
+
+    telemetry_dropped: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class SelectionRow:
     """Energy-aware age-based selection."""
 

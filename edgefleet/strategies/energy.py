@@ -43,6 +43,36 @@ from edgefleet.strategies.selection import (
     select_in_batches,
 )
 
+# How many selected devices the selection's log line names; a bigger fleet's line says how
+# many more there were.
+LOG_DEVICES = 10
+
+
+def selection_line(
+    selected: list[str], nodes: int, batteries: Mapping[str, float | None], asked: int
+) -> str:
+    """The round's selection in words: ``2 of 4 nodes selected: 3 (battery 0.81), 7 (0.55);
+    4 status queries``. ``asked`` 0 means the answers came from an earlier query of the round
+    (the sessions wrapper's presence query), not that nobody was asked."""
+    shown, labelled = [], False
+    for device in selected[:LOG_DEVICES]:
+        level = batteries.get(device)
+        if level is None:  # a node that cannot report takes part without a level
+            shown.append(device)
+            continue
+        shown.append(f"{device} ({'' if labelled else 'battery '}{level:.2f})")
+        labelled = True
+    if len(selected) > LOG_DEVICES:
+        shown.append(f"and {len(selected) - LOG_DEVICES} more")
+    text = f"{len(selected)} of {nodes} nodes selected"
+    if shown:
+        text += ": " + ", ".join(shown)
+    if asked:
+        return f"{text}; {asked} status quer{'y' if asked == 1 else 'ies'}"
+    if nodes:
+        return f"{text}; statuses reused from this round's presence query"
+    return text
+
 
 class EnergyAgeSelection(LoopStrategy, RoundCallback):
     def __init__(
@@ -129,11 +159,12 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         row.selected, _ = select_in_batches(order, feasible, self.max_devices, batch)
         log(
             INFO,
-            "energy-age selection: %d of %d nodes selected (%d asked)",
-            len(row.selected),
-            len(nodes),
-            row.status_queries,
-        )
+            "energy-age selection: %s",
+            selection_line(
+                row.selected, len(nodes), {d: heard[node_of[d]].battery for d in row.selected},
+                row.status_queries,
+            ),
+        )  # fmt: skip
         if not row.selected:
             screening = ctx.section(ScreeningRow)
             screening.no_participants = self._why_nobody(nodes, heard)

@@ -24,14 +24,25 @@ node the same node id every time it connects.
 A node whose ClientApp cannot answer EdgeFleet's status query (Flower's quickstart has no
 ``@app.query()``) is *unreported*, one that answers without a ``device-id`` *anonymous*:
 either is named ``node-<id>`` until a train reply of its claims a device id.
+
+Telemetry. A status answer may carry a ``telemetry`` record (the energy mod adds one: battery
+capacity, energy harvested and spent, CPU temperature, load, free memory, platform,
+versions). It is device input like any other: :func:`screen_telemetry` keeps a value only
+when its field is in :data:`TELEMETRY_FIELDS` and the value has the field's type and lies in
+its bounds (a string: a short name of safe characters), so a NaN, a 10^9 temperature, a 1 MB
+string or a list never reaches the registry, ``fleet.json`` or a page. What it drops is
+logged once per device and field with the reason, counted in the round's
+``telemetry_dropped`` column and kept (the reasons, not the values) on the device's record.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from logging import INFO
+from logging import INFO, WARNING
 from typing import Any
 
 from flwr.common import log
@@ -55,6 +66,93 @@ class FleetMismatch(RegistryError):
     """A resumed run's nodes come from another fleet than its checkpoint's."""
 
 
+# -- telemetry -------------------------------------------------------------------------------
+
+TELEMETRY_RECORD = "telemetry"  # the status answer's record that carries it
+
+# A string value: a short name (architecture, accelerator, version), nothing a page or a
+# metric label could choke on.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
+
+
+@dataclass(frozen=True)
+class TelemetryField:
+    """One telemetry value a device may report: a number in [low, high], or a name."""
+
+    kind: type  # float (an int is taken too) or str
+    low: float = 0.0
+    high: float = 0.0
+    unit: str = ""
+
+
+# Every field the server keeps, declared once: the mod sends these keys (edgefleet/client/
+# mods.py ``device_telemetry``), the screening and fleet.json read them from here.
+TELEMETRY_FIELDS: dict[str, TelemetryField] = {
+    "battery-capacity": TelemetryField(float, 0.0, 1e6, "energy units"),
+    "harvested": TelemetryField(float, 0.0, 1e6, "energy units since the last answer"),
+    "energy-spent": TelemetryField(float, 0.0, 1e12, "energy units in all"),
+    "cpu-temp-c": TelemetryField(float, -60.0, 200.0, "degrees C"),
+    "load-1m": TelemetryField(float, 0.0, 1e4, "1-minute load average"),
+    "mem-free-mb": TelemetryField(float, 0.0, 1e9, "MB available"),
+    "arch": TelemetryField(str),
+    "accelerator": TelemetryField(str),
+    "edgefleet-version": TelemetryField(str),
+    "flwr-version": TelemetryField(str),
+}
+UNKNOWN_FIELDS = "(unknown fields)"  # the reason's key for keys not in the table
+
+
+@dataclass(frozen=True)
+class Telemetry:
+    """A status answer's telemetry after screening: the values kept, and the reason each
+    dropped field was dropped (field -> reason)."""
+
+    values: Mapping[str, float | str] = field(default_factory=dict)
+    dropped: Mapping[str, str] = field(default_factory=dict)
+
+
+def _check(spec: TelemetryField, value: object) -> float | str:
+    """The value to keep, or raise ValueError with the reason."""
+    if spec.kind is str:
+        if not isinstance(value, str):
+            raise ValueError(f"is a {type(value).__name__}, not a name")
+        if not _NAME.fullmatch(value):
+            raise ValueError(
+                f"is not a name of at most 64 letters, digits or ._+- ({len(value)} chars)"
+            )
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"is a {type(value).__name__}, not a number")
+    number = float(value)
+    if not math.isfinite(number) or not spec.low <= number <= spec.high:
+        raise ValueError(f"{number!r} is not in [{spec.low:g}, {spec.high:g}]")
+    return number
+
+
+def screen_telemetry(record: object) -> Telemetry:
+    """The values of a ``telemetry`` record the server may keep (see :data:`TELEMETRY_FIELDS`);
+    None (no record) is no telemetry. Never raises on what a device sent."""
+    if record is None:
+        return Telemetry()
+    if not isinstance(record, Mapping):  # an ArrayRecord, say
+        return Telemetry(
+            dropped={UNKNOWN_FIELDS: f"a {type(record).__name__}, not a record of values"}
+        )
+    values: dict[str, float | str] = {}
+    dropped: dict[str, str] = {}
+    for key, spec in TELEMETRY_FIELDS.items():
+        if key not in record:
+            continue
+        try:
+            values[key] = _check(spec, record[key])
+        except ValueError as why:
+            dropped[key] = str(why)
+    extra = sum(1 for key in record if key not in TELEMETRY_FIELDS)
+    if extra:  # their names are the device's: not echoed
+        dropped[UNKNOWN_FIELDS] = f"{extra} key(s) not in the telemetry table"
+    return Telemetry(values, dropped)
+
+
 @dataclass(frozen=True)
 class DeviceStatus:
     """A device's answer to the light status query."""
@@ -66,6 +164,7 @@ class DeviceStatus:
     reported: bool = True  # False: the node does not answer status queries (assumed values)
     battery: float | None = None  # its battery level (energy units), when it reports one
     partitions: int | None = None  # the num-partitions its data was cut from, when reported
+    telemetry: Telemetry = field(default_factory=Telemetry, compare=False)  # screened
 
 
 @dataclass
@@ -82,6 +181,9 @@ class DeviceRecord:
     last_trained: int = 0  # the last such round (0: never)
     declines: int = 0
     rejections: list[tuple[int, str]] = field(default_factory=list)  # newest last, bounded
+    telemetry: Mapping[str, float | str] = field(default_factory=dict)  # the last accepted
+    telemetry_dropped: dict[str, str] = field(default_factory=dict)  # field -> last reason
+    telemetry_drops: int = 0  # values dropped in all
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -227,6 +329,16 @@ class DeviceRegistry:
         record.status, record.status_round, record.last_seen = status, rnd, rnd
         if status.labels:
             record.labels = status.labels
+        telemetry = status.telemetry
+        if telemetry.values:
+            record.telemetry = dict(telemetry.values)
+        if telemetry.dropped:
+            new = sorted(set(telemetry.dropped) - set(record.telemetry_dropped))
+            if new:  # once per device and field: a device that keeps sending it is not news
+                why = "; ".join(f"{k} {telemetry.dropped[k]}" for k in new)
+                log(WARNING, "Device %s: telemetry dropped (not kept): %s", status.device, why)
+            record.telemetry_dropped.update(telemetry.dropped)
+            record.telemetry_drops += len(telemetry.dropped)
 
     def labels(self, device: str) -> tuple[int, ...]:
         record = self.devices.get(device)
@@ -276,6 +388,8 @@ class DeviceRegistry:
                     "last_trained": r.last_trained,
                     "declines": r.declines,
                     "rejections": [{"round": a, "reason": b} for a, b in r.rejections[-5:]],
+                    "telemetry": dict(r.telemetry),
+                    "telemetry_dropped": dict(r.telemetry_dropped),
                 }
             )
         return out

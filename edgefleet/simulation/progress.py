@@ -1,0 +1,173 @@
+"""A run's progress in the terminal, read from its ``metrics.jsonl`` as rounds land.
+
+The line (``round 3/30 | session 2 | acc 0.612 | rejected 1 | ETA 1m20s``) is made from the
+run folder's rows alone, so it shows a simulated run and a deployed one alike: whatever
+writes the rows, :class:`ProgressReporter` follows the file. On a terminal it is one line
+kept at the bottom (tqdm), with Flower's log scrolling above it (:meth:`ProgressReporter.
+echo` writes that log through tqdm, so neither tears the other); when the output is not a
+terminal (a CI log, a pipe) or with ``--quiet``, it is a plain line per round instead.
+
+The ETA is the mean wall time of the last rounds times the rounds left in the budget: an
+upper bound when data-free stopping may end the run early.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+LIVE, PLAIN = "live", "plain"
+ETA_ROUNDS = 10  # rounds the ETA averages over: recent rounds say most about the next
+
+
+def display_mode(isatty: bool, quiet: bool) -> str:
+    """``live`` (one line redrawn in place) on a terminal, else ``plain`` (a line per
+    round); ``--quiet`` asks for plain lines even on a terminal."""
+    return LIVE if isatty and not quiet else PLAIN
+
+
+@dataclass
+class RunProgress:
+    """What the rows so far say about the run."""
+
+    total: int  # the round budget
+    round: int = 0
+    session: int | None = None
+    accuracy: float | None = None  # the last evaluated round's test accuracy
+    rejected: int = 0
+    walls: list[float] = field(default_factory=list)  # recent rounds' wall_s
+
+    def add(self, row: dict[str, Any]) -> None:
+        self.round = int(row.get("round", self.round + 1))
+        if row.get("session"):
+            self.session = int(row["session"])
+        acc = row.get("test_accuracy")
+        if isinstance(acc, int | float) and math.isfinite(acc):
+            self.accuracy = float(acc)
+        self.rejected += len(row.get("rejected") or [])
+        wall = row.get("wall_s")
+        if isinstance(wall, int | float) and math.isfinite(wall) and wall >= 0:
+            self.walls = [*self.walls, float(wall)][-ETA_ROUNDS:]
+
+    def eta_s(self) -> float | None:
+        if not self.walls:
+            return None
+        return statistics.fmean(self.walls) * max(0, self.total - self.round)
+
+
+def duration(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``2h07m``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def progress_line(p: RunProgress) -> str:
+    """``round 3/30 | session 2 | acc 0.612 | rejected 1 | ETA 1m20s``; a part the rows do
+    not have yet (no session, no evaluation) is left out or shown as ``-``."""
+    parts = [f"round {p.round}/{p.total}"]
+    if p.session is not None:
+        parts.append(f"session {p.session}")
+    parts.append(f"acc {'-' if p.accuracy is None else f'{p.accuracy:.3f}'}")
+    parts.append(f"rejected {p.rejected}")
+    eta = p.eta_s()
+    parts.append(f"ETA {'-' if eta is None else duration(eta)}")
+    return " | ".join(parts)
+
+
+class RowTail:
+    """The complete rows appended to ``metrics.jsonl`` since the last read (a half-written
+    last line waits for its end)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+        self.restarts = 0  # times the file was rewritten shorter (read again from the top)
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        if len(data) == 0 and self.path.stat().st_size < self.offset:
+            self.offset = 0  # rewritten (a resume keeps its rows up to the checkpoint)
+            self.restarts += 1
+            return self.read()
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        rows = []
+        for line in data[:end].splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a damaged row: the report says so, the progress line need not
+            if isinstance(row, dict):
+                rows.append(row)
+        return rows
+
+
+class ProgressReporter:
+    """Follows ``run_dir/metrics.jsonl`` and shows :func:`progress_line` on ``stream``:
+    redrawn in place (``live``) or a plain line per round. Call :meth:`poll` as often as
+    convenient and :meth:`close` at the end."""
+
+    def __init__(self, run_dir: Path, total: int, stream: TextIO, mode: str) -> None:
+        self.tail = RowTail(Path(run_dir) / "metrics.jsonl")
+        self.progress = RunProgress(total)
+        self.stream, self.mode = stream, mode
+        self.bar: tqdm[Any] | None = None
+        if mode == LIVE:
+            self.bar = tqdm(total=total, file=stream, bar_format="{desc}", leave=True)
+            self.bar.set_description_str(f"round 0/{total} | waiting for the first round")
+
+    def poll(self) -> None:
+        restarts = self.tail.restarts
+        rows = self.tail.read()
+        if self.tail.restarts != restarts:
+            self.progress = RunProgress(self.progress.total)
+        for row in rows:
+            self.progress.add(row)
+            if self.bar is None:
+                print(progress_line(self.progress), file=self.stream, flush=True)
+        if rows and self.bar is not None:
+            self.bar.set_description_str(progress_line(self.progress))
+
+    def echo(self, text: str) -> None:
+        """Write log output above the live line (or straight through when plain)."""
+        if self.bar is None:
+            self.stream.write(text)
+            self.stream.flush()
+        else:
+            tqdm.write(text.rstrip("\n"), file=self.stream)
+
+    def close(self) -> None:
+        self.poll()
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+class EchoThrough(io.TextIOBase):
+    """A text stream for Flower's log that writes through a :class:`ProgressReporter`."""
+
+    def __init__(self, reporter: ProgressReporter) -> None:
+        super().__init__()
+        self.reporter = reporter
+
+    def write(self, text: str) -> int:
+        self.reporter.echo(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.reporter.stream.flush()
