@@ -96,7 +96,8 @@ function chart(id, series, data, opts) {
   const plot = new uPlot({
     width, height: 220,
     scales: { x: { time: false } },
-    axes: [{ label: "round" }, { label: (opts && opts.yLabel) || "" }],
+    legend: { live: false },
+    axes: [{ label: "round", incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] }, { label: (opts && opts.yLabel) || "" }],
     series: [{ label: "round" }].concat(series.map((s, i) => Object.assign({ stroke: COLORS[i % COLORS.length], width: 2, spanGaps: true, points: { show: data[0].length < 60 } }, s))),
   }, data, box);
   state.charts[id] = { plot, shape };
@@ -209,7 +210,10 @@ function drawFleet() {
       if (c === "online") { td.textContent = v === true ? "online" : v === false ? "offline" : ""; td.className = v ? "on" : "off"; }
       else if (c === "rejections") {
         for (const r of Array.isArray(v) ? v : []) td.appendChild(el("span", (r && r.round !== undefined ? r.round + ": " : "") + short(r && r.reason !== undefined ? r.reason : r), "reason"));
-      } else { td.textContent = fmt(v, c === "battery" ? 2 : 3); if (typeof v === "number") td.className = "num"; }
+      } else {
+        td.textContent = c === "battery" && num(v) !== null ? v.toFixed(2) : fmt(v, 3);
+        if (typeof v === "number") td.className = "num";
+      }
       tr.appendChild(td);
     }
     body.appendChild(tr);
