@@ -280,6 +280,7 @@ def _start_dashboard(path: str, overrides: dict[str, Any], scenario: Any) -> tup
     dashboard.start()
     print(
         f"dashboard: {dashboard.url} (until the run ends; after it: edgefleet dashboard {run_dir})",
+        file=sys.stderr,  # stdout may be --json's
         flush=True,
     )
     return scenario, dashboard
