@@ -438,3 +438,30 @@ def test_a_real_prometheus_scrapes_each_devices_battery(
         except subprocess.TimeoutExpired:
             server.kill()
         log.close()
+
+
+def test_run_dashboard_serves_the_folder_the_run_will_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from edgefleet import cli
+    from edgefleet.simulation.runner import load_scenario
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "fedavg.toml"
+    overrides = {"output-dir": str(tmp_path / "runs")}
+    fixed, dashboard = cli._start_dashboard(
+        str(scenario), overrides, load_scenario(scenario, overrides)
+    )
+    try:
+        name = fixed.run_config["run-name"]
+        assert name.endswith("-fedavg")  # the dated default name, fixed before the run
+        assert f"dashboard: {dashboard.url}" in capsys.readouterr().err
+        run = tmp_path / "runs" / name
+        with urllib.request.urlopen(dashboard.url + "api/summary", timeout=5) as r:
+            assert json.load(r) == {"run": name, "summary": {}}
+        run.mkdir(parents=True)
+        (run / "fleet.json").write_text(json.dumps(fleet(1, [4.0, 5.0, 6.0])))
+        with urllib.request.urlopen(dashboard.url + "api/fleet", timeout=5) as r:
+            assert json.load(r)["round"] == 1
+    finally:
+        dashboard.stop()
+    assert dashboard.thread is not None and not dashboard.thread.is_alive()
