@@ -1,6 +1,7 @@
 """``edgefleet`` command line: ``run`` a scenario on the Simulation Engine, ``sweep`` it over a
 grid of settings and seeds, ``report`` runs, ``supernode``/``worker``: a SuperNode whose
-ClientApp messages run in one warm process (:mod:`edgefleet.client.worker`)."""
+ClientApp messages run in one warm process (:mod:`edgefleet.client.worker`), ``dashboard``: a live
+web page and Prometheus metrics for a run folder (:mod:`edgefleet.dashboard`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ COMMANDS = {
     "report": "plot and compare run folders (or sweeps)",
     "supernode": "flower-supernode with its ClientApp kept warm in one process",
     "worker": "the warm ClientApp executor of a `flower-supernode --isolation process`",
+    "dashboard": "a live web page and Prometheus /metrics for a run folder",
 }
 
 
@@ -76,6 +78,7 @@ def command_parsers() -> dict[str, argparse.ArgumentParser]:
         "report": report_parser(),
         "supernode": supernode_parser(),
         "worker": worker_parser(),
+        "dashboard": dashboard_parser(),
     }
 
 
@@ -151,6 +154,12 @@ def run_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--resume", action="store_true", help="continue run-name from its last checkpoint"
     )
+    parser.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="serve the run's dashboard on http://127.0.0.1:8050/ (a free port if that one is "
+        "taken) while it runs",
+    )
     return parser
 
 
@@ -195,9 +204,13 @@ def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine:
     overrides = _overrides(parser, args.set)
     if args.resume:
         overrides["resume"] = True
+    dashboard = None
     try:
+        scenario = load_scenario(args.scenario, overrides)
+        if args.dashboard:
+            scenario, dashboard = _start_dashboard(args.scenario, overrides, scenario)
         run_dir = run_scenario(
-            load_scenario(args.scenario, overrides),
+            scenario,
             timeout=args.timeout,
             quiet=args.quiet,
             ray_address=args.ray_address,
@@ -230,6 +243,9 @@ def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine:
     except KeyboardInterrupt:
         print("edgefleet run: interrupted before the run started", file=sys.stderr)
         return 130
+    finally:
+        if dashboard is not None:
+            dashboard.stop()
     if args.json:
         summary = json.loads((run_dir / "summary.json").read_text())
         summary.pop("config")
@@ -244,6 +260,82 @@ def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine:
 
         return report_main([str(run_dir)])
     print(f"plots:   edgefleet report {run_dir}")
+    return 0
+
+
+def _start_dashboard(path: str, overrides: dict[str, Any], scenario: Any) -> tuple[Any, Any]:
+    """The scenario with its run folder's name fixed (the default one is dated), and a
+    dashboard of that folder serving in a thread of this process until the run ends."""
+    from edgefleet.dashboard.app import DEFAULT_PORT, Dashboard, DashboardError, token_from
+    from edgefleet.simulation.runner import load_scenario, resolve_run_config
+
+    _, raw = resolve_run_config(scenario)
+    scenario = load_scenario(path, {**overrides, "run-name": raw["run-name"]})
+    run_dir = Path(raw["output-dir"]) / raw["run-name"]
+    token = token_from(None)
+    try:
+        dashboard = Dashboard(run_dir, port=DEFAULT_PORT, token=token)
+    except DashboardError:  # port 8050 taken: any free one
+        dashboard = Dashboard(run_dir, port=0, token=token)
+    dashboard.start()
+    print(
+        f"dashboard: {dashboard.url} (until the run ends; after it: edgefleet dashboard {run_dir})",
+        file=sys.stderr,  # stdout may be --json's
+        flush=True,
+    )
+    return scenario, dashboard
+
+
+def dashboard_parser() -> argparse.ArgumentParser:
+    from edgefleet.dashboard.app import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV
+
+    parser = argparse.ArgumentParser(
+        prog="edgefleet dashboard",
+        description="Serve a web page of a run folder (live or finished, simulation or "
+        "deployment): the fleet, batteries, accuracy, rejections, sessions and the stopping "
+        "signal, refreshed after every round; and /metrics for Prometheus.",
+    )
+    parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder, e.g. runs/NAME")
+    parser.add_argument(
+        "--host",
+        default=DEFAULT_HOST,
+        help=f"address to listen on (default {DEFAULT_HOST}: this machine only; any other "
+        "needs --token)",
+    )
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0: any free)"
+    )
+    parser.add_argument(
+        "--token",
+        help=f"password every request must carry (default ${TOKEN_ENV}): header "
+        "`Authorization: Bearer TOKEN`, or open /?token=TOKEN once in a browser",
+    )
+    return parser
+
+
+def _dashboard(argv: list[str]) -> int:
+    from edgefleet.dashboard.app import Dashboard, DashboardError, token_from
+
+    args = dashboard_parser().parse_args(argv)
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        print(
+            f"edgefleet dashboard: error: no run folder {run_dir} (a run's folder under its "
+            "output-dir, e.g. runs/NAME; `edgefleet run` prints it)",
+            file=sys.stderr,
+        )
+        return 2
+    token = token_from(args.token)
+    try:
+        dashboard = Dashboard(run_dir, args.host, args.port, token)
+    except DashboardError as err:
+        print(f"edgefleet dashboard: error: {err}", file=sys.stderr)
+        return 2
+    how = " (send Authorization: Bearer TOKEN, or open it once as ?token=TOKEN)" if token else ""
+    print(
+        f"dashboard of {run_dir}: {dashboard.url}{how}; metrics: {dashboard.url}metrics", flush=True
+    )
+    dashboard.serve()
     return 0
 
 
@@ -337,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         return _run(argv[1:])
     if argv[0] == "sweep":
         return _sweep(argv[1:])
+    if argv[0] == "dashboard":
+        return _dashboard(argv[1:])
     if argv[0] in ("supernode", "worker"):
         from edgefleet.client.worker import main as worker_main
 

@@ -1,0 +1,288 @@
+"""The dashboard's web app (Starlette) and how it is served (uvicorn).
+
+It reads the run folder on every request and keeps nothing: ``/`` the page,
+``/api/fleet`` (``fleet.json``), ``/api/rounds`` (``metrics.jsonl``'s rows),
+``/api/summary`` (``summary.json`` once the run has ended), ``/events`` (server-sent events:
+one each time either file changes, so the page refreshes itself), ``/metrics`` (Prometheus).
+
+The page shows device ids and rejection reasons, which devices chose: it is bound to
+127.0.0.1 unless a token is given (:func:`check_bind`), and with a token every request must
+carry it (``Authorization: Bearer TOKEN``, or ``?token=TOKEN`` once, which sets a cookie).
+Without a token it answers only requests addressed to a loopback name, so that a web page
+elsewhere cannot read it through DNS rebinding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.requests import Request
+from starlette.responses import (
+    FileResponse,
+    JSONResponse,
+    PlainTextResponse,
+    RedirectResponse,
+    Response,
+    StreamingResponse,
+)
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from edgefleet.dashboard import metrics
+from edgefleet.dashboard.data import read_fleet, read_rounds, signature
+
+STATIC = Path(__file__).parent / "static"
+TOKEN_ENV = "EDGEFLEET_DASHBOARD_TOKEN"
+COOKIE = "edgefleet_dashboard"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8050
+LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+# Scripts and styles from the package only: a string that slipped into the page as markup
+# would still not run.
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+
+
+class DashboardError(Exception):
+    """The dashboard cannot start as asked (the message says why and what to do)."""
+
+
+def is_loopback(host: str) -> bool:
+    host = host.strip("[]")
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to serve the fleet beyond this machine without a token."""
+    if not is_loopback(host) and not token:
+        raise DashboardError(
+            f"--host {host} would show the fleet's device ids to the network without a "
+            f"password: pass --token TOKEN (or set {TOKEN_ENV}), or keep the default "
+            f"--host {DEFAULT_HOST} (this machine only)"
+        )
+
+
+def create_app(
+    run_dir: Path | str,
+    token: str | None = None,
+    *,
+    events_max_s: float = 300.0,
+    poll_s: float = 1.0,
+) -> Starlette:
+    """The dashboard of ``run_dir``. ``events_max_s`` ends each event stream after that long
+    (the browser reconnects by itself), so that a stopping server never waits on it long."""
+    run_dir = Path(run_dir)
+
+    async def page(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+    async def fleet(request: Request) -> Response:
+        return _json(read_fleet(run_dir))
+
+    async def rounds(request: Request) -> Response:
+        return _json(read_rounds(run_dir))
+
+    async def summary(request: Request) -> Response:
+        try:
+            data = json.loads((run_dir / "summary.json").read_text())
+        except (OSError, ValueError):
+            data = None
+        if isinstance(data, dict):
+            data.pop("config", None)  # long, and the page does not show it
+        else:
+            data = {}
+        return _json({"run": run_dir.name, "summary": data})
+
+    async def exposition(request: Request) -> Response:
+        return Response(metrics.render(run_dir), media_type=metrics.CONTENT_TYPE)
+
+    async def events(request: Request) -> Response:
+        async def stream() -> AsyncIterator[str]:
+            yield "retry: 2000\n\n"
+            last, idle = None, 0.0
+            deadline = time.monotonic() + events_max_s
+            while True:
+                now = signature(run_dir)
+                if now != last:
+                    last, idle = now, 0.0
+                    yield f"event: change\ndata: {json.dumps(now)}\n\n"
+                elif idle >= 15.0:  # a comment keeps proxies from closing an idle stream
+                    idle = 0.0
+                    yield ": idle\n\n"
+                if time.monotonic() >= deadline or await request.is_disconnected():
+                    return
+                await asyncio.sleep(poll_s)
+                idle += poll_s
+
+        return StreamingResponse(
+            stream(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    routes = [
+        Route("/", page),
+        Route("/api/fleet", fleet),
+        Route("/api/rounds", rounds),
+        Route("/api/summary", summary),
+        Route("/events", events),
+        Route("/metrics", exposition),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    guard = _Guard(token or None)
+    return Starlette(routes=routes, middleware=[Middleware(BaseHTTPMiddleware, dispatch=guard)])
+
+
+def _json(data: Any) -> Response:
+    return JSONResponse(data, headers={"Cache-Control": "no-store"})
+
+
+class _Guard:
+    """Authentication and the security headers of every response."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+
+    async def __call__(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        response = await self._check(request, call_next)
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        response.headers["Referrer-Policy"] = "no-referrer"
+        return response
+
+    async def _check(
+        self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        if self.token is None:
+            if not is_loopback(request.url.hostname or ""):
+                return PlainTextResponse(
+                    "this dashboard answers only on a loopback address (no token is set)",
+                    status_code=403,
+                )
+            return await call_next(request)
+        scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() == "bearer" and self._ok(bearer.strip()):
+            return await call_next(request)
+        if self._ok(request.cookies.get(COOKIE, "")):
+            return await call_next(request)
+        if self._ok(request.query_params.get("token", "")):
+            # The token leaves the address bar (and the history) at once; the cookie carries it.
+            target = request.url.remove_query_params("token")
+            response: Response = RedirectResponse(
+                str(target.path) + (f"?{target.query}" if target.query else ""), 303
+            )
+            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
+            return response
+        return PlainTextResponse(
+            "401: this dashboard needs its token (Authorization: Bearer TOKEN, or open "
+            "/?token=TOKEN once)",
+            status_code=401,
+            headers={"WWW-Authenticate": 'Bearer realm="edgefleet"'},
+        )
+
+    def _ok(self, given: str) -> bool:
+        assert self.token is not None
+        return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
+
+
+def token_from(arg: str | None) -> str | None:
+    """``--token``, else ``$EDGEFLEET_DASHBOARD_TOKEN``, else none."""
+    return arg or os.environ.get(TOKEN_ENV) or None
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0: a free one), or a clear error."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as err:
+        raise DashboardError(f"--host {host}: not an address of this machine ({err})") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        raise DashboardError(
+            f"cannot listen on {host}:{port}: {err.strerror} (another --port, or 0 for any free "
+            "one)"
+        ) from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    if ":" in host:
+        host = f"[{host}]"
+    if host in ("0.0.0.0", "[::]"):
+        host = socket.gethostname()
+    return f"http://{host}:{port}/"
+
+
+class Dashboard:
+    """A dashboard served by uvicorn: :meth:`serve` in the foreground, or :meth:`start` in
+    a thread beside a run and :meth:`stop` at its end."""
+
+    def __init__(
+        self,
+        run_dir: Path | str,
+        host: str = DEFAULT_HOST,
+        port: int = DEFAULT_PORT,
+        token: str | None = None,
+        *,
+        events_max_s: float = 300.0,
+    ) -> None:
+        import uvicorn
+
+        check_bind(host, token)
+        self.sock = bind(host, port)
+        self.url = url_of(self.sock)
+        app = create_app(run_dir, token, events_max_s=events_max_s)
+        config = uvicorn.Config(
+            app, log_level="warning", timeout_graceful_shutdown=2, access_log=False
+        )
+        self.server = uvicorn.Server(config)
+        self.thread: threading.Thread | None = None
+
+    def serve(self) -> None:
+        try:
+            self.server.run(sockets=[self.sock])
+        finally:
+            self.sock.close()
+
+    def start(self) -> Dashboard:
+        self.thread = threading.Thread(target=self.serve, name="edgefleet-dashboard", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started and self.thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout=5)

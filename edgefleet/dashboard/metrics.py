@@ -1,0 +1,203 @@
+"""``/metrics``: the run folder in Prometheus' text exposition format.
+
+Every scrape builds a fresh :class:`~prometheus_client.CollectorRegistry` holding one
+:class:`RunCollector` over the run folder's files, so the exporter has no state of its own
+(no global registry, nothing to reset when a run is resumed or replaced): what Prometheus
+reads is what ``fleet.json`` and ``metrics.jsonl`` say at that moment.
+
+Per device (label ``device``): battery, online, last round seen, participations, declines,
+last round trained, and any other numeric field the server adds to a device's entry
+(telemetry), as ``edgefleet_device_<field>``. Counters over the rows: rounds, replies
+accepted, declined and rejected (by reason), bytes up and down, energy spent. Run gauges:
+round, session, accuracy and loss, task-vector growth and its tau, devices known and online.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from edgefleet.dashboard.data import device_id, number, read_fleet, read_rounds
+
+PREFIX = "edgefleet"
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Per-device fields with a metric of their own (name, help); any other numeric field of a
+# device entry becomes a generic gauge.
+DEVICE_GAUGES = {
+    "battery": "battery level the device last reported (energy units)",
+    "online": "1 if the device's node is connected now, else 0",
+    "last_seen": "last round the server heard from the device",
+    "participations": "rounds in which the device's update was aggregated",
+    "declines": "train messages the device declined",
+    "last_trained": "last round the device's update was aggregated (0: never)",
+}
+SKIP = {"node"}  # an id, not a measure
+MAX_EXTRA = 64  # generic per-device gauges at most: a field name is server-made, but bounded
+MAX_REASONS = 20  # rejection reasons as label values at most (the rest: "other")
+NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+def reason_kind(reason: str) -> str:
+    """A rejection reason without the values it quotes (a reason names what a device sent),
+    so that one label value stands for one kind of rejection, not one per reply."""
+    text = re.sub(r"'[^']*'|\"[^\"]*\"", "…", str(reason))
+    text = re.sub(r"-?\d+(\.\d+)?(e[-+]?\d+)?", "N", text)
+    text = re.sub(r"\s+", " ", text).strip()
+    return text[:80] or "unspecified"
+
+
+class RunCollector(Collector):
+    """The metrics of one run folder, read when collected."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+
+    def collect(self) -> Iterator[Metric]:
+        fleet = read_fleet(self.run_dir)
+        rows = read_rounds(self.run_dir)
+        yield from self._devices(fleet.get("devices", []))
+        yield from self._counters(rows)
+        yield from self._run(fleet, rows)
+
+    def _devices(self, devices: list[dict[str, Any]]) -> Iterator[Metric]:
+        families = {
+            key: GaugeMetricFamily(f"{PREFIX}_device_{key}", text, labels=["device"])
+            for key, text in DEVICE_GAUGES.items()
+        }
+        extra: dict[str, GaugeMetricFamily] = {}
+        seen: set[str] = set()
+        for device in devices:
+            name = device_id(device)
+            if name in seen:  # one sample per label set, or the exposition is invalid
+                continue
+            seen.add(name)
+            for key, value in _numeric_fields(device):
+                family = families.get(key) or extra.get(key)
+                if family is None:
+                    if key in SKIP or len(extra) >= MAX_EXTRA:
+                        continue
+                    family = extra[key] = GaugeMetricFamily(
+                        f"{PREFIX}_device_{key}",
+                        f"device field {key!r} of fleet.json",
+                        labels=["device"],
+                    )
+                family.add_metric([name], value)
+        yield from families.values()
+        yield from extra.values()
+
+    def _counters(self, rows: list[dict[str, Any]]) -> Iterator[Metric]:
+        def total(name: str, text: str, value: float) -> CounterMetricFamily:
+            return CounterMetricFamily(f"{PREFIX}_{name}", text, value=value)
+
+        def count(key: str) -> int:
+            return sum(len(r[key]) for r in rows if isinstance(r.get(key), list))
+
+        def add(key: str) -> float:
+            return sum(v for r in rows if (v := number(r.get(key))) is not None)
+
+        yield total("rounds", "rounds run (rows of metrics.jsonl)", len(rows))
+        yield total("replies_accepted", "train replies aggregated", count("participants"))
+        yield total("replies_declined", "train messages declined by devices", count("declined"))
+        reasons: Counter[str] = Counter()
+        for row in rows:
+            for item in row.get("rejected") or []:
+                if isinstance(item, dict):
+                    reasons[reason_kind(item.get("reason", ""))] += 1
+        rejected = CounterMetricFamily(
+            f"{PREFIX}_replies_rejected",
+            "train replies the server's screening dropped, by reason",
+            labels=["reason"],
+        )
+        kept = reasons.most_common(MAX_REASONS)
+        for reason, n in kept:
+            rejected.add_metric([reason], n)
+        other = sum(reasons.values()) - sum(n for _, n in kept)
+        if other:
+            rejected.add_metric(["other"], other)
+        yield rejected
+        for key in ("bytes_up", "bytes_down"):
+            if any(key in r for r in rows):
+                yield total(key, f"{key.replace('_', ' ')} over all rounds", add(key))
+        if any("energy_spent" in r for r in rows):
+            yield total(
+                "energy_spent", "energy units the devices spent training", add("energy_spent")
+            )
+
+    def _run(self, fleet: dict[str, Any], rows: list[dict[str, Any]]) -> Iterator[Metric]:
+        last = rows[-1] if rows else {}
+        devices = fleet.get("devices", [])
+        values = {
+            "round": ("the last round run", number(fleet.get("round", last.get("round")))),
+            "session": (
+                "the session the fleet is in",
+                number(fleet.get("session", last.get("session"))),
+            ),
+            "test_accuracy": (
+                "central test accuracy of the last evaluated round",
+                _last(rows, "test_accuracy") if rows else number(fleet.get("test_accuracy")),
+            ),
+            "test_loss": (
+                "central test loss of the last evaluated round",
+                _last(rows, "test_loss"),
+            ),
+            "task_vector_growth": (
+                "data-free stopping signal: the task vector's relative growth",
+                number(fleet.get("task_vector_growth")),
+            ),
+            "stopping_tau": (
+                "the growth below which data-free stopping counts a plateau",
+                number(fleet.get("stopping_tau")),
+            ),
+            "devices": ("devices the server knows", float(len(devices))),
+            "devices_online": (
+                "devices whose node is connected",
+                float(sum(1 for d in devices if d.get("online") is True)),
+            ),
+            "fleet_written_timestamp_seconds": (
+                "when the server last wrote fleet.json",
+                number(fleet.get("written_at")),
+            ),
+        }
+        for key, (text, value) in values.items():
+            if value is not None:
+                yield GaugeMetricFamily(f"{PREFIX}_{key}", text, value=value)
+
+
+def _last(rows: list[dict[str, Any]], key: str) -> float | None:
+    for row in reversed(rows):
+        if (v := number(row.get(key))) is not None:
+            return v
+    return None
+
+
+def _numeric_fields(device: dict[str, Any]) -> Iterator[tuple[str, float]]:
+    """A device entry's numeric fields, one level of nesting flattened (``telemetry.load`` is
+    ``telemetry_load``); bools as 0/1, anything else (strings, NaN) left out."""
+    for key, value in device.items():
+        if not isinstance(key, str):
+            continue
+        if isinstance(value, dict):
+            for sub, inner in value.items():
+                name = f"{key}_{sub}".lower()
+                v = 1.0 if inner is True else 0.0 if inner is False else number(inner)
+                if v is not None and NAME.match(name):
+                    yield name, v
+            continue
+        v = 1.0 if value is True else 0.0 if value is False else number(value)
+        if v is not None and NAME.match(key.lower()):
+            yield key.lower(), v
+
+
+def render(run_dir: Path) -> bytes:
+    """The exposition of ``run_dir`` now, from a registry made for this scrape."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RunCollector(run_dir))
+    return generate_latest(registry)

@@ -1,0 +1,467 @@
+"""The dashboard (edgefleet/dashboard) on a hand-made run folder: its endpoints, the token, the
+refusal to serve the network without one, hostile device strings, /metrics in Prometheus'
+format; then the page in a real headless Chromium (a new round appears without a reload) and
+a real Prometheus server scraping /metrics. Nothing here starts Flower or Ray."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.testclient import TestClient
+
+from edgefleet.cli import main
+from edgefleet.dashboard.app import (
+    COOKIE,
+    TOKEN_ENV,
+    Dashboard,
+    DashboardError,
+    check_bind,
+    create_app,
+)
+from edgefleet.dashboard.metrics import reason_kind
+from edgefleet.fileio import atomic_write_text
+
+HOSTILE_ID = '<img src=x onerror="window.__pwned=1">'
+HOSTILE_REASON = (
+    "metric 'num-examples' must be a whole number, got '<script>window.__pwned=2</script>'"
+)
+LOOPBACK = "http://127.0.0.1:8050"
+
+
+def device(name: str, battery: Any, **extra: Any) -> dict[str, Any]:
+    return {
+        "device": name,
+        "node": 100 + len(name),
+        "online": True,
+        "last_seen": 3,
+        "battery": battery,
+        "feasible": True,
+        "present": None,
+        "status_round": 3,
+        "labels": [0, 1],
+        "participations": 2,
+        "last_trained": 3,
+        "declines": 0,
+        "rejections": [],
+        **extra,
+    }
+
+
+def fleet(rnd: int, batteries: list[float]) -> dict[str, Any]:
+    devices = [device(str(i), b) for i, b in enumerate(batteries)]
+    devices[1]["telemetry"] = {"cpu_temp": 47.5, "load": 0.25, "platform": "aarch64"}
+    devices.append(
+        device(HOSTILE_ID, 1.5, rejections=[{"round": 2, "reason": HOSTILE_REASON}], online=False)
+    )
+    return {
+        "format": 1,
+        "written_at": 1_700_000_000.0 + rnd,
+        "round": rnd,
+        "session": 1,
+        "phase": "train",
+        "test_accuracy": 0.5 + rnd / 100,
+        "participants": ["0", "1", "2"],
+        "declined": [],
+        "rejected": [],
+        "selected": ["0", "1", "2"],
+        "task_vector_growth": 0.02 / rnd,
+        "stopping_tau": 0.005,
+        "devices": devices,
+    }
+
+
+def row(rnd: int) -> dict[str, Any]:
+    return {
+        "round": rnd,
+        "session": 1,
+        "test_accuracy": 0.5 + rnd / 100,
+        "test_loss": 2.0 - rnd / 10,
+        "participants": ["0", "1", "2"],
+        "declined": ["2"] if rnd == 1 else [],
+        "rejected": [{"device": HOSTILE_ID, "reason": HOSTILE_REASON}] if rnd == 2 else [],
+        "bytes_up": 1000 * rnd,
+        "bytes_down": 2000,
+        "energy_spent": 1.0,
+        "train_loss": 2.1 - rnd / 10,
+        "federated": {"eval-accuracy": 0.4 + rnd / 100, "eval-loss": 2.2},
+        "task_vector_growth": 0.02 / rnd,
+    }
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "fleet.json").write_text(json.dumps(fleet(3, [7.0, 3.25, 0.0])))
+    (run / "metrics.jsonl").write_text("".join(json.dumps(row(r)) + "\n" for r in (1, 2, 3)))
+    return run
+
+
+def client(run_dir: Path, token: str | None = None) -> TestClient:
+    return TestClient(create_app(run_dir, token, events_max_s=0.05), base_url=LOOPBACK)
+
+
+# --- the app, in process ---------------------------------------------------------------------
+
+
+def test_endpoints_serve_the_run_folder(run_dir: Path) -> None:
+    c = client(run_dir)
+    page = c.get("/")
+    assert page.status_code == 200 and "static/dashboard.js" in page.text
+    assert "default-src 'none'" in page.headers["content-security-policy"]
+    assert c.get("/api/fleet").json() == json.loads((run_dir / "fleet.json").read_text())
+    assert [r["round"] for r in c.get("/api/rounds").json()] == [1, 2, 3]
+    assert c.get("/api/summary").json() == {"run": "run", "summary": {}}
+    events = c.get("/events")
+    assert events.headers["content-type"].startswith("text/event-stream")
+    assert "event: change\ndata: " in events.text
+    for path in (
+        "dashboard.js",
+        "dashboard.css",
+        "vendor/uPlot.iife.min.js",
+        "vendor/uPlot.LICENSE",
+    ):
+        assert c.get(f"/static/{path}").status_code == 200, path
+
+
+def test_a_folder_without_files_yet_reads_as_empty(tmp_path: Path) -> None:
+    c = client(tmp_path)
+    assert c.get("/api/fleet").json() == {}
+    assert c.get("/api/rounds").json() == []
+    assert c.get("/metrics").status_code == 200
+
+
+def test_a_partly_written_last_line_is_left_out(run_dir: Path) -> None:
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write('{"round": 4, "test_accuracy": 0.')
+    c = client(run_dir)
+    assert [r["round"] for r in c.get("/api/rounds").json()] == [1, 2, 3]
+    families = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
+    assert families["edgefleet_rounds"].samples[0].value == 3
+
+
+def test_with_a_token_every_request_needs_it(run_dir: Path) -> None:
+    c = client(run_dir, token="s3cret")
+    for path in ("/", "/api/fleet", "/api/rounds", "/events", "/metrics", "/static/dashboard.js"):
+        assert c.get(path).status_code == 401, path
+    assert c.get("/api/fleet", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert c.get("/api/fleet?token=wrong").status_code == 401
+    assert c.get("/metrics", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+    # The page's first load: ?token= sets a cookie and leaves the address bar.
+    first = c.get("/?token=s3cret", follow_redirects=False)
+    assert first.status_code == 303 and first.headers["location"] == "/"
+    assert COOKIE in first.headers["set-cookie"] and "HttpOnly" in first.headers["set-cookie"]
+    assert c.get("/api/fleet").status_code == 200  # the cookie
+
+
+def test_no_token_answers_loopback_names_only(run_dir: Path) -> None:
+    # Without a token only a loopback Host is answered (a DNS-rebinding page is refused).
+    assert client(run_dir).get("/api/fleet").status_code == 200
+    evil = TestClient(create_app(run_dir), base_url="http://attacker.example:8050")
+    assert evil.get("/api/fleet").status_code == 403
+
+
+def test_a_network_host_without_a_token_is_refused(
+    run_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    with pytest.raises(DashboardError, match="--token TOKEN.*EDGEFLEET_DASHBOARD_TOKEN"):
+        Dashboard(run_dir, host="0.0.0.0", port=0)
+    assert main(["dashboard", str(run_dir), "--host", "0.0.0.0", "--port", "0"]) == 2
+    assert "--host 0.0.0.0 would show the fleet's device ids" in capsys.readouterr().err
+    check_bind("0.0.0.0", "s3cret")
+    check_bind("::1", None)
+    check_bind("localhost", None)
+    assert main(["dashboard", str(run_dir / "nope")]) == 2
+    assert "no run folder" in capsys.readouterr().err
+
+
+def test_hostile_strings_are_data_not_markup(run_dir: Path) -> None:
+    c = client(run_dir)
+    fleet_ids = [d["device"] for d in c.get("/api/fleet").json()["devices"]]
+    assert HOSTILE_ID in fleet_ids  # served as JSON data: the page renders it as text
+    script = c.get("/static/dashboard.js").text
+    assert "innerHTML" not in script and "insertAdjacentHTML" not in script
+    assert "document.write" not in script
+    text = c.get("/metrics").text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    ids = {s.labels["device"] for s in families["edgefleet_device_battery"].samples}
+    assert HOSTILE_ID in ids  # escaped by prometheus_client, round-trips through the parser
+    reasons = {s.labels["reason"] for s in families["edgefleet_replies_rejected"].samples}
+    assert reasons == {reason_kind(HOSTILE_REASON)}
+    assert "<script>" not in reason_kind(HOSTILE_REASON)  # the quoted value is dropped
+
+
+def test_metrics_equal_the_files(run_dir: Path) -> None:
+    data = json.loads((run_dir / "fleet.json").read_text())
+    data["devices"][0]["battery"] = float("nan")  # as json.dumps writes it: NaN
+    atomic_write_text(run_dir / "fleet.json", json.dumps(data))
+    families = {
+        f.name: f for f in text_string_to_metric_families(client(run_dir).get("/metrics").text)
+    }
+
+    def by_device(name: str) -> dict[str, float]:
+        return {s.labels["device"]: s.value for s in families[name].samples}
+
+    want = {
+        d["device"]: d["battery"]
+        for d in data["devices"]
+        if isinstance(d["battery"], float) and math.isfinite(d["battery"])
+    }
+    assert by_device("edgefleet_device_battery") == want and "0" not in want
+    assert by_device("edgefleet_device_online") == {"0": 1, "1": 1, "2": 1, HOSTILE_ID: 0}
+    assert by_device("edgefleet_device_participations")["1"] == 2
+    assert by_device("edgefleet_device_last_seen")["2"] == 3
+    assert by_device("edgefleet_device_telemetry_cpu_temp") == {"1": 47.5}  # telemetry, generic
+    assert "edgefleet_device_telemetry_platform" not in families  # a string: no gauge
+    assert families["edgefleet_device_battery"].type == "gauge"
+
+    def one(name: str) -> float:
+        return families[name].samples[0].value
+
+    assert families["edgefleet_rounds"].type == "counter"
+    assert one("edgefleet_rounds") == 3
+    assert one("edgefleet_replies_accepted") == 9
+    assert one("edgefleet_replies_declined") == 1
+    assert one("edgefleet_bytes_up") == 6000 and one("edgefleet_bytes_down") == 6000
+    assert one("edgefleet_round") == 3 and one("edgefleet_session") == 1
+    assert one("edgefleet_test_accuracy") == pytest.approx(0.53)
+    assert one("edgefleet_task_vector_growth") == pytest.approx(0.02 / 3)
+    assert one("edgefleet_stopping_tau") == 0.005
+    assert one("edgefleet_devices") == 4 and one("edgefleet_devices_online") == 3
+
+
+def _works(binary: str) -> bool:
+    """``binary`` is installed and runs (CI installs it in the background: a half-installed
+    package skips rather than fails)."""
+    if shutil.which(binary) is None:
+        return False
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+# --- a real browser --------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def served(run_dir: Path) -> Iterator[Dashboard]:
+    dashboard = Dashboard(run_dir, port=0, token="s3cret", events_max_s=30).start()
+    try:
+        yield dashboard
+    finally:
+        dashboard.stop()
+
+
+def _until(what: str, check: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+class _DevTools:
+    """The few DevTools-protocol calls the browser test needs, over one page's websocket."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+        self.next_id = 0
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            reply = json.loads(self.ws.recv(timeout=20))
+            if reply.get("id") == self.next_id:
+                if "error" in reply:
+                    raise AssertionError(f"{method}: {reply['error']}")
+                return dict(reply["result"])
+
+    def js(self, expression: str) -> Any:
+        result = self.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        return result["result"].get("value")
+
+
+PAGE_STATE = """JSON.stringify({
+  ready: document.body.dataset.ready || null,
+  rows: document.body.dataset.rows || null,
+  devices: [...document.querySelectorAll('#fleet tbody tr')].map(tr => [
+    tr.dataset.device, tr.querySelector('td[data-col=battery]').textContent]),
+  accuracy: [...document.querySelectorAll('#accuracy-last span')].map(s => [
+    s.dataset.series, Number(s.dataset.round), Number(s.dataset.value)]),
+  reasons: [...document.querySelectorAll('#reasons tbody .reason')].map(s => s.textContent),
+  injected: document.querySelectorAll('#fleet img, #reasons img, script:not([src])').length,
+  pwned: window.__pwned === undefined ? null : window.__pwned,
+})"""
+
+
+@pytest.mark.skipif(not _works("chromium"), reason="no chromium (apt-get install chromium)")
+def test_the_page_in_a_real_browser_updates_without_a_reload(
+    served: Dashboard, run_dir: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("websockets", reason="the DevTools client needs websockets")
+    from websockets.sync.client import connect
+
+    profile = tmp_path / "chromium-profile"
+    args = ["chromium", "--headless", "--disable-gpu", "--remote-debugging-port=0"]
+    args += [f"--user-data-dir={profile}", "--window-size=1400,1700", "about:blank"]
+    if os.geteuid() == 0:
+        args.insert(1, "--no-sandbox")  # Chromium's sandbox refuses to run as root
+    browser = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    stack = contextlib.ExitStack()
+    try:
+        port_file = profile / "DevToolsActivePort"
+        port = _until("DevTools", lambda: port_file.exists() and port_file.read_text().split()[0])
+        targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
+        page = next(t for t in targets if t["type"] == "page")
+        ws = stack.enter_context(connect(page["webSocketDebuggerUrl"], max_size=2**26))
+        tools = _DevTools(ws)
+        tools.call("Page.navigate", url=f"{served.url}?token=s3cret")
+
+        def state() -> dict[str, Any] | None:
+            text = tools.js(PAGE_STATE)
+            return json.loads(text) if isinstance(text, str) else None
+
+        def rows() -> list[dict[str, Any]]:
+            return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+        def check(seen: dict[str, Any], rnd: int) -> None:
+            devices = json.loads((run_dir / "fleet.json").read_text())["devices"]
+            # every device has its row (in the page's sort order), with its battery
+            assert len(seen["devices"]) == len(devices)
+            shown = {name: float(text) for name, text in seen["devices"]}
+            assert shown == {d["device"]: d["battery"] for d in devices}
+            last = rows()[-1]
+            accuracy = {name: (r, v) for name, r, v in seen["accuracy"]}
+            assert accuracy["test_accuracy"] == (rnd, last["test_accuracy"])
+            assert accuracy["federated eval-accuracy"] == (rnd, last["federated"]["eval-accuracy"])
+            assert seen["reasons"] == [HOSTILE_REASON]  # as text
+            assert seen["injected"] == 0 and seen["pwned"] is None
+
+        first = _until("the page", lambda: (s := state()) and s["ready"] and s)
+        check(first, 3)
+        # A new round lands while the page is open: the server's two writes.
+        with (run_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(row(4)) + "\n")
+        atomic_write_text(run_dir / "fleet.json", json.dumps(fleet(4, [6.0, 2.5, 9.75])))
+        second = _until("round 4", lambda: (s := state()) and s["rows"] == "4" and s)
+        _until("fleet.json of round 4", lambda: (s := state()) and ["2", "9.75"] in s["devices"])
+        check(state() or {}, 4)
+        shot = tools.call("Page.captureScreenshot", format="png")["data"]
+        (tmp_path / "dashboard.png").write_bytes(base64.b64decode(shot))
+        assert second["ready"] and (tmp_path / "dashboard.png").stat().st_size > 10_000
+    finally:
+        stack.close()
+        browser.terminate()
+        try:
+            browser.wait(10)
+        except subprocess.TimeoutExpired:
+            browser.kill()
+
+
+# --- a real Prometheus ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not _works("prometheus"), reason="no prometheus (apt-get install prometheus)")
+def test_a_real_prometheus_scrapes_each_devices_battery(
+    served: Dashboard, run_dir: Path, tmp_path: Path
+) -> None:
+    target = urllib.parse.urlsplit(served.url).netloc
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
+        "scrape_configs:\n  - job_name: edgefleet\n"
+        f"    authorization:\n      credentials: s3cret\n"
+        f"    static_configs:\n      - targets: ['{target}']\n"
+    )
+    port = _free_port()
+    log = (tmp_path / "prometheus.log").open("w")
+    server = subprocess.Popen(
+        [
+            "prometheus",
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        query = urllib.parse.urlencode({"query": "edgefleet_device_battery"})
+
+        def results() -> list[dict[str, Any]] | None:
+            try:
+                with urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/api/v1/query?{query}", timeout=2
+                ) as r:
+                    found = json.load(r)["data"]["result"]
+            except OSError:
+                return None
+            return found if len(found) == 4 else None
+
+        found = _until("Prometheus' first scrape", results, timeout=40)
+        got = {r["metric"]["device"]: float(r["value"][1]) for r in found}
+        devices = json.loads((run_dir / "fleet.json").read_text())["devices"]
+        assert got == {d["device"]: d["battery"] for d in devices}
+        assert {r["metric"]["job"] for r in found} == {"edgefleet"}
+    finally:
+        server.terminate()
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def test_run_dashboard_serves_the_folder_the_run_will_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from edgefleet import cli
+    from edgefleet.simulation.runner import load_scenario
+
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "fedavg.toml"
+    overrides = {"output-dir": str(tmp_path / "runs")}
+    fixed, dashboard = cli._start_dashboard(
+        str(scenario), overrides, load_scenario(scenario, overrides)
+    )
+    try:
+        name = fixed.run_config["run-name"]
+        assert name.endswith("-fedavg")  # the dated default name, fixed before the run
+        assert f"dashboard: {dashboard.url}" in capsys.readouterr().err
+        run = tmp_path / "runs" / name
+        with urllib.request.urlopen(dashboard.url + "api/summary", timeout=5) as r:
+            assert json.load(r) == {"run": name, "summary": {}}
+        run.mkdir(parents=True)
+        (run / "fleet.json").write_text(json.dumps(fleet(1, [4.0, 5.0, 6.0])))
+        with urllib.request.urlopen(dashboard.url + "api/fleet", timeout=5) as r:
+            assert json.load(r)["round"] == 1
+    finally:
+        dashboard.stop()
+    assert dashboard.thread is not None and not dashboard.thread.is_alive()
