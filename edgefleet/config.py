@@ -19,6 +19,7 @@ from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from edgefleet.client.battery import SOURCES
+from edgefleet.errors import SettingError
 from edgefleet.pruning.names import (
     BUDGETS,
     CRITERIA,
@@ -29,6 +30,7 @@ from edgefleet.pruning.names import (
 from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
 from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR, NORM_FLOOR
 from edgefleet.strategies.selection import SELECTION_ORDERS
+from edgefleet.strategies.stopping import NORMS as STOPPING_NORMS
 from edgefleet.strategies.stopping import VALIDATION_RULES
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.datasets import DATASETS
@@ -39,7 +41,6 @@ STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox", "fedsag")
 SELECTIONS: tuple[str, ...] = ("all", "energy-age")
 # "observe" records both rules' signals every round and never stops (for benchmarks).
 STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
-STOPPING_NORMS: tuple[str, ...] = ("l2", "squared")
 VALIDATION_SPLITS: tuple[str, ...] = ("official", "test")
 SESSION_SCHEDULES: tuple[str, ...] = ("none", "alternate")
 # "session-poly": the reference's polynomial decay within each session (arXiv 2410.05662).
@@ -50,7 +51,7 @@ Value = bool | int | float | str
 Check = Callable[[Any], str | None]
 
 
-class ConfigError(ValueError):
+class ConfigError(SettingError):
     """A run-config value is invalid; the message names the key, value and valid choices."""
 
 

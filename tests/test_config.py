@@ -113,3 +113,32 @@ def test_every_key_has_help_and_a_check_that_accepts_its_default() -> None:
 def test_run_name_cannot_leave_the_output_dir(name: str) -> None:
     with pytest.raises(ConfigError, match="run-name"):
         parse_run_config({"run-name": name})
+
+
+def test_every_bad_setting_is_one_family_that_names_the_choices() -> None:
+    # One `except SettingError` catches a bad run-config key and a bad constructor argument
+    # of any component; each message names the valid choices.
+    import numpy as np
+    from flwr.serverapp.strategy import FedAvg
+
+    from edgefleet.client.device import DeviceProfile
+    from edgefleet.errors import SettingError
+    from edgefleet.strategies import SessionStore, TaskVectorStopping, WarmStartInitializer
+    from tests.fakes import rec
+
+    bad = [
+        lambda: parse_run_config({"warmstart.mode": "pilott"}),
+        lambda: WarmStartInitializer(
+            FedAvg(), store=SessionStore(None, 1), initial=rec(w=np.zeros(1)), mode="pilott"
+        ),
+        lambda: TaskVectorStopping(FedAvg(), norm="l3"),
+        lambda: DeviceProfile.from_configs(
+            {"partition-id": 0, "num-partitions": 2, "keep-ratio": 7}, parse_run_config({})
+        ),
+    ]
+    for make in bad:
+        with pytest.raises(SettingError) as err:
+            make()
+        assert isinstance(err.value, ValueError)
+        text = str(err.value)
+        assert "pilot" in text or "l2" in text or "keep-ratio" in text, text

@@ -60,6 +60,7 @@ from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.attacks.collusion import Board, InProcessBoard
 from edgefleet.attacks.updates import alie, alie_z, flatten, float_keys, ipm, sign_flip, unflatten
 from edgefleet.client.mods import DEVICE_ID, ERR_ABSENT, ERR_BAD_CONFIG
+from edgefleet.errors import SettingError
 from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
 
 MOD_KINDS: tuple[str, ...] = ("sign-flip", "alie", "ipm", "sybil", "stale-poison", "pruned-liar")
@@ -81,7 +82,7 @@ DATA_WRAPPERS = {
 STATE_KEY = "edgefleet.attack"  # Context.state record: stale-poison's upload
 
 
-class AttackError(ValueError):
+class AttackError(SettingError):
     """The reply cannot be attacked as asked; the device answers with an Error naming it."""
 
 

@@ -56,6 +56,8 @@ from typing import Any
 
 import numpy as np
 
+from edgefleet.errors import SettingError
+
 SOURCES: tuple[str, ...] = ("bernoulli", "trace", "always-on", "sysfs")
 
 # Arrays built for one advance are at most this many slots long, so a device that was away
@@ -68,7 +70,7 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-class EnergyConfigError(ValueError):
+class EnergyConfigError(SettingError):
     """A bad energy-source or battery parameter; the message names it and its value."""
 
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from edgefleet.config import RunConfig, parse_run_config
+from edgefleet.errors import SettingError
 from edgefleet.task.accelerator import resolve_accelerator
 from edgefleet.task.datasets import ArrayDataset, dataset_info, load_dataset
 from edgefleet.task.local import load_local_data
@@ -30,7 +31,7 @@ if TYPE_CHECKING:
     from edgefleet.pruning.submodel import PruningPlan
 
 
-class NodeConfigError(ValueError):
+class NodeConfigError(SettingError):
     """A SuperNode's ``--node-config`` is missing a key or has a bad value."""
 
 

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from edgefleet.errors import SettingError
+
 SAGA_INITS: tuple[str, ...] = ("zeros", "first-update")
 # "saga": v = mean(m) + mean over participants of (delta - m), unbiased (the issue's form);
 # "sag": v = mean(m) after the participants' memories are replaced, i.e. the corrections
@@ -55,7 +57,7 @@ SAGA_MEANS: tuple[str, ...] = ("stored", "fleet")
 SAGA_CORRECTIONS: tuple[str, ...] = ("channels", "participants")
 
 
-class SagaError(ValueError):
+class SagaError(SettingError):
     """Bad input to the SAGA memory; the message names the problem."""
 
 

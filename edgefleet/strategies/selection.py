@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from edgefleet.errors import SettingError
 
-class SelectionError(ValueError):
+
+class SelectionError(SettingError):
     """Bad input to a selection function; the message names the problem."""
 
 

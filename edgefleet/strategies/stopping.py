@@ -31,11 +31,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import to_numpy, to_record
+from edgefleet.errors import SettingError
 from edgefleet.strategies.base import LoopStrategy
 from edgefleet.strategies.context import StoppingRow, ValidationRow
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 
-NORMS = ("l2", "squared")
+NORMS: tuple[str, ...] = ("l2", "squared")  # run config: stopping.norm
 STOP_PLATEAU = "task-vector-plateau"
 STOP_DIVERGED = "diverged"
 STOP_VALIDATION = "validation-plateau"
@@ -136,7 +137,7 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         super().__init__(inner)
         self.enforce = enforce
         if norm not in NORMS:
-            raise ValueError(f"norm {norm!r}: must be one of {', '.join(NORMS)}")
+            raise SettingError(f"norm {norm!r}: must be one of {', '.join(NORMS)}")
         if patience < 1:
             raise ValueError(f"patience {patience}: must be >= 1")
         self.rule = PlateauCounter(tau=tau, patience=patience)

@@ -28,12 +28,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from edgefleet.errors import SettingError
+
 REASON_START = "start"
 REASON_MEMBERSHIP = "membership"
 REASON_LENGTH = "length"
 
 
-class SessionError(ValueError):
+class SessionError(SettingError):
     """Bad arguments or state for the session tracker; the message says why."""
 
 

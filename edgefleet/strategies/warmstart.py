@@ -72,6 +72,7 @@ from typing import Any
 
 import numpy as np
 
+from edgefleet.errors import SettingError
 from edgefleet.fileio import atomic_write, atomic_write_bytes
 
 WARMSTART_MODES: tuple[str, ...] = ("pilot", "previous", "average", "fresh", "continuous")
@@ -93,7 +94,7 @@ INDEX_NAME = "index.json"
 INDEX_VERSION = 2
 
 
-class WarmStartError(ValueError):
+class WarmStartError(SettingError):
     """Bad input to the warm-start functions or a bad session store; the message says why."""
 
 

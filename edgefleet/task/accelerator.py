@@ -24,13 +24,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from edgefleet.errors import SettingError
 from edgefleet.task.names import ACCELERATORS
 
 if TYPE_CHECKING:
     import torch
 
 
-class AcceleratorError(ValueError):
+class AcceleratorError(SettingError):
     """An accelerator was asked for that this machine (or this torch build) does not have."""
 
 
