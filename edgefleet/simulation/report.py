@@ -575,6 +575,21 @@ def report_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _story_of_one(run: Run) -> str:
+    """One finished run's story (what ``edgefleet run`` prints at the end); the summary
+    table for a live run, or one whose ``summary.json`` an older version wrote."""
+    if not (run.path / "summary.json").is_file():
+        return summary_table([run])
+    from edgefleet.simulation.story import story
+
+    try:
+        return story(run.path)
+    except (KeyError, TypeError) as err:
+        print(f"edgefleet report: warning: no story ({err!r} missing or odd in summary.json)",
+              file=sys.stderr)  # fmt: skip
+        return summary_table([run])
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point for ``edgefleet report``; ``argv`` is what follows the subcommand."""
     parser = report_parser()
@@ -614,7 +629,7 @@ def main(argv: list[str] | None = None) -> int:
         else Path("report")
     )
     out = Path(args.out) if args.out else default_out
-    print(summary_table(runs))
+    print(_story_of_one(runs[0]) if len(runs) == 1 and not grouped else summary_table(runs))
     print()
     if grouped:
         if labels is not None:
