@@ -1,0 +1,226 @@
+"""Robust aggregation (issue 25, item 2): each rule against hand-computed NumPy results (in
+the style of Flower's ``fedavgm_test.py``), with and without CA-HFP masks; the wrapper and
+Flower's own robust strategies under EdgeFleet's round loop on the fake grid; FedSAG's
+robust memory and ``max_age`` with a stale poisoned entry."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from flwr.app import Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum, MultiKrum
+
+from edgefleet.strategies import RobustAggregation, TaskVectorStopping
+from edgefleet.strategies.context import RobustRow
+from edgefleet.strategies.loop import RoundLoop
+from edgefleet.strategies.robust import (
+    RobustRule,
+    centered_clip,
+    coordinate_median,
+    min_keepers,
+    multikrum_select,
+    robust_aggregate,
+    rule_spec,
+    trimmed_mean,
+)
+from edgefleet.strategies.screening import Screening
+from tests.fakes import FakeGrid, Rows, no_eval, rec
+
+ONE = {"min_available_nodes": 1, "min_train_nodes": 1, "min_evaluate_nodes": 1}
+
+# Five replies over three coordinates; row 4 is the attacker.
+X = np.array(
+    [
+        [1.0, 2.0, 3.0],
+        [2.0, 3.0, 1.0],
+        [3.0, 1.0, 2.0],
+        [4.0, 5.0, 6.0],
+        [100.0, -100.0, 50.0],
+    ]
+)
+
+
+# --- the rules, by hand --------------------------------------------------------------------
+
+
+def test_median_by_hand() -> None:
+    # sorted columns: [1,2,3,4,100] [-100,1,2,3,5] [1,2,3,6,50]
+    np.testing.assert_allclose(coordinate_median(X), [3.0, 2.0, 3.0])
+
+
+def test_median_with_a_mask_is_over_the_keepers_only() -> None:
+    mask = np.ones_like(X, dtype=bool)
+    mask[4, 0] = False  # the attacker did not keep coordinate 0: [1,2,3,4] -> 2.5
+    mask[[0, 1], 2] = False  # coordinate 2: [2,6,50] -> 6
+    np.testing.assert_allclose(coordinate_median(X, mask), [2.5, 2.0, 6.0])
+
+
+def test_trimmed_mean_by_hand_equals_flowers() -> None:
+    from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
+
+    # beta 0.2 of 5: int(1.0) = 1 cut each end -> the middle three
+    np.testing.assert_allclose(trimmed_mean(X, 0.2), [3.0, 2.0, 11 / 3])
+    np.testing.assert_allclose(trimmed_mean(X, 0.2), trim_mean(X, 0.2))
+
+
+def test_trimmed_mean_with_a_mask_cuts_per_coordinate_count() -> None:
+    mask = np.ones_like(X, dtype=bool)
+    mask[[3, 4], 1] = False  # coordinate 1 kept by 3: int(0.4 * 3) = 1 cut -> median 2
+    mask[4, 0] = False  # coordinate 0 kept by 4: int(1.6) = 1 cut -> mean(2, 3)
+    np.testing.assert_allclose(trimmed_mean(X, 0.4, mask), [2.5, 2.0, 3.0])
+
+
+def test_multikrum_selection_by_hand() -> None:
+    pts = np.array([[0.0], [1.0], [2.0], [10.0]])
+    # n=4, f=1: each row scores its 1 nearest neighbour: 1, 1, 1, 64 -> the first three
+    assert multikrum_select(pts, f=1) == [0, 1, 2]
+    assert multikrum_select(pts, f=1, m=1) == [0]  # Krum: ties to the lowest index
+
+
+def test_multikrum_picks_what_flowers_multikrum_picks() -> None:
+    from flwr.serverapp.strategy.multikrum import select_multikrum
+
+    rng = np.random.default_rng(0)
+    pts = np.vstack([rng.normal(size=(6, 4)), 20 + rng.normal(size=(2, 4))])
+    contents = [RecordDict({"arrays": rec(w=p)}) for p in pts]
+    theirs = select_multikrum(contents, num_malicious_nodes=2, num_nodes_to_select=5)
+    mine = multikrum_select(pts.astype(np.float32).astype(np.float64), f=2, m=5)
+    assert [contents.index(c) for c in theirs] == mine
+    assert not {6, 7} & set(mine)
+
+
+def test_centered_clip_by_hand() -> None:
+    x = np.array([[3.0, 4.0], [0.0, 1.0]])  # distances 5 and 1 from the origin
+    # tau 1, one iteration: (3,4) clipped to (0.6, 0.8); v = mean((0.6,0.8), (0,1))
+    v, clipped = centered_clip(x, np.zeros(2), tau=1.0, iterations=1)
+    np.testing.assert_allclose(v, [0.3, 0.9])
+    assert clipped == 1
+    # a huge tau is the plain mean
+    v, clipped = centered_clip(x, np.zeros(2), tau=100.0, iterations=1)
+    np.testing.assert_allclose(v, [1.5, 2.5])
+    assert clipped == 0
+
+
+def test_centered_clip_with_a_mask_clips_over_own_coordinates() -> None:
+    x = np.array([[3.0, 40.0], [1.0, 0.0]])
+    mask = np.array([[True, False], [True, True]])
+    # row 0 distance over coordinate 0 only: 3 -> scale 1/3 -> step (1, 0); row 1: 1, no clip
+    v, _ = centered_clip(x, np.zeros(2), tau=1.0, iterations=1, mask=mask)
+    np.testing.assert_allclose(v, [(1.0 + 1.0) / 2, 0.0 / 1])
+
+
+def test_min_keepers() -> None:
+    assert min_keepers(rule_spec("median")) == 3
+    assert min_keepers(rule_spec("trimmed-mean", beta=0.2)) == 5  # int(0.2 * 5) = 1
+    assert min_keepers(rule_spec("trimmed-mean", beta=0.4)) == 3
+    assert min_keepers(rule_spec("multikrum")) == 1
+
+
+def test_few_keepers_fall_back_to_their_weighted_mean_and_are_counted() -> None:
+    mask = np.ones_like(X, dtype=bool)
+    mask[2:, 0] = False  # coordinate 0 kept by rows 0, 1 only
+    mask[:, 2] = False  # coordinate 2 kept by nobody: the base
+    w = np.array([1.0, 3.0, 1.0, 1.0, 1.0])
+    out = robust_aggregate(rule_spec("median"), X, w, mask, base=np.array([0.0, 0.0, -7.0]))
+    np.testing.assert_allclose(out.vector, [(1 + 6) / 4, 2.0, -7.0])
+    assert out.fallback == 1
+    # without masks, too few replies for the rule: every coordinate is the mean
+    out = robust_aggregate(rule_spec("median"), X[:2])
+    np.testing.assert_allclose(out.vector, X[:2].mean(axis=0))
+    assert out.fallback == 3
+
+
+def test_rule_spec_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="valid choices: off, median, trimmed-mean"):
+        rule_spec("mean")
+    with pytest.raises(ValueError, match="unknown parameter.*valid: beta"):
+        rule_spec("trimmed-mean", f=1)
+    with pytest.raises(ValueError, match=r"beta=0.5 must be in \[0, 0.5\)"):
+        rule_spec("trimmed-mean", beta=0.5)
+    assert RobustRule("centered-clip") is RobustRule.CENTERED_CLIP
+
+
+# --- under the round loop, on the fake grid -------------------------------------------------
+
+
+def _adds(delta: float, n: int = 1):
+    def handle(msg: Message) -> Message:
+        w = msg.content["arrays"]["w"].numpy() + delta
+        metrics = MetricRecord({"num-examples": n, "train-loss": 1.0})
+        return Message(RecordDict({"arrays": rec(w=w), "metrics": metrics}), reply_to=msg)
+
+    return handle
+
+
+DELTAS = [1.0, 2.0, 3.0, 4.0, -9.0]  # the last one an attacker inside a loose norm bound
+
+
+def _run(strategy, rounds: int = 1, deltas=DELTAS):
+    grid = FakeGrid({i + 1: _adds(d) for i, d in enumerate(deltas)})
+    rows = Rows()
+    loop = RoundLoop(
+        strategy, grid, evaluate_fn=no_eval, callbacks=[rows], screening=Screening(norm_factor=0)
+    )
+    out = loop.run(rec(w=np.zeros(2)), rounds)  # type: ignore[arg-type]
+    return out.arrays["w"].numpy(), rows
+
+
+def test_robust_median_under_the_loop_is_the_hand_median() -> None:
+    got, rows = _run(RobustAggregation(FedAvg(fraction_evaluate=0.0, **ONE), rule="median"))
+    np.testing.assert_allclose(got, [2.0, 2.0])  # median(1, 2, 3, 4, -9)
+    row = rows.last(RobustRow)
+    assert (row.robust_rule, row.robust_fallback) == ("median", 0)
+    fedavg, _ = _run(FedAvg(fraction_evaluate=0.0, **ONE))
+    np.testing.assert_allclose(fedavg, [0.2, 0.2], rtol=1e-6)  # what the attacker does to the mean
+
+
+def test_task_vector_stopping_over_flowers_trimmed_mean() -> None:
+    inner = FedTrimmedAvg(fraction_evaluate=0.0, beta=0.2, **ONE)
+    got, rows = _run(TaskVectorStopping(inner, patience=5), rounds=2)
+    # each round: sorted (-9, 1, 2, 3, 4) cut 1 each end -> mean(1, 2, 3) = 2
+    np.testing.assert_allclose(got, [4.0, 4.0])
+    assert len(rows.results[-1].participants) == 5
+
+
+@pytest.mark.parametrize(
+    ("inner", "want"),
+    [
+        (lambda: FedMedian(fraction_evaluate=0.0, **ONE), 2.0),
+        # n=5, f=1: each scores its 2 nearest: 10, 4, 4, 10, ... -> node 2 (a tie with 3)
+        (lambda: Krum(fraction_evaluate=0.0, num_malicious_nodes=1, **ONE), 2.0),
+        (
+            lambda: MultiKrum(
+                fraction_evaluate=0.0, num_malicious_nodes=1, num_nodes_to_select=3, **ONE
+            ),
+            2.0,
+        ),
+    ],
+)
+def test_flowers_robust_strategies_under_task_vector_stopping(inner, want: float) -> None:
+    got, _ = _run(TaskVectorStopping(inner(), patience=5))
+    np.testing.assert_allclose(got, [want, want])
+
+
+@pytest.mark.parametrize(
+    ("rule", "params", "want"),
+    [
+        ("trimmed-mean", {"beta": 0.2}, 2.0),
+        ("multikrum", {"f": 1, "m": 3}, 2.0),  # 1, 2, 3 are closest together
+        ("centered-clip", {"tau": 100.0, "iterations": 1}, 0.2),  # radius beyond all: mean
+    ],
+)
+def test_each_rule_under_the_loop(rule: str, params: dict, want: float) -> None:
+    got, rows = _run(RobustAggregation(FedAvg(fraction_evaluate=0.0, **ONE), rule, **params))
+    np.testing.assert_allclose(got, [want, want], rtol=1e-6)
+    if rule == "multikrum":
+        # scores 10, 4, 4, 10, 338 (2 nearest, both coordinates): best first, ties by order
+        assert rows.last(RobustRow).robust_selected == ["node-2", "node-3", "node-1"]
+
+
+def test_robust_aggregation_refuses_inners_it_cannot_replace() -> None:
+    with pytest.raises(ValueError, match="FedMedian aggregates otherwise"):
+        RobustAggregation(FedMedian(), rule="median")
+    with pytest.raises(ValueError, match="not the wrapper TaskVectorStopping"):
+        RobustAggregation(TaskVectorStopping(FedAvg()), rule="median")
+    with pytest.raises(ValueError, match="valid choices"):
+        RobustAggregation(FedAvg(), rule="krum")
