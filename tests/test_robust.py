@@ -224,3 +224,98 @@ def test_robust_aggregation_refuses_inners_it_cannot_replace() -> None:
         RobustAggregation(TaskVectorStopping(FedAvg()), rule="median")
     with pytest.raises(ValueError, match="valid choices"):
         RobustAggregation(FedAvg(), rule="krum")
+
+
+# --- CA-HFP: the rule over the devices that kept each coordinate ----------------------------
+
+
+class LinePlan:
+    """A pruning plan for a 'model' of one vector ``w`` of 4 entries: one channel group
+    ``g`` whose channel i is entry i (no torch needed)."""
+
+    def full_kept(self) -> dict[str, np.ndarray]:
+        return {"g": np.arange(4, dtype=np.int64)}
+
+    def validate_kept(self, kept) -> str | None:
+        return None
+
+    def index_maps(self, kept) -> dict[str, np.ndarray]:
+        return {"w": np.asarray(kept["g"], dtype=np.int64)}
+
+    def compact_shapes(self, kept) -> dict[str, tuple[int, ...]]:
+        return {"w": (len(kept["g"]),)}
+
+
+def _keeps(delta: float, kept: list[int] | None, device: int):
+    from edgefleet.pruning.wire import KEPT, kept_record
+
+    def handle(msg: Message) -> Message:
+        w = msg.content["arrays"]["w"].numpy() + delta
+        metrics = MetricRecord({"num-examples": 1, "device-id": device})
+        content = RecordDict({"arrays": rec(w=w if kept is None else w[kept]), "m": metrics})
+        if kept is not None:
+            content[KEPT] = kept_record({"g": np.asarray(kept, dtype=np.int64)})
+        return Message(content, reply_to=msg)
+
+    return handle
+
+
+# device 1 full; 2, 3 keep entries 0-2; 4 keeps 0-1; 5 (the attacker) keeps entry 0 only
+PRUNED = {
+    1: (1.0, None),
+    2: (2.0, [0, 1, 2]),
+    3: (3.0, [0, 1, 2]),
+    4: (4.0, [0, 1]),
+    5: (-9.0, [0]),
+}
+
+
+def _pruned_run(strategy):
+    grid = FakeGrid({n: _keeps(d, k, n) for n, (d, k) in PRUNED.items()})
+    rows = Rows()
+    loop = RoundLoop(
+        strategy, grid, evaluate_fn=no_eval, callbacks=[rows], screening=Screening(norm_factor=0)
+    )
+    out = loop.run(rec(w=np.zeros(4)), 1)  # type: ignore[arg-type]
+    return out.arrays["w"].numpy(), rows
+
+
+def test_median_over_pruned_submodels_counts_only_the_keepers() -> None:
+    from edgefleet.strategies import SubmodelReconstruction
+
+    inner = RobustAggregation(FedAvg(fraction_evaluate=0.0, **ONE), rule="median")
+    got, rows = _pruned_run(SubmodelReconstruction(inner, LinePlan))
+    # entry 0: median(1, 2, 3, 4, -9) = 2; entry 1: median(1, 2, 3, 4) = 2.5;
+    # entry 2: median(1, 2, 3) = 2; entry 3 kept by device 1 alone: its value, a fallback
+    np.testing.assert_allclose(got, [2.0, 2.5, 2.0, 1.0])
+    assert rows.last(RobustRow).robust_fallback == 1
+    # the same rule over the rebuilt arrays without masks lets the fill vote: entry 3 is 0
+    plain = RobustAggregation(FedAvg(fraction_evaluate=0.0, **ONE), rule="off")
+    fedavg, _ = _pruned_run(SubmodelReconstruction(plain, LinePlan))
+    np.testing.assert_allclose(fedavg, [0.2, 2.0, 1.2, 0.2], rtol=1e-6)
+
+
+def test_trimmed_mean_over_pruned_submodels() -> None:
+    from edgefleet.strategies import SubmodelReconstruction
+
+    inner = RobustAggregation(FedAvg(fraction_evaluate=0.0, **ONE), "trimmed-mean", beta=0.34)
+    got, rows = _pruned_run(SubmodelReconstruction(inner, LinePlan))
+    # needs 3 keepers (int(0.34 * 3) = 1): entry 0 of 5 cut 1 each end: mean(1, 2, 3) = 2;
+    # entry 1 of 4 cut 1: mean(2, 3); entry 2 of 3 cut 1: 2; entry 3 (1 keeper): fallback
+    np.testing.assert_allclose(got, [2.0, 2.5, 2.0, 1.0])
+    assert rows.last(RobustRow).robust_fallback == 1
+
+
+def test_reconstruction_refuses_flowers_robust_strategies_before_round_one() -> None:
+    from edgefleet.strategies import SubmodelReconstruction
+
+    with pytest.raises(ValueError, match=r"Flower's FedTrimmedAvg.*robust.rule = 'trimmed-mean'"):
+        SubmodelReconstruction(TaskVectorStopping(FedTrimmedAvg()), LinePlan)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"Flower's Krum.*'multikrum'"):
+        SubmodelReconstruction(Krum(), LinePlan)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="reconstruction 'global'"):
+        SubmodelReconstruction(
+            RobustAggregation(FedAvg(), rule="median"),
+            LinePlan,
+            reconstruction="elementwise",  # type: ignore[arg-type]
+        )
