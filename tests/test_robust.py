@@ -319,3 +319,90 @@ def test_reconstruction_refuses_flowers_robust_strategies_before_round_one() -> 
             LinePlan,
             reconstruction="elementwise",  # type: ignore[arg-type]
         )
+
+
+# --- FedSAG: robust memory and max-age against a stale poisoned entry -----------------------
+
+
+def _stale_poisoner(device: int):
+    """Uploads one huge poisoned update (-100) in its first round, then declines forever."""
+    from flwr.app import Error
+
+    seen: list[int] = []
+
+    def handle(msg: Message) -> Message:
+        seen.append(1)
+        if len(seen) > 1:
+            return Message(Error(1, "away"), reply_to=msg)
+        w = msg.content["arrays"]["w"].numpy() - 100.0
+        metrics = MetricRecord({"num-examples": 1, "device-id": device})
+        return Message(RecordDict({"arrays": rec(w=w), "m": metrics}), reply_to=msg)
+
+    return handle
+
+
+def _honest(device: int):
+    def handle(msg: Message) -> Message:
+        w = msg.content["arrays"]["w"].numpy() + 1.0
+        metrics = MetricRecord({"num-examples": 1, "device-id": device})
+        return Message(RecordDict({"arrays": rec(w=w), "m": metrics}), reply_to=msg)
+
+    return handle
+
+
+def _fedsag_run(rounds: int = 3, **kw):
+    from edgefleet.strategies import FedSAG
+
+    strategy = FedSAG(correction="participants", fraction_evaluate=0.0, **ONE, **kw)
+    grid = FakeGrid({1: _honest(1), 2: _honest(2), 3: _honest(3), 4: _stale_poisoner(4)})
+    rows = Rows()
+    loop = RoundLoop(
+        strategy, grid, evaluate_fn=no_eval, callbacks=[rows], screening=Screening(norm_factor=0)
+    )
+    out = loop.run(rec(w=np.zeros(2)), rounds)  # type: ignore[arg-type]
+    return out.arrays["w"].numpy(), rows
+
+
+def test_a_stale_poisoned_memory_stays_in_the_mean_without_max_age() -> None:
+    got, _ = _fedsag_run()
+    # round 1: zero memories, v = (1 + 1 + 1 - 100) / 4 = -24.25; later rounds: the memory
+    # mean (1 + 1 + 1 - 100) / 4 and zero corrections: -24.25 again, every round
+    np.testing.assert_allclose(got, [-72.75, -72.75])
+
+
+def test_max_age_expires_the_stale_poisoned_memory() -> None:
+    got, rows = _fedsag_run(max_age=1)
+    # rounds 1 and 2 as above; in round 3 device 4's memory (round 1) is 2 > 1 rounds old:
+    # the mean is (1 + 1 + 1 + 0) / 4 = 0.75 (it still counts in K, with the zero memory)
+    np.testing.assert_allclose(got, [-47.75, -47.75])
+    assert rows.results[2].context.section(RobustRow).saga_expired == ["4"]
+    assert rows.results[1].context.find(RobustRow) is None
+
+
+def test_the_median_out_votes_the_stale_poisoned_memory() -> None:
+    got, rows = _fedsag_run(robust="median")
+    # round 1: memories all zero -> 0; corrections' median(1, 1, 1, -100) = 1; v = 1/4 x 4 x 1.
+    # later: median of the memories (1, 1, 1, -100) = 1, corrections zero: v = 1 each round
+    np.testing.assert_allclose(got, [3.0, 3.0])
+    assert rows.last(RobustRow).robust_rule == "median"
+
+
+def test_robust_fedsag_with_the_mean_rule_is_fedsag() -> None:
+    # trimmed mean with beta 0 trims nothing: the formula of the plain memory mean
+    plain, _ = _fedsag_run()
+    robust, _ = _fedsag_run(robust="trimmed-mean", robust_params={"beta": 0.0})
+    np.testing.assert_allclose(robust, plain)
+
+
+def test_saga_expiry_keeps_the_sum_and_the_checkpoint_consistent() -> None:
+    from edgefleet.strategies.saga import SagaMemory
+
+    mem = SagaMemory(3)
+    mem.store({"a": np.ones(3), "b": 2 * np.ones(3)}, round=1)
+    mem.store({"c": 4 * np.ones(3)}, round=3)
+    assert mem.expire(now=3, max_age=1) == ["a", "b"]
+    np.testing.assert_allclose(mem.mean(), mem.recompute_mean())
+    np.testing.assert_allclose(mem.mean(), 4 / 3 * np.ones(3))  # K = 3, two zero memories
+    again = SagaMemory(3)
+    again.load_state_dict(mem.state_dict())
+    assert again.stamp("c") == 3 and not again.has_memory("a")

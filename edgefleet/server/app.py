@@ -114,7 +114,7 @@ def build_strategy(
             estimator=srv.saga_estimator,
             mean_over=srv.saga_memory_mean,
             correction=srv.saga_correction,
-            **common,
+            **common,  # type: ignore[arg-type]
         )
     elif energy_age:
         strategy = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
