@@ -406,3 +406,91 @@ def test_saga_expiry_keeps_the_sum_and_the_checkpoint_consistent() -> None:
     again = SagaMemory(3)
     again.load_state_dict(mem.state_dict())
     assert again.stamp("c") == 3 and not again.has_memory("a")
+
+
+# --- run config, the server's strategy and the attackers of EdgeFleet's ClientApp -----------
+
+
+def test_robust_and_attack_keys_parse_and_name_their_errors() -> None:
+    from edgefleet.config import ConfigError, parse_run_config
+
+    cfg = parse_run_config({"robust.rule": "trimmed-mean", "robust.beta": 0.3})
+    assert cfg.robust.params() == {"beta": 0.3}
+    with pytest.raises(ConfigError, match="must be one of off, median"):
+        parse_run_config({"robust.rule": "krum"})
+    with pytest.raises(ConfigError, match="reconstruction 'global'"):
+        parse_run_config({"robust.rule": "median", "pruning.reconstruction": "elementwise"})
+    with pytest.raises(ConfigError, match="needs 'attack.sybil-ids'"):
+        parse_run_config({"attack.kind": "sybil"})
+    assert parse_run_config({"attack.sybil-ids": "7,9"}).attack.sybil_ids == (7, 9)
+
+
+def test_build_strategy_composes_energy_age_fedsag_pruning_and_the_rule() -> None:
+    from edgefleet.config import parse_run_config
+    from edgefleet.server.app import build_strategy
+    from edgefleet.strategies import EnergyAgeSelection, FedSAG, SubmodelReconstruction
+    from edgefleet.strategies.base import find_wrapper
+
+    cfg = parse_run_config(
+        {"strategy": "fedsag", "selection.mode": "energy-age", "robust.rule": "median",
+         "saga.max-age": 5, "pruning.keep-ratios": "1.0,0.5"}
+    )  # fmt: skip
+    s = build_strategy(cfg)
+    assert isinstance(s, EnergyAgeSelection) and isinstance(s.inner, SubmodelReconstruction)
+    sag = find_wrapper(s, FedSAG)
+    assert sag is not None and sag.robust.rule == "median" and sag.max_age == 5
+    assert find_wrapper(s, RobustAggregation) is None  # FedSAG takes the rule itself
+    s = build_strategy(parse_run_config({"robust.rule": "multikrum", "robust.f": 2}))
+    assert isinstance(s, SubmodelReconstruction) and isinstance(s.inner, RobustAggregation)
+    assert s.inner.spec.params() == {"f": 2, "m": 0}
+
+
+def test_attack_keys_are_refused_under_the_deployment_engine() -> None:
+    from flwr.superlink.grid import HttpGrid
+
+    from edgefleet.config import DEFAULTS, ConfigError
+    from edgefleet.server.app import refuse_attacks_outside_simulation
+
+    deployment = HttpGrid.__new__(HttpGrid)  # the Deployment Engine's grid (not connected)
+    raw = {**DEFAULTS, "attack.kind": "sign-flip"}
+    with pytest.raises(ConfigError, match=r"'attack.kind'.*Simulation Engine only"):
+        refuse_attacks_outside_simulation(raw, deployment)
+    refuse_attacks_outside_simulation(DEFAULTS, deployment)  # defaults: no attack asked
+    refuse_attacks_outside_simulation(raw, FakeGrid({}))  # type: ignore[arg-type]
+
+
+def test_attacker_partitions_are_seeded_and_sized() -> None:
+    from edgefleet.client.app import attacker_partitions
+
+    assert attacker_partitions(20, 0.2, 0) == attacker_partitions(20, 0.2, 0)
+    assert len(attacker_partitions(20, 0.2, 0)) == 4
+    assert attacker_partitions(20, 0.2, 0) != attacker_partitions(20, 0.2, 1)
+    assert len(attacker_partitions(3, 0.01, 0)) == 1  # at least one
+
+
+def test_the_clientapp_attacks_from_the_run_config() -> None:
+    from flwr.app import ConfigRecord, Context
+    from flwr.common import MessageType
+
+    from edgefleet.client.app import attacker_partitions, run_config_attacks
+
+    FakeGrid({})
+    sent = np.array([1.0, 2.0, 3.0])
+    run = {"attack.kind": "sign-flip", "attack.fraction": 0.5}
+    attackers = attacker_partitions(4, 0.5, 0)
+
+    def honest(msg: Message, context: Context) -> Message:
+        w = msg.content["arrays"]["w"].numpy() + np.array([1.0, 0.0, -1.0])
+        return Message(RecordDict({"arrays": rec(w=w), "metrics": MetricRecord(
+            {"num-examples": 1})}), reply_to=msg)  # fmt: skip
+
+    for p in range(4):
+        msg = Message(
+            RecordDict({"arrays": rec(w=sent), "config": ConfigRecord({"server-round": 1})}),
+            dst_node_id=1,
+            message_type=MessageType.TRAIN,
+        )
+        ctx = Context(1, p + 1, {"partition-id": p, "num-partitions": 4}, RecordDict(), run)
+        got = run_config_attacks(msg, ctx, honest).content["arrays"]["w"].numpy() - sent
+        want = [-1.0, 0.0, 1.0] if p in attackers else [1.0, 0.0, -1.0]
+        np.testing.assert_allclose(got, want, atol=1e-6)
