@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from edgefleet.attacks.mods import KINDS as ATTACK_KINDS
+from edgefleet.attacks.mods import LIES
 from edgefleet.client.battery import SOURCES
 from edgefleet.errors import SettingError
 from edgefleet.pruning.names import (
@@ -27,6 +29,7 @@ from edgefleet.pruning.names import (
     HESSIAN_ESTIMATORS,
     RECONSTRUCTIONS,
 )
+from edgefleet.strategies.robust import ROBUST_RULES, RULE_PARAMS, RobustRule
 from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
 from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR, NORM_FLOOR
 from edgefleet.strategies.selection import SELECTION_ORDERS
@@ -43,6 +46,7 @@ SELECTIONS: tuple[str, ...] = ("all", "energy-age")
 STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
 VALIDATION_SPLITS: tuple[str, ...] = ("official", "test")
 SESSION_SCHEDULES: tuple[str, ...] = ("none", "alternate")
+ATTACK_CHOICES: tuple[str, ...] = ("off", *ATTACK_KINDS)
 # "session-poly": the reference's polynomial decay within each session (arXiv 2410.05662).
 LR_SCHEDULES: tuple[str, ...] = ("constant", "session-poly")
 
@@ -121,6 +125,26 @@ def _run_name(v: str) -> str | None:
     if "/" in v or "\\" in v:
         return "must not contain '/' or '\\'"
     return "must not be '.' or '..'" if v in (".", "..") else None
+
+
+def _trim(v: float) -> str | None:
+    return None if 0.0 <= v < 0.5 else "must be in [0, 0.5)"
+
+
+def _finite(v: float) -> str | None:
+    return None if v == v and abs(v) != float("inf") else "must be a finite number"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+def _int_list(v: str) -> str | None:
+    try:
+        values = _ints(v)
+    except ValueError:
+        return "must be comma-separated device ids, e.g. '100,101'"
+    return None if all(x >= 0 for x in values) else "each id must be >= 0"
 
 
 def _norm_factor(v: float) -> str | None:
@@ -259,6 +283,13 @@ class ServerConfig:
         _choice(SAGA_CORRECTIONS),
         "weight of each participant's correction: `channels` (1/max(participants, M)) or "
         "`participants` (1/participants)",
+    )
+    saga_max_age: int = key(
+        "saga.max-age",
+        0,
+        _at_least(0),
+        "FedSAG: a memory stored more than this many rounds ago expires from the memory mean "
+        "(the device counts as zero until it uploads again; 0 = never)",
     )
 
 
@@ -632,6 +663,84 @@ class ScreeningConfig:
 
 
 @dataclass(frozen=True)
+class RobustConfig:
+    """``robust.*``: a robust rule instead of the weighted mean (README "Attackers and
+    defences"; :mod:`edgefleet.strategies.robust`)."""
+
+    rule: str = key(
+        "robust.rule",
+        "off",
+        _choice(ROBUST_RULES),
+        "`off`, `median`, `trimmed-mean`, `multikrum`, `centered-clip`: in place of the "
+        "weighted mean (fedavg, fedprox; under CA-HFP over the devices that kept each "
+        "coordinate) or of FedSAG's memory and correction means",
+    )
+    beta: float = key(
+        "robust.beta", 0.2, _trim, "`trimmed-mean`: share cut from each end per coordinate"
+    )
+    f: int = key("robust.f", 1, _at_least(0), "`multikrum`: attackers tolerated")
+    m: int = key("robust.m", 0, _at_least(0), "`multikrum`: replies averaged (0 = replies - f)")
+    tau: float = key(
+        "robust.tau",
+        0.0,
+        _at_least(0.0),
+        "`centered-clip`: clipping radius in update norm (0 = the median distance each iteration)",
+    )
+    iterations: int = key("robust.iterations", 3, _at_least(1), "`centered-clip`: iterations")
+
+    def params(self) -> dict[str, Any]:
+        """The parameters of the chosen rule, as RobustAggregation and FedSAG take them."""
+        return {p: getattr(self, p) for p in RULE_PARAMS[RobustRule(self.rule)]}
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    """``attack.*``: attackers for evaluating defences, Simulation Engine only (EdgeFleet's
+    ClientApp; :mod:`edgefleet.attacks`). A deployment run that sets any of them is refused
+    before its first round."""
+
+    kind: str = key(
+        "attack.kind",
+        "off",
+        _choice(ATTACK_CHOICES),
+        "simulation only: `off`, " + ", ".join(f"`{k}`" for k in ATTACK_KINDS),
+    )
+    fraction: float = key(
+        "attack.fraction",
+        0.2,
+        _fraction,
+        "share of the partitions that attack (at least one; drawn with `seed`)",
+    )
+    norm_scale: float = key(
+        "attack.norm-scale", 1.0, _positive, "`sign-flip`, `stale-poison`: x the honest norm"
+    )
+    z: float = key(
+        "attack.z",
+        0.0,
+        _finite,
+        "`alie`: the shift in standard deviations (0 = Baruch et al.'s z from the fleet size "
+        "and the attackers)",
+    )
+    epsilon: float = key("attack.epsilon", 0.1, _positive, "`ipm`: -epsilon x the honest mean")
+    lie: str = key("attack.lie", "resample", _choice(LIES), "`pruned-liar`: `resample`, `shuffle`")
+    sybil_ids: tuple[int, ...] = key(
+        "attack.sybil-ids",
+        "",
+        _int_list,
+        "`sybil`: the device ids claimed (comma-separated)",
+        _ints,
+    )
+    target: int = key("attack.target", 0, _at_least(0), "`backdoor`: the target class")
+    poison_fraction: float = key(
+        "attack.poison-fraction",
+        0.5,
+        _fraction,
+        "`backdoor`: share of an attacker's training samples triggered and relabelled "
+        "(`label-flip` flips every label)",
+    )
+
+
+@dataclass(frozen=True)
 class RunConfig:
     server: ServerConfig
     data: DataConfig
@@ -642,6 +751,8 @@ class RunConfig:
     sessions: SessionsConfig
     warmstart: WarmStartConfig
     screening: ScreeningConfig
+    robust: RobustConfig
+    attack: AttackConfig
     seed: int = key("seed", 0, _at_least(0), "seeds partitions, initial model, sampling, batches")
 
     @property
@@ -683,6 +794,8 @@ _SECTIONS: dict[str, type] = {
         SessionsConfig,
         WarmStartConfig,
         ScreeningConfig,
+        RobustConfig,
+        AttackConfig,
     )
 }
 
@@ -800,6 +913,14 @@ def _check_harvest(values: Mapping[str, Value]) -> None:
         )
 
 
+def attack_keys_set(raw: Mapping[str, Any]) -> list[str]:
+    """The ``attack.*`` keys of ``raw`` whose value differs from the default (Flower hands
+    every key, defaults included, so a key at its default cannot be told from an absent one)."""
+    return sorted(
+        k for k, v in raw.items() if k.startswith("attack.") and k in KEYS and v != KEYS[k].default
+    )
+
+
 def _check_together(cfg: RunConfig) -> None:
     """Rules that involve more than one key."""
     s = cfg.sessions
@@ -832,6 +953,18 @@ def _check_together(cfg: RunConfig) -> None:
             f"run config 'pruning.reconstruction' = 'elementwise' with strategy = "
             f"{cfg.server.strategy!r}: the per-entry average replaces a plain weighted mean; "
             "use strategy 'fedavg' or 'fedprox', or reconstruction 'global' or 'zeros'"
+        )
+    if cfg.robust.rule != "off" and p.reconstruction == "elementwise":
+        raise ConfigError(
+            f"run config 'robust.rule' = {cfg.robust.rule!r} with 'pruning.reconstruction' = "
+            "'elementwise': the per-entry mean would replace the rule; use reconstruction "
+            "'global' (the rule then works over the devices that kept each entry)"
+        )
+    a = cfg.attack
+    if a.kind == "sybil" and not a.sybil_ids:
+        raise ConfigError(
+            "run config 'attack.kind' = 'sybil': needs 'attack.sybil-ids', the device ids the "
+            "attacker claims (e.g. '100,101')"
         )
     w = cfg.warmstart
     if cfg.train.lr_schedule == "session-poly" and not (cfg.sessions_enabled and s.rounds):

@@ -11,6 +11,16 @@ the server counts as declined.
 :mod:`edgefleet.client.faults` are a mod that tests and benchmarks add to a ClientApp of
 their own (:func:`clientapp`).
 
+Attackers, for evaluating defences (:mod:`edgefleet.attacks`), come from the run config's
+``attack.*`` keys, which EdgeFleet's ServerApp accepts on the Simulation Engine only (a
+deployment run that sets one is refused before round 1): ``attack.kind`` on the partitions
+:func:`attacker_partitions` draws from ``attack.fraction`` and ``seed``. The model-side
+kinds run as :func:`~edgefleet.attacks.attack_mod` inside the battery mod
+(:func:`run_config_attacks`); ``label-flip`` and ``backdoor`` poison the attacking device's
+training set in :func:`train` (a mod never sees the data). ALIE and IPM colluders share
+their honest updates through a :class:`~edgefleet.attacks.FolderBoard` in the machine's
+temporary folder (Ray actors are separate processes).
+
 Warm start (:mod:`edgefleet.strategies.sessions`) may send the round's learning rate
 (``lr`` in the config) and, in its ``continuous`` mode, ``kl-lambda``, ``teacher-session`` and
 once per session the ``teacher`` ArrayRecord: the device keeps the teacher in
@@ -24,9 +34,10 @@ import math
 import time
 from typing import TYPE_CHECKING
 
+import numpy as np
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.clientapp.typing import Mod
+from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from edgefleet.client.battery import EnergySource, SourceUnavailableError, make_source
 from edgefleet.client.mods import (
@@ -44,6 +55,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from edgefleet.client.device import Device, DeviceProfile
+    from edgefleet.task.datasets import ArrayDataset
 
 # torch, the data layer and the pruning code are imported by the handlers, not here: the
 # Simulation Engine loads this module in its own process before it starts Ray (to check
@@ -153,6 +165,95 @@ def continuous_teacher(device: Device, msg: Message, context: Context) -> nn.Mod
     return device.teacher
 
 
+# -- attackers (attack.*), Simulation Engine only --------------------------------------------
+
+DATA_ATTACKS = ("label-flip", "backdoor")
+
+
+def attacker_partitions(num_partitions: int, fraction: float, seed: int) -> tuple[int, ...]:
+    """The partitions that attack: ``round(fraction x num_partitions)`` of them (at least
+    one), drawn without replacement by a generator seeded with ``seed``, sorted. Every
+    device (and the server, would it ask) draws the same set."""
+    count = min(num_partitions, max(1, round(fraction * num_partitions)))
+    rng = np.random.default_rng([seed, 0xA77AC])
+    return tuple(sorted(int(p) for p in rng.choice(num_partitions, size=count, replace=False)))
+
+
+@functools.cache
+def _attack(cfg: RunConfig, num_partitions: int) -> Mod:
+    from edgefleet.attacks import FolderBoard, attack_mod
+
+    a = cfg.attack
+    partitions = attacker_partitions(num_partitions, a.fraction, cfg.seed)
+    params: dict[str, object] = {}
+    if a.kind in ("sign-flip", "stale-poison"):
+        params["norm_scale"] = a.norm_scale
+    elif a.kind in ("alie", "ipm"):
+        import tempfile
+        from pathlib import Path
+
+        params["board"] = FolderBoard(Path(tempfile.gettempdir()) / "edgefleet-attack-board")
+        if a.kind == "ipm":
+            params["epsilon"] = a.epsilon
+        elif a.z != 0:
+            params["z"] = a.z
+        else:
+            params["n_devices"] = num_partitions
+    elif a.kind == "sybil":
+        params["ids"] = list(a.sybil_ids)
+    elif a.kind == "pruned-liar":
+        params.update(lie=a.lie, seed=cfg.seed)
+    return attack_mod(a.kind, partitions, **params)
+
+
+def run_config_attacks(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """A mod: the model-side attack ``attack.kind`` names, on the partitions that attack
+    (the reply of every other device, and of every device with ``attack.kind = "off"``,
+    passes untouched). A kind that cannot be built for this fleet (ALIE with more attackers
+    than half the devices) answers with an Error naming why."""
+    from edgefleet.client.device import get_profile
+
+    try:
+        cfg, profile = get_profile(context.run_config, context.node_config)
+    except DEVICE_ERRORS:
+        return call_next(msg, context)  # the handler answers with the reason
+    if cfg.attack.kind in ("off", *DATA_ATTACKS):
+        return call_next(msg, context)
+    try:
+        mod = _attack(cfg, profile.num_partitions)
+    except ValueError as err:
+        return Message(Error(ERR_BAD_CONFIG, f"attack.kind: {err}"), reply_to=msg)
+    return mod(msg, context, call_next)
+
+
+_POISONED: dict[int, ArrayDataset] = {}  # id(clean training set) -> its poisoned copy
+
+
+def attacked_train_data(device: Device) -> ArrayDataset:
+    """The device's training set, poisoned when ``attack.kind`` is a data-side attack and
+    its partition attacks (built once per device and process)."""
+    cfg, profile = device.config, device.profile
+    a = cfg.attack
+    if a.kind not in DATA_ATTACKS:
+        return device.train_data
+    attackers = attacker_partitions(profile.num_partitions, a.fraction, cfg.seed)
+    if profile.partition_id not in attackers:
+        return device.train_data
+    key = id(device.train_data)
+    if key not in _POISONED:
+        from edgefleet.attacks import backdoored, label_flipped
+        from edgefleet.task.datasets import dataset_info
+        from edgefleet.task.train import seed_for
+
+        if a.kind == "label-flip":
+            classes = dataset_info(cfg.data.dataset).num_classes
+            _POISONED[key] = label_flipped(device.train_data, classes)
+        else:
+            rng = np.random.default_rng(seed_for(cfg.seed, profile.partition_id, 0xBAD))
+            _POISONED[key] = backdoored(device.train_data, a.target, a.poison_fraction, rng)
+    return _POISONED[key]
+
+
 def train(msg: Message, context: Context) -> Message:
     from edgefleet.client.device import get_device, is_present
     from edgefleet.client.pruning import parameter_fraction, round_model
@@ -190,7 +291,7 @@ def train(msg: Message, context: Context) -> Message:
         )
         result = train_local(
             model,
-            device.train_data,
+            attacked_train_data(device),
             steps=cfg.train.local_steps,
             batch_size=cfg.train.batch_size,
             lr=lr,
@@ -243,10 +344,11 @@ def evaluate(msg: Message, context: Context) -> Message:
 
 def clientapp(*inner_mods: Mod) -> ClientApp:
     """A ClientApp with EdgeFleet's handlers and battery mod; ``inner_mods`` run inside the
-    battery mod, next to the handlers (how tests and benchmarks add
-    :func:`edgefleet.client.faults.fault_mod`; EdgeFleet's own ``app`` adds none)."""
+    battery mod and the run config's attacks (:func:`run_config_attacks`), next to the
+    handlers (how tests and benchmarks add :func:`edgefleet.client.faults.fault_mod`;
+    EdgeFleet's own ``app`` adds none)."""
     # The battery is the same mod any Flower ClientApp can add (edgefleet.client.mods).
-    out = ClientApp(mods=[energy_mod(settings=battery_settings), *inner_mods])
+    out = ClientApp(mods=[energy_mod(settings=battery_settings), run_config_attacks, *inner_mods])
     out.query()(status)
     out.train()(train)
     out.evaluate()(evaluate)

@@ -1,14 +1,15 @@
 """EdgeFleet's ServerApp: parse the config, build the strategy, run the round loop, write results.
 
 The same ServerApp runs under Flower's Simulation Engine (``flwr run .``) and the Deployment
-Engine (SuperLink + SuperNodes); nothing here knows which.
+Engine (SuperLink + SuperNodes); the one thing that tells them apart is the ``attack.*``
+keys, refused under the Deployment Engine (:func:`refuse_attacks_outside_simulation`).
 """
 
 from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from logging import INFO, WARNING
@@ -22,7 +23,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from edgefleet import runlock
-from edgefleet.config import RunConfig, parse_run_config
+from edgefleet.config import ConfigError, RunConfig, attack_keys_set, parse_run_config
 from edgefleet.server.checkpoint import (
     Checkpointer,
     apply_checkpoint,
@@ -38,6 +39,7 @@ from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
 from edgefleet.strategies.loop import EvaluateFn, RoundLoop
 from edgefleet.strategies.pruning import SubmodelReconstruction
+from edgefleet.strategies.robust import RobustAggregation
 from edgefleet.strategies.screening import Screening
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
@@ -86,7 +88,11 @@ def build_strategy(
       (``--node-config keep-ratio=...``) that the server's config does not know.
     - **Aggregator** innermost: ``FedAvg``, ``FedProx``, ``FedSAG`` (SAGA memory), or under
       energy-aware selection with ``fedavg`` the plain mean of the participants
-      (``EqualWeightFedAvg``: EH-FedAvg, the paper's baseline).
+      (``EqualWeightFedAvg``: EH-FedAvg, the paper's baseline). With ``robust.rule``,
+      ``RobustAggregation`` wraps a FedAvg-family aggregator (directly inside the
+      reconstruction, so the rule sees the submodels' masks), and FedSAG takes the rule
+      itself (its memory and correction means). The round loop's reply screening runs
+      before any of them.
 
     ``central`` (the initial model, its trainable keys, server-side validation) is needed by
     stopping and sessions, ``run_dir`` by sessions (their session store).
@@ -114,12 +120,18 @@ def build_strategy(
             estimator=srv.saga_estimator,
             mean_over=srv.saga_memory_mean,
             correction=srv.saga_correction,
+            robust=cfg.robust.rule,
+            robust_params=cfg.robust.params(),
+            max_age=srv.saga_max_age,
             **common,
         )
     elif energy_age:
         strategy = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
     else:
         strategy = FedAvg(**common)  # type: ignore[arg-type]
+    if cfg.robust.rule != "off" and cfg.server.strategy != "fedsag":
+        # Right inside the reconstruction, which hands it the submodels' masks.
+        strategy = RobustAggregation(strategy, cfg.robust.rule, **cfg.robust.params())
     p = cfg.pruning
     strategy = SubmodelReconstruction(
         strategy,
@@ -163,6 +175,22 @@ def build_strategy(
     if cfg.sessions_enabled:
         strategy = _sessions(strategy, cfg, run_dir, central)  # type: ignore[arg-type]
     return strategy
+
+
+def refuse_attacks_outside_simulation(run_config: Mapping[str, object], grid: Grid) -> None:
+    """``attack.*`` keys are for the Simulation Engine (and EdgeFleet's in-process test
+    grids): under the Deployment Engine (the ServerApp's grid is Flower's ``HttpGrid``, to a
+    SuperLink with real SuperNodes) a run that sets one stops here, before any round."""
+    from flwr.superlink.grid import HttpGrid
+
+    keys = attack_keys_set(run_config)
+    if keys and isinstance(grid, HttpGrid):
+        raise ConfigError(
+            f"run config {', '.join(repr(k) for k in keys)}: attack.* keys make devices "
+            "attack, for evaluating defences on the Simulation Engine only; this run is on "
+            "the Deployment Engine (real SuperNodes). Remove them, or run the scenario with "
+            "`edgefleet run` / `flwr run` on a simulation federation"
+        )
 
 
 def screening_for(cfg: RunConfig) -> Screening:
@@ -357,6 +385,7 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     cfg = parse_run_config(context.run_config)
+    refuse_attacks_outside_simulation(context.run_config, grid)
     random.seed(cfg.seed)  # Flower's node sampling draws from the global RNG
     run_dir = prepare_run_dir(cfg)  # a resume that would not continue the same run stops here
     ckpt = check_resumable(cfg, run_dir) if cfg.server.resume else None

@@ -7,6 +7,8 @@ Each is a ``flwr.serverapp.strategy.Strategy``; wrap your own (Flower's ``FedAvg
 
 - :class:`TaskVectorStopping`: data-free early stopping from the global task vector
   (arXiv 2601.22669); :class:`ValidationStopping` is the validation baseline.
+- :class:`RobustAggregation`: a robust rule (median, trimmed mean, MultiKrum, centered
+  clipping) in place of a FedAvg-family weighted mean, mask-aware under CA-HFP.
 - :class:`EnergyAgeSelection`: energy-aware, age-based selection of at most M devices a
   round; :class:`FedSAG`: SAGA server memory (EH-FedSAG, arXiv 2606.18758).
 - :class:`SubmodelReconstruction`: rebuilds CA-HFP's pruned submodels into the full
@@ -32,6 +34,7 @@ from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundLoop, Rou
 from edgefleet.strategies.lrschedule import SessionLearningRate
 from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.registry import DeviceRecord, DeviceRegistry, DeviceStatus
+from edgefleet.strategies.robust import RobustAggregation, RobustRule
 from edgefleet.strategies.saga import SagaMemory
 from edgefleet.strategies.screening import RecordKeys, check_train_reply
 from edgefleet.strategies.sessions import WarmStartInitializer
@@ -54,6 +57,8 @@ __all__ = [
     "RoundCallback",
     "RoundContext",
     "RoundLoop",
+    "RobustAggregation",
+    "RobustRule",
     "RoundResult",
     "SagaMemory",
     "SessionLearningRate",

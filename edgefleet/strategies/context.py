@@ -118,6 +118,18 @@ class PruningRow:
 
 
 @dataclass
+class RobustRow:
+    """Robust aggregation (:mod:`edgefleet.strategies.robust`) and FedSAG's memory expiry."""
+
+    robust_rule: str | None = optional()
+    # Coordinates kept by fewer replies than the rule needs: the mean of those that kept them.
+    robust_fallback: int | None = optional()
+    robust_selected: list[str] | None = optional()  # multikrum: the device ids chosen
+    robust_clipped: int | None = optional()  # centered-clip: replies clipped (last iteration)
+    saga_expired: list[str] | None = optional()  # memories older than saga.max-age, dropped
+
+
+@dataclass
 class StoppingRow:
     """Data-free stopping (the task vector)."""
 

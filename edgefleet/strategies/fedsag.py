@@ -18,13 +18,26 @@ With everyone participating and every memory filled this is exactly FedAvg's (un
 mean update. Choose it over FedAvg when few devices take part per round and the data are
 non-IID; it costs one parameter vector of server memory per device.
 
+Robust FedSAG (``robust``, ``robust_params``: a rule of :mod:`edgefleet.strategies.robust`):
+the rule takes the place of both means, v = R(memories) + w |S| R(corrections), where R over
+the memories runs over the stored memories (under ``mean_over="fleet"`` plus one zero memory
+per registered device without one) and R over the round's corrections (delta_k - m_k) of its
+participants; with R the plain mean this is the formula above. A poisoned memory is then
+out-voted instead of averaged in, at O(K x D) a round instead of the running sum's O(|S| x D).
+``max_age`` (rounds, 0 = off): before each round, memories stored more than ``max_age``
+rounds ago expire from the mean (the device keeps its place in K with the zero memory), so a
+device that uploads one poisoned update and stays away loses its hold after ``max_age``
+rounds; an honest device that is away that long loses its stale contribution too. The expired
+devices go in the row's ``saga_expired``. (Under CA-HFP the rule sees the rebuilt full-size
+updates, not the masks.)
+
 Used alone (``FedSAG(...).start(grid, arrays, ...)``) it runs in EdgeFleet's round loop, as
 every EdgeFleet strategy does, so its replies are screened.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
@@ -37,8 +50,9 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
 
 from edgefleet.arrays import to_numpy, to_record
-from edgefleet.strategies.context import current_round
+from edgefleet.strategies.context import RobustRow, current_round
 from edgefleet.strategies.hooks import StrategyHooks
+from edgefleet.strategies.robust import robust_aggregate, rule_spec
 from edgefleet.strategies.saga import (
     SAGA_CORRECTIONS,
     SAGA_ESTIMATORS,
@@ -64,11 +78,19 @@ class FedSAG(StrategyHooks, FedAvg):
         mean_over: str = "fleet",
         correction: str = "channels",
         correction_floor: float = 0.0,
+        robust: str = "off",
+        robust_params: Mapping[str, Any] | None = None,
+        max_age: int = 0,
         **fedavg_kwargs: Any,
     ) -> None:
         """``correction_floor``: a fixed M for ``correction="channels"`` where no selection
-        wrapper caps the round (the larger of the two applies)."""
+        wrapper caps the round (the larger of the two applies). ``robust``,
+        ``robust_params``, ``max_age``: the module docstring."""
         super().__init__(**fedavg_kwargs)
+        self.robust = rule_spec(robust, **dict(robust_params or {}))
+        if isinstance(max_age, bool) or not isinstance(max_age, int) or max_age < 0:
+            raise SagaError(f"max_age={max_age!r} must be an integer >= 0 (0: off)")
+        self.max_age = max_age
         if correction not in SAGA_CORRECTIONS:
             raise SagaError(f"correction={correction!r}; valid: {', '.join(SAGA_CORRECTIONS)}")
         if estimator not in SAGA_ESTIMATORS:
@@ -100,7 +122,11 @@ class FedSAG(StrategyHooks, FedAvg):
             weight = f"1/max(|S|, M), M the selection's cap or {self.correction_floor:g}"
         else:
             weight = "1/max(|S|, M), M the selection's cap (1/|S| without one)"
-        log(INFO, "\t│\t└── Correction weight: %s", weight)
+        log(INFO, "\t│\t├── Correction weight: %s", weight)
+        rule = self.robust.rule.value
+        params = ", ".join(f"{k}={v}" for k, v in self.robust.params().items())
+        log(INFO, "\t│\t├── Robust rule: %s%s", rule, f" ({params})" if params else "")
+        log(INFO, "\t│\t└── Memory max age: %s", self.max_age or "off")
         super().summary()
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
@@ -145,6 +171,12 @@ class FedSAG(StrategyHooks, FedAvg):
         if self.memory is None:
             self.memory = SagaMemory(theta.size, init=self.init, mean_over=self.mean_over)
             self.register_devices(list(self._known))
+        if self.max_age:
+            expired = self.memory.expire(server_round, self.max_age)
+            if expired:
+                log(INFO, "FedSAG round %d: memories of %s older than %d rounds expired",
+                    server_round, ", ".join(expired), self.max_age)  # fmt: skip
+                current_round().section(RobustRow).saga_expired = expired
         updates: dict[str, np.ndarray] = {}
         for msg in valid:
             device = reply_device(msg)
@@ -164,9 +196,13 @@ class FedSAG(StrategyHooks, FedAvg):
         if self.correction == "channels":
             floor = max(self.correction_floor, float(current_round().max_participants or 0))
         weight = 1.0 / max(len(updates), min(floor, fleet))
-        v = self.memory.direction(
-            updates, estimator=self.estimator, correction_weight=weight, commit=False
-        )
+        if self.robust.on:
+            current_round().section(RobustRow).robust_rule = self.robust.rule.value
+            v = self._robust_direction(self.memory.check(updates), weight)
+        else:
+            v = self.memory.direction(
+                updates, estimator=self.estimator, correction_weight=weight, commit=False
+            )
         with np.errstate(over="ignore"):  # an overflow is caught just below
             new = unflatten(theta + self.server_lr * v, like)
         if not all(np.isfinite(a).all() for a in new.values() if a.dtype.kind == "f"):
@@ -179,10 +215,37 @@ class FedSAG(StrategyHooks, FedAvg):
                 server_round,
             )
             return None, None
-        self.memory.store(updates)  # replaces the participants' memories
+        self.memory.store(updates, round=server_round)  # replaces the participants' memories
         arrays = to_record(new)
         metrics = aggregate_metricrecords([m.content for m in valid], self.weighted_by_key)
         return arrays, metrics
+
+    def _robust_direction(self, updates: Mapping[str, np.ndarray], weight: float) -> np.ndarray:
+        """v = R(memories) + weight x |S| x R(corrections) (module docstring), without
+        changing the memory."""
+        memory = self.memory
+        assert memory is not None
+        stored = memory.stored()
+        fresh = [i for i in updates if i not in stored] if memory.init == "first-update" else []
+        if self.estimator == "sag":
+            after = {**stored, **updates}
+        else:
+            after = {**stored, **{i: updates[i] for i in fresh}}
+        fleet = len(set(memory.device_ids) | set(updates))
+        zeros = fleet - len(after) if memory.mean_over == "fleet" else 0
+        rows = [*after.values(), *([np.zeros(memory.dim)] * zeros)]
+        mean = (
+            robust_aggregate(self.robust, np.stack(rows)).vector if rows else np.zeros(memory.dim)
+        )
+        if self.estimator == "sag":
+            return mean
+        corrections = [
+            d - stored.get(i, np.zeros(memory.dim)) for i, d in updates.items() if i not in fresh
+        ]
+        if not corrections:
+            return mean
+        pooled = robust_aggregate(self.robust, np.stack(corrections)).vector
+        return mean + weight * len(corrections) * pooled
 
     def state_dict(self) -> dict[str, Any]:
         return {

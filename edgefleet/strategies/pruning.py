@@ -14,6 +14,16 @@ aggregating strategy (FedAvg, FedProx, FedSAG) and, before it aggregates:
   ``zeros`` with zeros (the paper's no-reconstruction ablation); ``elementwise`` averages each
   entry over the clients that kept it (HeteroFL style, only for plain weighted means).
 
+With a :class:`~edgefleet.strategies.robust.RobustAggregation` as the aggregating strategy
+(``robust.rule``) the rule works coordinate-wise over the devices that kept each
+coordinate: this wrapper hands it each rebuilt reply's mask (True where the device kept the
+entry), so the fill never votes. A coordinate kept by fewer devices than the rule needs
+falls back to the weighted mean of those that kept it (counted in the row's
+``robust_fallback``), one nobody kept keeps the global value. Flower's own robust
+strategies (``FedMedian``, ``FedTrimmedAvg``, ``Krum``, ``MultiKrum``, ``Bulyan``) see one
+ArrayRecord per reply and no masks, so a rebuilt pruned entry would vote with the global
+model's value: this wrapper refuses them when it is built, naming the ``robust.rule`` to use.
+
 Full-size replies (keep ratio 1, or a client without pruning) pass through unchanged, so the
 wrapper costs nothing until the first compact reply, and deployments may set keep ratios per
 SuperNode (``--node-config keep-ratio=0.5``) without the server being told.
@@ -49,9 +59,15 @@ from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.pruning.names import RECONSTRUCTIONS
 from edgefleet.pruning.reconstruct import elementwise_average, scatter
 from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
-from edgefleet.strategies.base import LoopStrategy
+from edgefleet.strategies.base import LoopStrategy, find_wrapper
 from edgefleet.strategies.context import PruningRow, current_round
 from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.strategies.robust import (
+    RobustAggregation,
+    alternative_rule,
+    flower_robust_inner,
+    offer_masks,
+)
 from edgefleet.strategies.screening import (
     RecordKeys,
     check_arrays,
@@ -95,6 +111,25 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             )
         if refresh_rounds < 1:
             raise ValueError(f"refresh_rounds must be >= 1, got {refresh_rounds}")
+        flower = flower_robust_inner(inner)
+        if flower is not None:
+            raise ValueError(
+                f"SubmodelReconstruction cannot feed Flower's {flower}: it aggregates one "
+                "ArrayRecord per reply and cannot see which device kept which coordinate of "
+                "a pruned submodel, so every rebuilt entry would vote with the global model. "
+                f"Use RobustAggregation(FedAvg(), rule={alternative_rule(flower)!r}) inside "
+                f"SubmodelReconstruction (run config robust.rule = "
+                f"{alternative_rule(flower)!r}), which works over the devices that kept each "
+                f"coordinate, or {flower} without pruning"
+            )
+        robust = find_wrapper(inner, RobustAggregation)
+        if robust is not None and robust.spec.on and reconstruction == "elementwise":
+            raise ValueError(
+                f"reconstruction='elementwise' with RobustAggregation(rule="
+                f"{robust.spec.rule.value!r}): the per-entry mean would replace the robust "
+                "rule's aggregate; use reconstruction 'global' (the rule then works over the "
+                "devices that kept each entry)"
+            )
         super().__init__(inner)
         self._plan_factory = plan_factory
         self._plan: PruningPlan | None = None
@@ -214,6 +249,15 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         fill = "zeros" if self.reconstruction == "zeros" else "global"
         sent = self._sent_model()
         full = [m if kept is None else self._full_size(m, kept, fill, sent) for m, kept in parts]
+        robust = find_wrapper(self.inner, RobustAggregation)
+        if robust is not None and robust.spec.on:
+            offer_masks(
+                {
+                    id(msg): self._mask(kept, sent)
+                    for msg, (_, kept) in zip(full, parts, strict=True)
+                    if kept is not None
+                }
+            )
         arrays, metrics = self.inner.aggregate_train(server_round, full)
         if self.reconstruction != "elementwise" or arrays is None:
             return arrays, metrics
@@ -232,6 +276,15 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
     def _sent_model(self) -> State:
         """The global model this round's train messages carried ({} before any)."""
         return current_round().own(self, _Sent).model
+
+    def _mask(self, kept: dict[str, np.ndarray], like: State) -> dict[str, np.ndarray]:
+        """Per array, True at the entries of the full model the submodel ``kept`` holds."""
+        out = {}
+        for key, index in self.plan.index_maps(kept).items():
+            mask = np.zeros(np.asarray(like[key]).size, dtype=bool)
+            mask[index] = True
+            out[key] = mask.reshape(np.shape(like[key]))
+        return out
 
     def _full_size(
         self, msg: Message, kept: dict[str, np.ndarray], fill: str, sent: State

@@ -25,6 +25,13 @@ Memory initialisation (``init``):
   participates, and in that round its correction term is zero (as if its memory had
   already equalled its delta); the memory mean includes it from that round on.
 
+Expiry (``max_age`` in :class:`~edgefleet.strategies.fedsag.FedSAG`): each memory is stamped
+with the round it was stored in; :meth:`SagaMemory.expire` drops the memories older than a
+number of rounds from the table and the sum (the device stays registered, with the zero
+memory, so under ``mean_over="fleet"`` it still counts in K). A device that uploaded one
+poisoned update and then stays away would otherwise keep it in the mean for as long as it
+is gone.
+
 Cost: the mean of the memories is a running sum (add new minus old on replace), so a round
 costs O(|S| x D) whatever K is. Memory: the table holds one row per device that has
 uploaded (a device that never did has the zero memory, or none under first-update, and
@@ -130,6 +137,7 @@ class SagaMemory:
         self.dtype = dt
         self._devices: dict[str, None] = {}  # registered ids, in registration order
         self._row: dict[str, int] = {}  # id -> row of the table, for devices with a memory
+        self._stamp: dict[str, int] = {}  # id -> the round its memory was stored in
         # np.zeros asks the OS for zeroed pages lazily: rows not yet written cost nothing.
         self._table = np.zeros((max(1, initial_rows), self.dim), dtype=dt)
         self._sum = np.zeros(self.dim, dtype=np.float64)
@@ -182,6 +190,41 @@ class SagaMemory:
             total += chunk.astype(np.float64).sum(axis=0)
         return self._mean_of(total, len(self._devices), len(self._row))
 
+    def stored(self) -> dict[str, np.ndarray]:
+        """Every stored memory as a float64 copy, by device id (O(rows x D))."""
+        return {i: self._table[r].astype(np.float64) for i, r in self._row.items()}
+
+    def stamp(self, device_id: str) -> int | None:
+        """The round the device's memory was stored in (None: no memory, or not known)."""
+        return self._stamp.get(device_id)
+
+    def expire(self, now: int, max_age: int) -> list[str]:
+        """Drop every memory stored more than ``max_age`` rounds before round ``now``
+        (``now - stamp > max_age``); the devices dropped, in row order. A memory without a
+        stamp (a checkpoint from before stamps) is stamped ``now``."""
+        if max_age < 1:
+            raise SagaError(f"max_age={max_age!r} must be >= 1")
+        old = []
+        for device_id in sorted(self._row, key=self._row.__getitem__):
+            if now - self._stamp.setdefault(device_id, now) > max_age:
+                old.append(device_id)
+        for device_id in old:
+            self._remove(device_id)
+        return old
+
+    def _remove(self, device_id: str) -> None:
+        row = self._row.pop(device_id)
+        self._stamp.pop(device_id, None)
+        self._sum = self._sum - self._table[row].astype(np.float64)
+        last = len(self._row)  # the table's last used row, moved into the freed one
+        if row != last:
+            moved = next(i for i, r in self._row.items() if r == last)
+            self._table[row] = self._table[last]
+            self._row[moved] = row
+        self._table[last] = 0
+        if not self._row:
+            self._sum = np.zeros(self.dim, dtype=np.float64)  # no rounding residue left
+
     def check(self, updates: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The updates as float64 vectors, or a :class:`SagaError` naming the first device
         whose delta has the wrong shape, a non-finite entry, or an entry the table's dtype
@@ -212,6 +255,7 @@ class SagaMemory:
         estimator: str = "saga",
         correction_weight: float | None = None,
         commit: bool = True,
+        round: int | None = None,
     ) -> np.ndarray:
         """The round's direction v from the participants' deltas; replaces their memories
         (unless ``commit=False``, which leaves the memory exactly as it was).
@@ -249,15 +293,16 @@ class SagaMemory:
             weight = 1.0 / len(deltas) if correction_weight is None else float(correction_weight)
             v = mean + weight * correction
         if commit:
-            self._commit(plan)
+            self._commit(plan, round)
         return v
 
-    def store(self, updates: Mapping[str, np.ndarray]) -> None:
+    def store(self, updates: Mapping[str, np.ndarray], round: int | None = None) -> None:
         """Replace the participants' memories by their deltas (what :meth:`direction` does
-        after forming v), e.g. once a direction got with ``commit=False`` has been used."""
+        after forming v), e.g. once a direction got with ``commit=False`` has been used;
+        ``round`` stamps them (for :meth:`expire`)."""
         deltas = self.check(updates)
         if deltas:
-            self._commit(self._plan(deltas))
+            self._commit(self._plan(deltas), round)
 
     def _mean_of(self, total: np.ndarray, devices: int, rows: int) -> np.ndarray:
         count = rows if self.mean_over == "stored" else devices
@@ -287,9 +332,11 @@ class SagaMemory:
             rows_after=len(self._row) + new_rows,
         )
 
-    def _commit(self, plan: _Plan) -> None:
+    def _commit(self, plan: _Plan, round: int | None = None) -> None:
         for device_id, value in plan.stored.items():
             self.register(device_id)
+            if round is not None:
+                self._stamp[device_id] = int(round)
             row = self._row.get(device_id)
             if row is None:
                 row = len(self._row)
@@ -316,6 +363,7 @@ class SagaMemory:
             "row_ids": rows,
             "table": self._table[: len(self._row)].copy(),
             "sum": self._sum.copy(),
+            "stamps": [self._stamp.get(i, -1) for i in rows],  # -1: not known
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -347,3 +395,7 @@ class SagaMemory:
         self._table = np.zeros((max(1, 2 * len(row_ids)), dim), dtype=dtype)
         self._table[: len(row_ids)] = table
         self._sum = total.copy()
+        stamps = [int(x) for x in state.get("stamps", [-1] * len(row_ids))]
+        if len(stamps) != len(row_ids):
+            raise SagaError("SAGA memory state: stamps do not fit the rows")
+        self._stamp = {i: st for i, st in zip(row_ids, stamps, strict=True) if st >= 0}
