@@ -575,7 +575,7 @@ def report_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _story_of_one(run: Run) -> str:
+def _story_of_one(run: RunData) -> str:
     """One finished run's story (what ``edgefleet run`` prints at the end); the summary
     table for a live run, or one whose ``summary.json`` an older version wrote."""
     if not (run.path / "summary.json").is_file():

@@ -271,6 +271,9 @@ class RoundLoop:
             row.missing = missing
         sent = {m.metadata.dst_node_id: m.content for m in messages if m.has_content()}
         accepted, declined, rejected = self._screen(replies, arrays, sent, row)
+        # Counted before aggregation: Flower's FedMedian, FedTrimmedAvg and Bulyan empty the
+        # replies' ArrayRecords while they aggregate.
+        bytes_up = sum(_payload_bytes(m) for m in accepted)
         new_arrays, train_metrics = self._aggregate(rnd, accepted, arrays, row)
         aggregated = accepted if new_arrays is not None else []
         if new_arrays is not None:
@@ -294,7 +297,7 @@ class RoundLoop:
             participant_nodes=[m.metadata.src_node_id for m in aggregated],
             declined=declined,
             rejected=rejected,
-            bytes_up=sum(_payload_bytes(m) for m in accepted),
+            bytes_up=bytes_up,
             bytes_down=bytes_down,
             energy_spent=sum(_metric(m, ENERGY_SPENT) for m in accepted),
             train_metrics=train_metrics,
