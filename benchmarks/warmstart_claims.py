@@ -84,9 +84,10 @@ from edgefleet.simulation.report import draw_plots, load_run, session_spans
 ROOT = Path(__file__).resolve().parents[1]
 MODES = ("pilot", "pilot-candidates", "previous", "average", "fresh", "continuous")
 BASELINES = ("pilot-candidates", "previous", "continuous", "average", "fresh")
-# Benchmark modes that are a warm-start mode plus settings (``warmstart.pilot-candidates``:
-# the pilot sessions' own models are weighed too, not only averaged).
+# Benchmark modes as warm-start settings: ``pilot`` is the reference's rule (the pilot sessions
+# only averaged), ``pilot-candidates`` EdgeFleet's default (their own models weighed too).
 MODE_KEYS: dict[str, dict[str, Any]] = {
+    "pilot": {"warmstart.pilot-candidates": False},  # the reference's rule
     "pilot-candidates": {"warmstart.mode": "pilot", "warmstart.pilot-candidates": True},
 }
 COUNTS = ("rounds_to_target", "rounds_to_target_ref")

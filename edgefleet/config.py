@@ -619,10 +619,11 @@ class WarmStartConfig:
     )
     pilot_candidates: bool = key(
         "warmstart.pilot-candidates",
-        False,
+        True,
         _any,
         "`pilot`: the pilot sessions' own models are candidates too (fingerprint: final "
-        "minus pilot model; needs P >= 2), not only averaged into the pilot model",
+        "minus pilot model; needs P >= 2); false: only averaged into the pilot model, as "
+        "the reference does",
     )
     max_stored: int = key(
         "warmstart.max-stored", 10, _at_least(1), "stored session models kept (oldest evicted)"

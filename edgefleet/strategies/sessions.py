@@ -111,7 +111,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         aux_lr_scale: float = 0.5,
         kl_lambda: float = 0.5,
         reset_after_pilot: bool = False,
-        pilot_candidates: bool = False,
+        pilot_candidates: bool = True,
     ) -> None:
         """``store``: a :class:`SessionStore`, or the folder of one, opened if an earlier run
         left one there (new sessions then continue its numbering and are warm-started from
@@ -241,11 +241,14 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
     def _warm_model(self, aux_result: ArrayRecord, previous: ArrayRecord) -> ArrayRecord:
         assert self.aux_start is not None
         self.pending_grad = pseudo_gradient(to_numpy(aux_result), self.aux_start)
-        candidates = self._pilot_candidates() + self.store.candidates()
         row = current_round().section(SessionRow)
+        if self._resets(self.tracker.session):  # the reference's regime: from the initial model
+            row.warmstart_weights = []
+            return to_record(self.initial)
+        candidates = self._pilot_candidates() + self.store.candidates()
         if not candidates:
             row.warmstart_weights = []
-            return to_record(self.initial) if self._resets(self.tracker.session) else previous
+            return previous
         model, weights = warm_start_model(
             self.pending_grad, candidates, self.keys, self.temperature
         )
