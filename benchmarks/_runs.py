@@ -47,7 +47,14 @@ def parse_with_smoke(p: argparse.ArgumentParser, smoke: Mapping[str, Any]) -> ar
     p.add_argument("--smoke", action="store_true", help=f"tiny sizes: {shown}")
     if p.parse_known_args()[0].smoke:
         p.set_defaults(**smoke)
+        # A worker pool's start-up (a forkserver importing torch: seconds) would be most of
+        # a smoke run; tests/test_engines.py checks the pool gives the same rows.
+        global _default_workers
+        _default_workers = 1
     return p.parse_args()
+
+
+_default_workers: int | None = None  # the in-process engine's workers (None: one per core)
 
 
 def run_once(
@@ -138,6 +145,7 @@ def run_inprocess(
     a child process forked from this one once it has imported torch, Flower and the apps,
     ``workers`` worker processes for the ClientApps, None: one per core); its log in
     ``log_path`` as it is written."""
+    workers = workers or _default_workers
     app = None
     if faults is not None:
         from edgefleet.client.faults import faulty_clientapp

@@ -45,7 +45,8 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from types import TracebackType
@@ -106,9 +107,10 @@ class InProcessGrid(Grid):
     each node id to a function from a message to its reply (None: no reply).
 
     Messages are stamped and checked as Flower's in-memory grid does (a message id, no
-    ``reply_to``, a positive TTL) and delivered in the order given; every reply is returned
-    at once (``timeout`` only bounds waiting, and nothing here waits). Ids count up from 1,
-    so a seeded run gives the same ids each time.
+    ``reply_to``, a positive TTL; one to a node that is not here is logged and dropped) and
+    delivered in the order given; every reply is returned at once (``timeout`` only bounds
+    waiting, and nothing here waits). Ids count up from 1, so a seeded run gives the same
+    ids each time.
     """
 
     def __init__(self, handlers: Mapping[int, Handler] | None = None) -> None:
@@ -151,11 +153,9 @@ class InProcessGrid(Grid):
             md = msg.metadata
             if md.reply_to_message_id != "" or not md.ttl > 0 or md.delivered_at != "":
                 raise ValueError(f"Invalid message: {msg}")
-            if md.dst_node_id not in self.handlers:
-                raise ValueError(
-                    f"message to node {md.dst_node_id}, which is not in the grid "
-                    f"(nodes: {self.get_node_ids()})"
-                )
+            if md.dst_node_id not in self.handlers:  # as Flower's link state: no id, no reply
+                log(logging.ERROR, "Invalid destination node ID for Message: %s", md.dst_node_id)
+                continue
             self._pushed[mid] = msg
             ids.append(mid)
         return ids
@@ -253,11 +253,10 @@ class ClientAppGrid(InProcessGrid):
 
     ``workers`` = 1 runs every message here, one after the other; more runs them on that many
     worker processes (module docstring), which needs an ``app`` they can load: a component
-    string or a picklable factory (a module-level function, a ``functools.partial`` of one);
-    the script that starts them needs the ``if __name__ == "__main__":`` guard, as for any
-    multiprocessing. ``pool``: workers already started for these nodes (the engine starts
-    them before it forks the run's process). Use it as a context manager, or call
-    :meth:`close`, to stop the workers.
+    string or a picklable factory (a function of an importable module, not of the script
+    itself, or a ``functools.partial`` of one). ``pool``: workers already started for these
+    nodes (the engine starts them before it forks the run's process). Use it as a context
+    manager, or call :meth:`close`, to stop the workers.
     """
 
     def __init__(
@@ -351,19 +350,20 @@ class WorkerPool:
         self.conns: list[Connection] = []
         self._ready = False
         try:
-            for w in range(workers):
-                mine = {n: contexts[n] for n in nodes if self.pin[n] == w}
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(
-                    target=_worker_main,
-                    args=(child, spec, mine, threads, log_path),
-                    name=f"edgefleet-worker-{w}",
-                    daemon=True,
-                )
-                proc.start()
-                child.close()  # the worker's end: its EOF then means the worker is gone
-                self.procs.append(proc)
-                self.conns.append(parent)
+            with _without_main():
+                for w in range(workers):
+                    mine = {n: contexts[n] for n in nodes if self.pin[n] == w}
+                    parent, child = ctx.Pipe()
+                    proc = ctx.Process(
+                        target=_worker_main,
+                        args=(child, spec, mine, threads, log_path),
+                        name=f"edgefleet-worker-{w}",
+                        daemon=True,
+                    )
+                    proc.start()
+                    child.close()  # the worker's end: its EOF then means the worker is gone
+                    self.procs.append(proc)
+                    self.conns.append(parent)
         except BaseException:
             self.stop()
             raise
@@ -426,6 +426,21 @@ class WorkerPool:
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
+
+
+@contextlib.contextmanager
+def _without_main() -> Iterator[None]:
+    """Start processes without this process's ``__main__``: multiprocessing's forkserver
+    children import the main script again (as ``__mp_main__``) when it has a file, which
+    costs a worker the script's imports (matplotlib for a benchmark: seconds) and, in a
+    script without the ``if __name__ == "__main__":`` guard, runs it all again. A worker
+    needs only importable modules (its target here, the ClientApp's module)."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
 
 
 def _worker_main(
