@@ -29,6 +29,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
+from edgefleet import cli
 from edgefleet.simulation.inprocess import ClientAppGrid, InProcessEngine, InProcessGrid
 from edgefleet.simulation.runner import Scenario, load_scenario, run_scenario
 
@@ -85,6 +86,17 @@ def test_a_message_to_a_node_that_is_not_there_gets_no_reply() -> None:
     grid = InProcessGrid({1: lambda m: Message(RecordDict(), reply_to=m)})
     replies = grid.send_and_receive([_train(1), _train(7)])
     assert [r.metadata.src_node_id for r in replies] == [1]
+
+
+def test_options_of_the_other_engine_are_refused_before_any_work(capsys, monkeypatch) -> None:
+    monkeypatch.setattr(cli, "_early_engine", lambda *a: None)  # no Ray cluster for this
+    scenario = str(ROOT / "scenarios" / "default.toml")
+    assert cli.main(["run", scenario, "--workers", "2"]) == 2
+    assert "add --engine inprocess" in capsys.readouterr().err
+    assert cli.main(["run", scenario, "--engine", "inprocess", "--ray-address", "h:1"]) == 2
+    assert "--ray-address runs the ClientApps on a Ray cluster" in capsys.readouterr().err
+    assert cli.main(["sweep", scenario, "--engine", "inprocess", "--workers", "0"]) == 2
+    assert "--workers 0: must be at least 1" in capsys.readouterr().err
 
 
 # make demo's scenario (scenarios/default.toml), small: 6 devices in two groups of 3, three
