@@ -3,33 +3,35 @@
 Two engines run a scenario:
 
 - ``simulation``: Flower's Simulation Engine (``edgefleet run``: a SuperLink, Ray actors).
-- ``inprocess``: EdgeFleet's own ServerApp and ClientApp objects called directly in one child
-  process: the server's ``main`` gets a grid that hands each message to the ClientApp (its
-  mods included) of the node it is addressed to, one after the other, and returns the replies.
-  Same apps, same config, same seeds; no SuperLink, no Ray, no message serialisation. For long
+- ``inprocess``: EdgeFleet's in-process engine (:mod:`edgefleet.simulation.inprocess`): the
+  same ServerApp in a child process, over a grid that hands each message to the ClientApp
+  (its mods included) of its node, on one worker process per core. Same apps, same config,
+  same seeds, the same rows (``tests/test_engines.py``); no SuperLink, no Ray. For long
   sweeps on a loaded machine, where Ray's start-up costs minutes a run and can time out
   ("The current node timed out during startup") when its processes are niced.
 
 ``faults=(kind, partitions)`` runs the ClientApp with the test-only fault mod instead
 (:mod:`edgefleet.client.faults`): those partitions spoil every train reply as ``kind``. The
 run config cannot ask for that, so the run folder records it in ``faults.json``.
+
+``InProcessGrid`` here is the engine's :class:`~edgefleet.simulation.inprocess.ClientAppGrid`
+(``benchmarks/norm_ratios.py`` drives a round loop over it).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import multiprocessing
-import os
 import shutil
-import subprocess
 import sys
 import time
-import traceback
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from edgefleet.simulation.inprocess import ClientAppGrid as InProcessGrid  # noqa: F401
+from edgefleet.simulation.inprocess import InProcessEngine
 from edgefleet.simulation.runner import Engine, Scenario, resolve_run_config, run_scenario
 
 ENGINES: tuple[str, ...] = ("simulation", "inprocess")
@@ -45,7 +47,14 @@ def parse_with_smoke(p: argparse.ArgumentParser, smoke: Mapping[str, Any]) -> ar
     p.add_argument("--smoke", action="store_true", help=f"tiny sizes: {shown}")
     if p.parse_known_args()[0].smoke:
         p.set_defaults(**smoke)
+        # A worker pool's start-up (a forkserver importing torch: seconds) would be most of
+        # a smoke run; tests/test_engines.py checks the pool gives the same rows.
+        global _default_workers
+        _default_workers = 1
     return p.parse_args()
+
+
+_default_workers: int | None = None  # the in-process engine's workers (None: one per core)
 
 
 def run_once(
@@ -126,134 +135,27 @@ def _engine(faults: Faults | None) -> Engine | None:
 
 
 def run_inprocess(
-    scenario: Scenario, log_path: Path, timeout: float, faults: Faults | None = None
+    scenario: Scenario,
+    log_path: Path,
+    timeout: float,
+    faults: Faults | None = None,
+    workers: int | None = None,
 ) -> None:
-    """Run ``scenario`` with the ``inprocess`` engine (module docstring) in a child process,
-    its output in ``log_path``. The child is forked from this process once it has imported
-    torch, Flower and the apps (:func:`_preload`), so a run does not pay those imports again
-    (seconds a run, most of a short one on a loaded machine), and it starts with fresh caches
-    and memory: this process never runs a round itself. Torch gets one thread, as in a Ray
-    actor with one CPU."""
-    _, raw = resolve_run_config(scenario)
-    spec = {"run_config": raw, "nodes": scenario.federation["num-supernodes"], "faults": faults}
+    """Run ``scenario`` with the ``inprocess`` engine (:mod:`edgefleet.simulation.inprocess`:
+    a child process forked from this one once it has imported torch, Flower and the apps,
+    ``workers`` worker processes for the ClientApps, None: one per core); its log in
+    ``log_path`` as it is written."""
+    workers = workers or _default_workers
+    app = None
+    if faults is not None:
+        from edgefleet.client.faults import faulty_clientapp
+
+        app = functools.partial(faulty_clientapp, *faults)  # picklable: workers build it
+    engine = _ENGINES.setdefault((faults, workers), InProcessEngine(workers=workers, app=app))
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    _preload()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # fork: the child inherits the imported modules; spawn would import them again.
-    proc = multiprocessing.get_context("fork").Process(target=_child, args=(spec, str(log_path)))
-    proc.start()
-    proc.join(timeout)
-    if proc.is_alive():
-        proc.kill()
-        proc.join()
-        raise subprocess.TimeoutExpired(f"in-process run {raw['run-name']}", timeout)
-    if proc.exitcode != 0:
-        raise RuntimeError(f"in-process run {raw['run-name']} failed; see {log_path}")
+    with log_path.open("w") as log:
+        engine.run(scenario, timeout=timeout, echo=log)
 
 
-def _preload() -> None:
-    """Import what every run needs, once, before the first fork. One torch thread: set before
-    torch starts its thread pools, and again in each child."""
-    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
-    import torch._dynamo  # noqa: F401  (torch's first optimizer imports it: seconds)
-    import torch.func  # noqa: F401  (CA-HFP's curvature scores)
-
-    import edgefleet.client.app  # noqa: F401
-    import edgefleet.server.app  # noqa: F401
-
-
-def _child(spec: dict[str, Any], log_path: str) -> None:
-    """A forked run: stdout and stderr (file descriptors included) into ``log_path``, then
-    the server's main; exit status 0 only if it returned."""
-    import torch
-    from flwr.common.logger import update_console_handler
-
-    code = 1
-    with open(log_path, "w") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        try:
-            torch.set_num_threads(1)
-            update_console_handler(level=20, timestamps=True, colored=False)
-            _serve(spec)
-            code = 0
-        except BaseException:  # noqa: BLE001 - the log says why; the parent sees the status
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-    # The parent's exit handlers (and its buffers, flushed before the fork) are not the
-    # child's to run.
-    os._exit(code)
-
-
-class InProcessGrid:
-    """Flower's Grid as the round loop uses it: node ids, and each message handed to the
-    ClientApp of its node. A ClientApp that raises answers with an Error, as Flower's engines
-    answer."""
-
-    def __init__(
-        self, run_config: dict[str, Any], nodes: int, faults: Faults | None = None
-    ) -> None:
-        from flwr.app import Context, RecordDict
-        from flwr.supercore.task_identity import TaskIdentity
-
-        from edgefleet.client.app import app as client_app
-
-        # Messages are stamped with the ids of the task that creates them.
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-        self._app = client_app
-        if faults is not None:
-            from edgefleet.client.faults import faulty_clientapp
-
-            self._app = faulty_clientapp(*faults)
-        self._contexts = {
-            i + 1: Context(
-                run_id=1,
-                node_id=i + 1,
-                node_config={"partition-id": i, "num-partitions": nodes},
-                state=RecordDict(),
-                run_config=run_config,
-            )
-            for i in range(nodes)
-        }
-
-    def get_node_ids(self) -> list[int]:
-        return list(self._contexts)
-
-    def send_and_receive(self, messages: Iterable[Any], *, timeout: float | None = None) -> list:
-        from flwr.app import Error, Message
-        from flwr.common.constant import ErrorCode
-
-        replies = []
-        for msg in messages:
-            try:
-                replies.append(self._app(msg, self._contexts[msg.metadata.dst_node_id]))
-            except Exception as err:  # noqa: BLE001 - a node's failure is its reply
-                error = Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"ClientApp raised {err!r}")
-                replies.append(Message(error, reply_to=msg))
-        return replies
-
-
-def _serve(spec: dict[str, Any]) -> None:
-    from flwr.app import Context, RecordDict
-
-    from edgefleet.config import DEFAULTS
-    from edgefleet.server.app import app as server_app
-
-    # As Flower builds it: the app's defaults (pyproject.toml) under the run's overrides.
-    run_config = {**DEFAULTS, **spec["run_config"]}
-    faults = spec.get("faults")
-    grid = InProcessGrid(run_config, spec["nodes"], None if faults is None else tuple(faults))
-    context = Context(
-        run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
-    )
-    server_app(grid, context)  # type: ignore[arg-type]
-
-
-if __name__ == "__main__":
-    from flwr.common.logger import update_console_handler
-
-    update_console_handler(level=20, timestamps=True, colored=False)
-    _serve(json.loads(sys.argv[1]))
+# One engine per app and pool size, for the whole benchmark: the imports are paid once.
+_ENGINES: dict[tuple[Faults | None, int | None], InProcessEngine] = {}

@@ -101,6 +101,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
         help="run the ClientApps on this existing Ray cluster (HOST:PORT of its head) instead "
         "of one started for the run",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("simulation", "inprocess"),
+        default="simulation",
+        help="simulation: Flower's Simulation Engine (Ray; the default); inprocess: the same "
+        "ServerApp and ClientApps in worker processes on this machine, without Ray",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="--engine inprocess: worker processes for the ClientApps (default: one per core; "
+        "1: every message in the run's own process)",
+    )
 
 
 def _overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, Any]:
@@ -172,7 +186,7 @@ def _run(argv: list[str]) -> int:
     try:
         # A resume is checked (its run folder's writer, its config) before Ray starts: it is
         # refused often, and then in a second.
-        if not args.resume:
+        if not args.resume and args.engine == "simulation":
             engine = _early_engine(args.scenario, args.set, args.ray_address)
         return _run_with(parser, args, engine)
     except SystemExit as exc:  # SIGTERM before the run began
@@ -206,6 +220,7 @@ def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine:
         overrides["resume"] = True
     dashboard = None
     try:
+        engine = _inprocess_engine(args) or engine
         scenario = load_scenario(args.scenario, overrides)
         if args.dashboard:
             scenario, dashboard = _start_dashboard(args.scenario, overrides, scenario)
@@ -339,6 +354,19 @@ def _dashboard(argv: list[str]) -> int:
     return 0
 
 
+def _inprocess_engine(args: argparse.Namespace) -> Any:
+    """The in-process engine ``--engine inprocess`` asks for (None: Flower's); options of
+    the other engine are refused."""
+    from edgefleet.simulation.runner import check_engine
+
+    check_engine(args.engine, args.ray_address, args.workers)
+    if args.engine != "inprocess":
+        return None
+    from edgefleet.simulation.inprocess import InProcessEngine
+
+    return InProcessEngine(workers=args.workers)
+
+
 def sweep_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet sweep",
@@ -384,6 +412,8 @@ def _sweep(argv: list[str]) -> int:
             timeout=args.timeout,
             ray_address=args.ray_address,
             echo=None if args.quiet else sys.stdout,
+            engine=args.engine,
+            workers=args.workers,
         )
         runs = sweep.run()
     except ConfigError as err:

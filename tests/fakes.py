@@ -1,45 +1,34 @@
-"""Shared test fakes: an in-process stand-in for Flower's Grid (to drive the round loop
-without Flower's engines), records, replies and a no-op central evaluation."""
+"""Shared test fakes: the in-process engine's grid over hand-made nodes (to drive the round
+loop without Flower's engines), records, replies and a no-op central evaluation."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import TypeVar
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
+from edgefleet.simulation.inprocess import Handler, InProcessGrid
 from edgefleet.strategies.context import RoundContext, in_round
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 from edgefleet.strategies.registry import DeviceRegistry
 
 S = TypeVar("S")
 
-Handler = Callable[[Message], Message | None]  # None = the node never answers
 
-
-class FakeGrid:
-    """Delivers each message to ``handlers[node_id]`` synchronously."""
+class FakeGrid(InProcessGrid):
+    """The in-process engine's grid over hand-written nodes: ``handlers[node_id](msg)`` is
+    the reply (None: the node never answers); ``sent`` keeps every message delivered."""
 
     def __init__(self, handlers: dict[int, Handler]) -> None:
-        # Building a Message needs the ids of the task that sends it.
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-        self.handlers = handlers
+        super().__init__(handlers)
         self.sent: list[Message] = []
 
-    def get_node_ids(self) -> list[int]:
-        return sorted(self.handlers)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None):
-        replies = []
-        for msg in messages:
-            self.sent.append(msg)
-            reply = self.handlers[msg.metadata.dst_node_id](msg)
-            if reply is not None:
-                replies.append(reply)
-        return replies
+    def deliver(self, messages: list[Message]) -> list[Message | None]:
+        self.sent.extend(messages)
+        return super().deliver(messages)
 
 
 def rec(arrays: Mapping[str, np.ndarray] | None = None, **named: np.ndarray) -> ArrayRecord:

@@ -38,7 +38,7 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgefleet.config import (
     DEFAULTS,
@@ -56,6 +56,33 @@ from edgefleet.simulation.engine import (  # noqa: F401 - the runner's public na
     resume_hint,
     serverapp_error,
 )
+
+if TYPE_CHECKING:
+    from edgefleet.simulation.inprocess import InProcessEngine
+
+# Flower's Simulation Engine (Ray; the default, and the way to a Ray cluster), or EdgeFleet's
+# in-process engine (edgefleet.simulation.inprocess: the same ServerApp, no Ray).
+ENGINES = ("simulation", "inprocess")
+
+
+def check_engine(engine: str, ray_address: str | None, workers: int | None) -> None:
+    """``engine`` is one of :data:`~edgefleet.simulation.runner.ENGINES`, and the options
+    given are that engine's: a Ray cluster for Flower's, worker processes for the other."""
+    if engine not in ENGINES:
+        raise ConfigError(f"engine {engine!r}: valid choices: {', '.join(ENGINES)}")
+    if engine == "inprocess" and ray_address is not None:
+        raise ConfigError(
+            "--ray-address runs the ClientApps on a Ray cluster: that is the simulation "
+            "engine's (--engine simulation); the in-process engine uses --workers"
+        )
+    if workers is not None and engine != "inprocess":
+        raise ConfigError(
+            f"--workers {workers} sizes the in-process engine's worker pool: add "
+            "--engine inprocess (Flower's engine has one Ray actor per "
+            "client-resources-num-cpus of the cluster instead)"
+        )
+    if workers is not None and workers < 1:
+        raise ConfigError(f"--workers {workers}: must be at least 1")
 
 
 def _int_at_least(low: int) -> Callable[[Any], str | None]:
@@ -273,11 +300,13 @@ def run_scenario(
     timeout: float = 3600.0,
     quiet: bool = False,
     ray_address: str | None = None,
-    engine: Engine | None = None,
+    engine: Engine | InProcessEngine | None = None,
 ) -> Path:
     """Run ``scenario`` to completion on an engine of its own (``engine``: one made, and
-    maybe launched, beforehand); return its run folder. Its progress shows on stdout as a
-    line redrawn in place on a terminal, else (or ``quiet``) as a plain line per round."""
+    maybe launched, beforehand: an :class:`Engine` or an
+    :class:`~edgefleet.simulation.inprocess.InProcessEngine`); return its run folder. Its
+    progress shows on stdout as a line redrawn in place on a terminal, else (or ``quiet``) as
+    a plain line per round."""
     cpus = scenario.federation.get("init-args-num-cpus")
     gpus = scenario.federation.get("init-args-num-gpus")
     if engine is None:

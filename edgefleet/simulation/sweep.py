@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from edgefleet import runlock
 from edgefleet.config import ConfigError
@@ -42,10 +42,14 @@ from edgefleet.simulation.runner import (
     RunFailed,
     Scenario,
     check_data,
+    check_engine,
     check_federation,
     parse_value,
     resolve_run_config,
 )
+
+if TYPE_CHECKING:
+    from edgefleet.simulation.inprocess import InProcessEngine
 
 MANIFEST = "sweep.json"
 # Where data and results live, and how a run was started, are not settings of the run.
@@ -143,9 +147,13 @@ class Sweep:
         ray_address: str | None = None,
         echo: TextIO | None = None,
         log: TextIO = sys.stderr,
+        engine: str = "simulation",
+        workers: int | None = None,
     ) -> None:
         if len({p.name for p in points}) != len(points):
             raise ConfigError("two grid points have the same name")
+        check_engine(engine, ray_address, workers)
+        self.engine, self.workers = engine, workers
         self.base, self.points, self.seeds = base, list(points), list(seeds)
         self.out = out.resolve()
         self.timeout, self.ray_address, self.echo, self.log = timeout, ray_address, echo, log
@@ -236,8 +244,12 @@ class Sweep:
     def run(self) -> list[SweepRun]:
         """Run what is not finished yet; every run's status."""
         self.check()
-        engine: Engine | None = None
+        engine: Engine | InProcessEngine | None = None
         engine_key: tuple[Any, ...] = ()
+        if self.engine == "inprocess":  # one for the whole sweep: its imports paid once
+            from edgefleet.simulation.inprocess import InProcessEngine
+
+            engine = InProcessEngine(workers=self.workers)
         try:
             for i, run in enumerate(self.runs, start=1):
                 label = f"[{i}/{len(self.runs)}] {run.run_dir.name}"
@@ -251,7 +263,7 @@ class Sweep:
                     resume = False
                 scenario = self.scenario(run, resume=resume)
                 key = tuple(scenario.federation.get(k) for k in RAY_CLUSTER_KEYS)
-                if engine is not None and (key != engine_key or not engine.alive()):
+                if isinstance(engine, Engine) and (key != engine_key or not engine.alive()):
                     engine.__exit__(None, None, None)  # one Ray cluster at a time
                     engine = None
                 if engine is None:
