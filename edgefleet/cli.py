@@ -312,6 +312,12 @@ def dashboard_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("run_dir", metavar="RUN_DIR", help="the run folder, e.g. runs/NAME")
     parser.add_argument(
+        "--latest",
+        action="store_true",
+        help="RUN_DIR is an output-dir (e.g. runs): show the run folder in it written to last, "
+        "and switch to each new run as it starts",
+    )
+    parser.add_argument(
         "--host",
         default=DEFAULT_HOST,
         help=f"address to listen on (default {DEFAULT_HOST}: this machine only; any other "
@@ -336,20 +342,20 @@ def _dashboard(argv: list[str]) -> int:
     if not run_dir.is_dir():
         print(
             f"edgefleet dashboard: error: no run folder {run_dir} (a run's folder under its "
-            "output-dir, e.g. runs/NAME; `edgefleet run` prints it)",
+            "output-dir, e.g. runs/NAME; `edgefleet run` prints it; or an output-dir with "
+            "--latest)",
             file=sys.stderr,
         )
         return 2
     token = token_from(args.token)
     try:
-        dashboard = Dashboard(run_dir, args.host, args.port, token)
+        dashboard = Dashboard(run_dir, args.host, args.port, token, latest=args.latest)
     except DashboardError as err:
         print(f"edgefleet dashboard: error: {err}", file=sys.stderr)
         return 2
     how = " (send Authorization: Bearer TOKEN, or open it once as ?token=TOKEN)" if token else ""
-    print(
-        f"dashboard of {run_dir}: {dashboard.url}{how}; metrics: {dashboard.url}metrics", flush=True
-    )
+    what = f"the latest run in {run_dir}" if args.latest else run_dir
+    print(f"dashboard of {what}: {dashboard.url}{how}; metrics: {dashboard.url}metrics", flush=True)
     dashboard.serve()
     return 0
 

@@ -10,16 +10,21 @@ reason) where no Docker engine answers or no compose is installed. Otherwise:
 1. builds what is missing with ``deploy/build-images.sh``: the base images
    ``flwr/{superlink,supernode,superexec}:<version>`` (debootstrap + docker import; a no-op
    where they exist or were pulled) and the app image from ``deploy/Dockerfile`` (a local
-   CPU torch wheel is used when pip's find-links folder has one);
+   CPU torch wheel is used when pip's find-links folder has one), and the Prometheus image
+   from ``deploy/prometheus/``;
 2. makes a CA, a server certificate and three node keys (``deploy/gen-certs.sh``) and brings
    the fleet up: SuperLink (TLS, ``--enable-supernode-auth``, state on a volume), the key
    registration service, the ServerApp executor, three SuperNodes and their ClientApp
    executors, in a compose project of its own on a free host port;
 3. ``flwr run`` from the host over TLS; once round 1 is on record it stops ``supernode-2``:
    the run still completes every round, later rounds without device 1;
+   after the run, the compose Prometheus (``deploy/compose.prometheus.yml``, scraping the
+   ``dashboard`` service with its token) returns each device's battery gauge equal to the
+   dashboard's ``fleet.json`` (``/api/fleet`` through the published port, with the token);
 4. starts ``supernode-2`` again and restarts the SuperLink container: the first run is still
    listed (the state database survived), all three nodes come back online (their keys are
-   still registered) and a second run completes with device 1 selected again;
+   still registered) and a second run completes with device 1 selected again; the dashboard
+   (``--latest``) has moved on to that run;
 5. ``down -v`` in a ``finally``, whatever happened.
 
 Measured on 2 cores (2026-11-30), with the images built: 2 min 39 s inside an otherwise idle
@@ -34,6 +39,8 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -111,16 +118,27 @@ class Fleet:
         self.certs = tmp / "certs"
         self.flwr_home = tmp / "flwr-home"
         self.flwr_home.mkdir()
-        files = ["docker-compose.yml", "deploy/compose.tls.yml", "deploy/compose.auth.yml"]
+        files = [
+            "docker-compose.yml",
+            "deploy/compose.tls.yml",
+            "deploy/compose.auth.yml",
+            "deploy/compose.prometheus.yml",
+        ]
         self.compose = [*compose, "-p", self.project, "--project-directory", str(ROOT)]
         for f in files:
             self.compose += ["-f", str(ROOT / f)]
+        self.token = uuid.uuid4().hex
+        self.dashboard_port = free_port()
+        self.prometheus_port = free_port()
         self.env = {
             **os.environ,
             **_versions(),
             **QUIET_FLOWER_ENV,
             "EDGEFLEET_SUPERLINK_PORT": str(self.port),
             "EDGEFLEET_CERTS_DIR": str(self.certs),
+            "EDGEFLEET_DASHBOARD_TOKEN": self.token,
+            "EDGEFLEET_DASHBOARD_PORT": str(self.dashboard_port),
+            "EDGEFLEET_PROMETHEUS_PORT": str(self.prometheus_port),
             "FLWR_HOME": str(self.flwr_home),
             "COMPOSE_HTTP_TIMEOUT": "300",
         }
@@ -202,6 +220,54 @@ class Fleet:
         assert data.get("success") is True, data
         return int(data["run-id"])
 
+    def dashboard(self, path: str) -> Any:
+        """A JSON endpoint of the ``dashboard`` service, through its published port."""
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.dashboard_port}/{path}",
+            headers={"Authorization": f"Bearer {self.token}"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return json.load(r)
+
+    def prometheus(self, query: str) -> list[dict[str, Any]]:
+        """An instant query's result vector from the ``prometheus`` service's HTTP API."""
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/query?" + urllib.parse.urlencode(
+            {"query": query}
+        )
+        with urllib.request.urlopen(url, timeout=10) as r:
+            data = json.load(r)
+        assert data.get("status") == "success", data
+        result: list[dict[str, Any]] = data["data"]["result"]
+        return result
+
+    def wait_batteries_scraped(self, timeout: float) -> dict[str, float]:
+        """Wait until Prometheus' battery gauges equal the dashboard's fleet.json; those."""
+        deadline = time.monotonic() + timeout
+        while True:
+            want, got = {}, {}
+            try:
+                devices = self.dashboard("api/fleet").get("devices", [])
+                # A device without a battery reading has no gauge (fleet.json: null).
+                want = {
+                    d["device"]: float(d["battery"])
+                    for d in devices
+                    if isinstance(d.get("battery"), int | float)
+                }
+                got = {
+                    r["metric"]["device"]: float(r["value"][1])
+                    for r in self.prometheus('edgefleet_device_battery{job="edgefleet"}')
+                }
+            except OSError:  # either service still starting
+                pass
+            if want and got == want:
+                return got
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"Prometheus' batteries {got} != the dashboard's fleet.json {want} after "
+                    f"{timeout:.0f} s"
+                )
+            time.sleep(2.0)
+
     def step(self, name: str, t0: float) -> None:
         self.timings[name] = round(time.monotonic() - t0, 1)
 
@@ -221,6 +287,8 @@ def test_compose_fleet_with_tls_and_auth(tmp_path: Path) -> None:
         if shutil.which("debootstrap") is None:
             pytest.skip(f"flwr base images missing and debootstrap not installed; {msg}")
         raise AssertionError(msg)
+    # The Prometheus image (Debian's package): built beside the others by .ci/docker-prep.
+    fleet.run("build", "prometheus", timeout=900)
     fleet.step("images", t0)
 
     subprocess.run(
@@ -255,6 +323,12 @@ def test_compose_fleet_with_tls_and_auth(tmp_path: Path) -> None:
         for row in later:
             assert STOPPED_DEVICE not in row["participants"], row
             assert row["participants"], row
+        # The compose Prometheus has the fleet's gauges: every device's battery, as the
+        # dashboard's fleet.json of the run (the newest on the results volume) says.
+        assert fleet.dashboard("api/summary")["run"] == "compose-1"
+        batteries = fleet.wait_batteries_scraped(timeout=60)
+        assert sorted(batteries) == ["0", "1", "2"], batteries
+        fleet.step("Prometheus has the batteries", t0)
 
         # 4. The node comes back; the SuperLink restarts with its state.
         fleet.run("start", STOPPED_NODE)
@@ -273,6 +347,7 @@ def test_compose_fleet_with_tls_and_auth(tmp_path: Path) -> None:
         rows2 = fleet.rows("compose-2")
         assert summary2["rounds_run"] == ROUNDS_2, summary2
         assert any(STOPPED_DEVICE in r["participants"] for r in rows2), rows2
+        assert fleet.dashboard("api/summary")["run"] == "compose-2"  # --latest moved on
         print(f"\ntimings (s from start): {fleet.timings}")
     except BaseException:
         print(f"\n----- compose logs ({fleet.project}) -----")

@@ -191,6 +191,46 @@ def test_a_network_host_without_a_token_is_refused(
     assert "no run folder" in capsys.readouterr().err
 
 
+def _write_run(parent: Path, name: str, batteries: list[float], when: int) -> None:
+    """A run folder whose folder and files were last changed at ``when`` (seconds)."""
+    run = parent / name
+    run.mkdir(exist_ok=True)
+    (run / "fleet.json").write_text(json.dumps(fleet(1, batteries)))
+    for path in (run / "fleet.json", run):
+        os.utime(path, (when, when))
+
+
+def test_latest_follows_the_run_written_to_last(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    c = TestClient(create_app(runs, latest=True, events_max_s=0.05), base_url=LOOPBACK)
+    # No run yet: an empty page, not an error; nor is a folder without the run's files a run.
+    (runs / "not-a-run").mkdir()
+    (runs / "notes.txt").write_text("x")
+    assert c.get("/api/summary").json() == {"run": "", "summary": {}}
+    assert c.get("/api/fleet").json() == {}
+
+    _write_run(runs, "b-old", [1.0, 2.0, 3.0], when=1_000)
+    _write_run(runs, "a-new", [4.0, 5.0, 6.0], when=2_000)  # newer, though first by name
+    assert c.get("/api/summary").json()["run"] == "a-new"
+    assert [d["battery"] for d in c.get("/api/fleet").json()["devices"][:3]] == [4.0, 5.0, 6.0]
+    first = c.get("/events").text
+
+    # A round of b-old after a-new's last one (only its metrics.jsonl grew): b-old is newest.
+    (runs / "b-old" / "metrics.jsonl").write_text(json.dumps(row(1)) + "\n")
+    os.utime(runs / "b-old" / "metrics.jsonl", (3_000, 3_000))
+    assert c.get("/api/summary").json()["run"] == "b-old"
+    families = {f.name: f for f in text_string_to_metric_families(c.get("/metrics").text)}
+    batteries = {s.labels["device"]: s.value for s in families["edgefleet_device_battery"].samples}
+    assert [batteries[d] for d in ("0", "1", "2")] == [1.0, 2.0, 3.0]
+    assert c.get("/events").text != first  # the page refreshes onto the other run
+
+    assert main(["dashboard", str(runs / "nope"), "--latest"]) == 2
+    assert "or an output-dir with --latest" in capsys.readouterr().err
+
+
 def test_hostile_strings_are_data_not_markup(run_dir: Path) -> None:
     c = client(run_dir)
     fleet_ids = [d["device"] for d in c.get("/api/fleet").json()["devices"]]

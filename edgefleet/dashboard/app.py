@@ -42,7 +42,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from edgefleet.dashboard import metrics
-from edgefleet.dashboard.data import read_fleet, read_rounds, signature
+from edgefleet.dashboard.data import latest_run, read_fleet, read_rounds, signature
 
 STATIC = Path(__file__).parent / "static"
 TOKEN_ENV = "EDGEFLEET_DASHBOARD_TOKEN"
@@ -88,21 +88,34 @@ def create_app(
     *,
     events_max_s: float = 300.0,
     poll_s: float = 1.0,
+    latest: bool = False,
 ) -> Starlette:
-    """The dashboard of ``run_dir``. ``events_max_s`` ends each event stream after that long
-    (the browser reconnects by itself), so that a stopping server never waits on it long."""
-    run_dir = Path(run_dir)
+    """The dashboard of ``run_dir``; with ``latest``, of the run folder under ``run_dir``
+    written to last (:func:`~edgefleet.dashboard.data.latest_run`), looked up on every
+    request. ``events_max_s`` ends each event stream after that long (the browser reconnects
+    by itself), so that a stopping server never waits on it long."""
+    base = Path(run_dir)
+
+    def folder() -> Path | None:
+        return latest_run(base) if latest else base
+
+    def current() -> Path:
+        # While no run has written anything yet, the parent reads as an empty run.
+        return folder() or base
 
     async def page(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
 
     async def fleet(request: Request) -> Response:
-        return _json(read_fleet(run_dir))
+        return _json(read_fleet(current()))
 
     async def rounds(request: Request) -> Response:
-        return _json(read_rounds(run_dir))
+        return _json(read_rounds(current()))
 
     async def summary(request: Request) -> Response:
+        run_dir = folder()
+        if run_dir is None:
+            return _json({"run": "", "summary": {}})
         try:
             data = json.loads((run_dir / "summary.json").read_text())
         except (OSError, ValueError):
@@ -114,7 +127,7 @@ def create_app(
         return _json({"run": run_dir.name, "summary": data})
 
     async def exposition(request: Request) -> Response:
-        return Response(metrics.render(run_dir), media_type=metrics.CONTENT_TYPE)
+        return Response(metrics.render(current()), media_type=metrics.CONTENT_TYPE)
 
     async def events(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
@@ -122,7 +135,8 @@ def create_app(
             last, idle = None, 0.0
             deadline = time.monotonic() + events_max_s
             while True:
-                now = signature(run_dir)
+                run_dir = current()
+                now = f"{run_dir.name}/{signature(run_dir)}"  # a new run is a change too
                 if now != last:
                     last, idle = now, 0.0
                     yield f"event: change\ndata: {json.dumps(now)}\n\n"
@@ -255,13 +269,14 @@ class Dashboard:
         token: str | None = None,
         *,
         events_max_s: float = 300.0,
+        latest: bool = False,
     ) -> None:
         import uvicorn
 
         check_bind(host, token)
         self.sock = bind(host, port)
         self.url = url_of(self.sock)
-        app = create_app(run_dir, token, events_max_s=events_max_s)
+        app = create_app(run_dir, token, events_max_s=events_max_s, latest=latest)
         config = uvicorn.Config(
             app, log_level="warning", timeout_graceful_shutdown=2, access_log=False
         )

@@ -9,6 +9,7 @@ error: the next refresh has it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from pathlib import Path
@@ -60,6 +61,32 @@ def signature(run_dir: Path) -> str:
         except OSError:
             parts.append("-")
     return "/".join(parts)
+
+
+def latest_run(parent: Path) -> Path | None:
+    """The run folder under ``parent`` written to last (None while there is none): of the
+    subfolders holding ``fleet.json`` or ``metrics.jsonl``, the one whose folder or files
+    changed most recently. A run in progress is the newest, since the server renames a fresh
+    ``fleet.json`` into its folder after every round; so a dashboard of an output-dir follows
+    each new run as it starts, without knowing its (dated) name in advance."""
+    best: tuple[int, str] | None = None
+    found = None
+    try:
+        entries = list(Path(parent).iterdir())
+    except OSError:
+        return None
+    for entry in entries:
+        times = []
+        for path in (entry, entry / FLEET, entry / ROUNDS):
+            with contextlib.suppress(OSError):
+                times.append(path.stat().st_mtime_ns)
+        # A folder (or file) without either run file has one time at most: not a run.
+        if len(times) < 2:
+            continue
+        key = (max(times), entry.name)  # the name breaks a tie, so the choice is stable
+        if best is None or key > best:
+            best, found = key, entry
+    return found
 
 
 def number(value: Any) -> float | None:
