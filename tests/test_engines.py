@@ -117,6 +117,7 @@ OVERRIDES: dict[str, Any] = {
     "stopping.patience": 1,
 }
 TIMES = ("wall_s", "written_at")  # wall-clock, the only columns an engine may change
+MACHINE_STATE = ("load-1m", "mem-free-mb", "cpu-temp-c")  # device telemetry of the moment
 
 
 def _scenario(out: Path, name: str) -> Scenario:
@@ -135,6 +136,8 @@ def _fleet(run_dir: Path) -> dict[str, Any]:
     fleet = json.loads((run_dir / "fleet.json").read_text())
     for device in fleet["devices"]:
         device.pop("node")  # Flower's node ids are random numbers; the in-process ones 1..N
+        for key in MACHINE_STATE:  # readings of the machine at that moment, not the run's
+            device.get("telemetry", {}).pop(key, None)
     return {k: v for k, v in fleet.items() if k not in TIMES}
 
 
