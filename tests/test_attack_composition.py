@@ -125,3 +125,51 @@ def test_edgefleet_app_energy_fedsag_pruning_median_learns_with_an_attacker(
     assert all(r["compact_replies"] >= 1 for r in rows)
     acc = [r["test_accuracy"] for r in rows]
     assert acc[-1] > 0.3 and acc[-1] > acc[0], acc
+
+
+@pytest.mark.timeout(300)
+def test_edgefleet_app_composed_with_an_attacker_on_the_simulation_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one test here on Flower's Simulation Engine (Ray actors, a SuperLink): the same
+    composition, and ``attack.*`` accepted there (a deployment run refuses it)."""
+    import tempfile
+
+    from edgefleet.client.app import attacker_partitions
+    from edgefleet.simulation.runner import Scenario, run_scenario
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    devices, seed = 4, 2
+    (attacker,) = attacker_partitions(devices, 0.25, seed)
+    assert attacker % 2 == 0  # keeps the full model (keep ratios 1.0, 0.5 alternate)
+    config = {
+        "num-server-rounds": 2,
+        "seed": seed,
+        "model": "mlp",
+        "lr": 0.1,
+        "local-steps": 5,
+        "eval-samples": 300,
+        "min-nodes": devices,
+        "strategy": "fedsag",
+        "selection.mode": "energy-age",
+        "selection.max-devices": 3,
+        "energy.capacity": 8.0,
+        "energy.harvest-prob": 1.0,
+        "pruning.keep-ratios": "1.0,0.5",
+        "robust.rule": "median",
+        "attack.kind": "sign-flip",
+        "attack.fraction": 0.25,
+        "output-dir": str(tmp_path),
+        "run-name": "sim",
+    }
+    federation = {"num-supernodes": devices, "client-resources-num-cpus": 1}
+    run_dir = run_scenario(Scenario("sim", federation, config), timeout=240, quiet=True)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert summary["rounds_run"] == 2 and summary["config"]["attack.kind"] == "sign-flip"
+    assert all(r["robust_rule"] == "median" and not r["rejected"] for r in rows)
+    assert all(len(r["participants"]) == 3 for r in rows)
+    assert any(str(attacker) in r["participants"] for r in rows)
+    assert all(r["compact_replies"] >= 1 for r in rows)
+    assert rows[-1]["test_accuracy"] > 0.2, [r["test_accuracy"] for r in rows]
