@@ -185,6 +185,103 @@ def test_fault_campaign_smoke(tmp_path: Path) -> None:
     assert clean_only["kinds"] == {} and clean_only["target_met"] is None
 
 
+def test_attack_grid_smoke(tmp_path: Path) -> None:
+    line = smoke("attack_grid", tmp_path)
+    sizes = line["sizes"]
+    assert (sizes["devices"], sizes["rounds"], sizes["fleets"]) == (3, 2, "fedavg")
+    assert (sizes["attacks"], sizes["defences"], sizes["fractions"]) == (
+        "backdoor",
+        "off,median",
+        "0.2",
+    )
+    assert line["runs"] == {"new": 4, "reused": 0} and line["recommend"] == "median"
+    per = line["fleets"]["fedavg"]
+    no_defence = per["off"]["clean_accuracy"]
+    for defence in ("off", "median"):
+        entry = per[defence]
+        assert is_fraction(entry["clean_accuracy"])
+        assert entry["clean_cost"] == pytest.approx(entry["clean_accuracy"] - no_defence, abs=1e-4)
+        assert is_fraction(entry["clean_attack_success_rate"])
+        cell = entry["attacks"]["backdoor"]["0.2"]
+        assert cell["accuracy_delta"] == pytest.approx(
+            cell["final_accuracy"] - entry["clean_accuracy"], abs=1e-4
+        )
+        assert is_fraction(cell["attack_success_rate"]) and cell["seeds"][0]["rounds_run"] == 2
+        # the final model's success rate, kept beside the run for a reuse
+        cached = json.loads(
+            (tmp_path / f"fedavg-{defence}-backdoor-f0.2-s0" / "attack_success.json").read_text()
+        )
+        assert cached["attack_success_rate"] == cell["attack_success_rate"]
+    median = per["median"]
+    cell = median["attacks"]["backdoor"]["0.2"]
+    assert (
+        line["targets"]
+        == line["targets_by_defence"]["median"]
+        == {
+            "attacks_within_5_points": cell["accuracy_delta"] >= -0.05,
+            "backdoor_success_under_10pct": cell["attack_success_rate"] < 0.10,
+            "clean_cost_within_1_point": median["clean_cost"] >= -0.01,
+        }
+    )
+    # No defence costs nothing by definition: nothing to judge.
+    assert line["targets_by_defence"]["off"]["clean_cost_within_1_point"] is None
+
+
+def _attack_grid() -> Any:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "attack_grid", ROOT / "benchmarks" / "attack_grid.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return module
+
+
+def test_attack_grid_targets_by_hand() -> None:
+    ag = _attack_grid()
+
+    def entry(cost: float, **cells: dict[str, Any]) -> dict[str, Any]:
+        return {"clean_cost": cost, "attacks": cells}
+
+    result = {
+        "fedavg": {
+            "off": entry(0.0, alie={"0.2": {"accuracy_delta": -0.3}}),
+            "median": entry(
+                -0.004,
+                alie={"0.2": {"accuracy_delta": -0.08}, "0.1": {"accuracy_delta": -0.01}},
+                backdoor={"0.2": {"accuracy_delta": -0.01, "attack_success_rate": 0.04}},
+            ),
+            "trimmed-mean": entry(-0.02, alie={"0.2": {"accuracy_delta": -0.06}}),
+        },
+        "cahfp": {"median": entry(0.01, alie={"0.1": {"accuracy_delta": -0.2}})},
+    }
+    assert ag.judge(result, "median") == {
+        "attacks_within_5_points": False,  # alie at 0.2 on fedavg: -8 points
+        "backdoor_success_under_10pct": True,
+        "clean_cost_within_1_point": True,  # -0.4 and +1 points
+    }
+    assert ag.judge(result, "trimmed-mean") == {
+        "attacks_within_5_points": False,
+        "backdoor_success_under_10pct": None,  # no backdoor run
+        "clean_cost_within_1_point": False,
+    }
+    # Only 0.1 was run on cahfp: nothing at 0.2 there to judge by, nor anywhere for krum.
+    assert ag.judge({"cahfp": result["cahfp"]}, "median") == {
+        "attacks_within_5_points": None,
+        "backdoor_success_under_10pct": None,
+        "clean_cost_within_1_point": True,
+    }
+    assert set(ag.judge(result, "multikrum").values()) == {None}
+    # ALIE costs more than 5 points under every defence run on fedavg; cahfp ran none at 0.2.
+    assert ag.beaten_by_every_defence(result) == {"fedavg": ["alie"], "cahfp": []}
+    result["fedavg"]["trimmed-mean"]["attacks"]["alie"]["0.2"]["accuracy_delta"] = -0.04
+    assert ag.beaten_by_every_defence(result)["fedavg"] == []
+
+
 # -- README commands that must configure what their rows measured -------------------------
 
 

@@ -9,11 +9,12 @@ import json
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, Result, Strategy
+from flwr.serverapp.strategy import FedAvg, FedTrimmedAvg, Result, Strategy
 
 from edgefleet.strategies import (
     EnergyAgeSelection,
     FedSAG,
+    RobustAggregation,
     SessionTracker,
     SubmodelReconstruction,
     TaskVectorStopping,
@@ -42,6 +43,11 @@ def make(name: str, fraction_evaluate: float, store: str, initial: ArrayRecord) 
         return fedavg
     if name == "stopping":
         return TaskVectorStopping(fedavg, patience=50)
+    if name == "trimmed-stopping":  # Flower's own robust strategy under EdgeFleet's wrapper
+        trimmed = FedTrimmedAvg(fraction_train=1.0, fraction_evaluate=fraction_evaluate, beta=0.2)
+        return TaskVectorStopping(trimmed, patience=50)
+    if name == "median-stopping":
+        return TaskVectorStopping(RobustAggregation(fedavg, rule="median"), patience=50)
     if name == "validation":
         validate = lambda arrays: global_evaluate(0, arrays)["accuracy"]  # noqa: E731
         return ValidationStopping(fedavg, validate, patience=50)
