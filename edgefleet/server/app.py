@@ -181,10 +181,12 @@ def refuse_attacks_outside_simulation(run_config: Mapping[str, object], grid: Gr
     """``attack.*`` keys are for the Simulation Engine (and EdgeFleet's in-process test
     grids): under the Deployment Engine (the ServerApp's grid is Flower's ``HttpGrid``, to a
     SuperLink with real SuperNodes) a run that sets one stops here, before any round."""
+    keys = attack_keys_set(run_config)
+    if not keys:
+        return  # (importing flwr.superlink.grid costs seconds a run: only when it matters)
     from flwr.superlink.grid import HttpGrid
 
-    keys = attack_keys_set(run_config)
-    if keys and isinstance(grid, HttpGrid):
+    if isinstance(grid, HttpGrid):
         raise ConfigError(
             f"run config {', '.join(repr(k) for k in keys)}: attack.* keys make devices "
             "attack, for evaluating defences on the Simulation Engine only; this run is on "
