@@ -30,6 +30,7 @@ once per session the ``teacher`` ArrayRecord: the device keeps the teacher in
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import time
 from typing import TYPE_CHECKING
@@ -192,7 +193,11 @@ def _attack(cfg: RunConfig, num_partitions: int) -> Mod:
         import tempfile
         from pathlib import Path
 
-        params["board"] = FolderBoard(Path(tempfile.gettempdir()) / "edgefleet-attack-board")
+        # One board per run folder: Flower's run id is 1 for every in-process run, so a
+        # board keyed by it alone would hand a run an earlier run's posts.
+        run = f"{cfg.server.output_dir}/{cfg.server.run_name}".encode()
+        board = f"edgefleet-attack-board-{hashlib.sha256(run).hexdigest()[:12]}"
+        params["board"] = FolderBoard(Path(tempfile.gettempdir()) / board)
         if a.kind == "ipm":
             params["epsilon"] = a.epsilon
         elif a.z != 0:
