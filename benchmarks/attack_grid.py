@@ -39,11 +39,9 @@ every attack's ``accuracy_delta`` >= -0.05, backdoor success < 0.10, ``clean_cos
 ``pruned-liar`` only lies on CA-HFP submodels, so it runs on the ``cahfp`` fleet only.
 Runs are kept under ``--out`` and reused (a larger grid costs only its new cells).
 
-ALIE and IPM colluders share their honest updates through a folder board under the
-machine's temporary directory, keyed by the run's Flower run id; the in-process engine
-gives every run id 1, so each run here gets a temporary directory of its own (a forked
-run inherits ``tempfile.tempdir``), or a run's colluders would read an earlier run's
-posts of the same round.
+ALIE and IPM colluders share their honest updates through a folder board of their run
+folder's own (EdgeFleet's ClientApp keys it by output-dir and run-name), so one run's
+colluders never read another run's posts.
 
     nice -n 5 python benchmarks/attack_grid.py      # the issue's grid: days on 2 cores
     nice -n 5 python benchmarks/attack_grid.py --fleets fedavg --fractions 0.2 \\
@@ -55,13 +53,9 @@ posts of the same round.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import shutil
 import statistics
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,20 +121,6 @@ def attack_config(attack: str, fraction: float, devices: int) -> dict[str, Any]:
         count = min(devices, max(1, round(fraction * devices)))
         out["attack.sybil-ids"] = ",".join(str(1000 + i) for i in range(2 * count))
     return out
-
-
-@contextlib.contextmanager
-def own_tempdir(where: Path) -> Iterator[None]:
-    """``tempfile.tempdir`` = ``where`` (fresh) while a run is forked; removed after."""
-    shutil.rmtree(where, ignore_errors=True)
-    where.mkdir(parents=True)
-    before = tempfile.tempdir
-    tempfile.tempdir = str(where)
-    try:
-        yield
-    finally:
-        tempfile.tempdir = before
-        shutil.rmtree(where, ignore_errors=True)
 
 
 class Backdoor:
@@ -298,8 +278,7 @@ def main() -> None:
             **extra,
         }
         fresh = not (out / name / "summary.json").exists()
-        with own_tempdir(out / ".tmp" / name) if fresh else contextlib.nullcontext():
-            rows = run_once(out, name, federation, config, args.timeout, engine=args.engine)
+        rows = run_once(out, name, federation, config, args.timeout, engine=args.engine)
         counts["new" if fresh else "reused"] += 1
         summary = json.loads((out / name / "summary.json").read_text())
         if fresh:
