@@ -158,7 +158,8 @@ def _early_engine(scenario: str, sets: list[str], ray_address: str | None) -> En
 def run_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefleet run",
-        description="Run a scenario (scenarios/*.toml) on Flower's Simulation Engine.",
+        description="Run a scenario (scenarios/*.toml) on Flower's Simulation Engine (or "
+        "--engine inprocess).",
     )
     _common(parser)
     parser.add_argument("--report", action="store_true", help="draw the plots when done")

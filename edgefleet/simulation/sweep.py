@@ -5,7 +5,8 @@ runs one after the other into ``runs/fedavg-sweep/`` (``--name``, ``--set output
 then prints the comparison table (mean and spread over the seeds of each grid point) and
 draws the plots with ``edgefleet report``. The SuperLink and the Ray cluster start once for
 the whole sweep (each run still gets its own ServerApp process and fresh Ray actors), and the
-data set is checked once before the first run.
+data set is checked once before the first run. ``--engine inprocess`` runs them on the
+in-process engine instead (:mod:`edgefleet.simulation.inprocess`, one for the whole sweep).
 
 A sweep resumes where it stopped: a run whose folder holds a summary of the same config is
 skipped, a run killed midway continues from its last checkpoint (``resume``), and
