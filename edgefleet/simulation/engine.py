@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, TextIO, cast
+from typing import TYPE_CHECKING, TextIO
 
 from edgefleet.processes import FleetError, FlowerFleet, FlowerProcess, config_arg
 from edgefleet.server.polling import FAST_DISPATCH_ENV
@@ -237,14 +237,10 @@ class Engine:
         link = next((p for p in self.fleet.processes if p.name == "superlink"), None)
         link_offset = self._log_mark  # where this run's part of the SuperLink's log starts
         flwr: FlowerProcess | None = None
-        reporter = None
-        if progress is not None:
-            from edgefleet.simulation.progress import EchoThrough, ProgressReporter
+        from edgefleet.simulation.progress import start_progress
 
-            stream = progress_stream if progress_stream is not None else sys.stdout
-            reporter = ProgressReporter(run_dir, cfg.server.num_rounds, stream, progress)
-            if echo is not None:  # the log scrolls above the live line, not through it
-                echo = cast(TextIO, EchoThrough(reporter))
+        stream = progress_stream if progress_stream is not None else sys.stdout
+        reporter, echo = start_progress(run_dir, cfg.server.num_rounds, progress, stream, echo)
         try:
             flwr = self.fleet.flwr(
                 "run",

@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, TextIO
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
@@ -645,13 +645,9 @@ class InProcessEngine:
         log_path.write_text("")
         title = f"in-process engine, {nodes} nodes, {workers} worker process(es)"
         pool: WorkerPool | None = None
-        reporter = None
-        if progress is not None:
-            from edgefleet.simulation.progress import EchoThrough, ProgressReporter
+        from edgefleet.simulation.progress import start_progress
 
-            reporter = ProgressReporter(run_dir, cfg.server.num_rounds, sys.stdout, progress)
-            if echo is not None:  # the log scrolls above the live line, not through it
-                echo = cast(TextIO, EchoThrough(reporter))
+        reporter, echo = start_progress(run_dir, cfg.server.num_rounds, progress, sys.stdout, echo)
         try:
             if workers > 1:
                 # Started here, where the forkserver that forks them lives for the whole

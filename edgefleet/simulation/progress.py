@@ -19,7 +19,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 from tqdm import tqdm
 
@@ -156,6 +156,18 @@ class ProgressReporter:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def start_progress(
+    run_dir: Path, total: int, mode: str | None, stream: TextIO, echo: TextIO | None
+) -> tuple[ProgressReporter | None, TextIO | None]:
+    """The reporter for ``mode`` (None: no progress line, no reporter) and the stream the
+    run's log is to be echoed to: through the reporter, so that it scrolls above the live
+    line instead of through it."""
+    if mode is None:
+        return None, echo
+    reporter = ProgressReporter(run_dir, total, stream, mode)
+    return reporter, None if echo is None else cast(TextIO, EchoThrough(reporter))
 
 
 class EchoThrough(io.TextIOBase):
