@@ -54,11 +54,11 @@ class SessionLearningRate(LoopStrategy):
         self.t = 0  # training rounds configured in that session
 
     def settings(self) -> dict[str, object]:
-        rate = self.lr if self.min_ratio == 1 else f"{self.lr:g} -> {self.lr * self.min_ratio:g}"
-        return {
-            "Client learning rate": rate if self.min_ratio == 1 else f"{rate} within each session",
-            "Auxiliary learning rate": self.lr * self.aux_scale,
-        }
+        low = self.lr * self.min_ratio
+        rate = (
+            f"{self.lr:g}" if self.min_ratio == 1 else f"{self.lr:g} -> {low:g} within each session"
+        )
+        return {"Client learning rate": rate, "Auxiliary learning rate": self.lr * self.aux_scale}
 
     def rate(self, aux: bool) -> float:
         """This round's rate (``aux``: an auxiliary round)."""

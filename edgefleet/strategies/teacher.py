@@ -44,6 +44,7 @@ from edgefleet.strategies.warmstart import (
 
 @dataclass
 class _Round:
+    teacher: ArrayRecord | None = None  # this round's teacher (None: no KL term)
     asked: set[int] = field(default_factory=set)  # nodes sent a train message this round
 
 
@@ -56,33 +57,29 @@ class ContinuousTeacher(LoopStrategy):
         if not kl_lambda >= 0:
             raise WarmStartError(f"kl_lambda={kl_lambda!r} must be >= 0")
         self.kl_lambda = kl_lambda
-        self.session = 0  # the session the teacher belongs to
-        self.teacher: ArrayRecord | None = None
+        self.session = 0  # the session the holders belong to
         self.holders: set[int] = set()  # nodes that trained with this session's teacher
 
     def settings(self) -> dict[str, object]:
         return {"KL weight (lambda)": self.kl_lambda}
 
-    def _follow_session(self) -> None:
-        """The teacher is the last session's final model (none in the first session); at a
-        session's first round no node holds it yet."""
-        ctx = current_round()
-        if ctx.session != self.session:
-            self.session, self.holders = ctx.session, set()
-        last = ctx.last_session_model
-        self.teacher = last if ctx.session >= 2 and self.kl_lambda > 0 else None
-
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        self._follow_session()
-        if self.teacher is not None:
+        ctx = current_round()
+        if ctx.session != self.session:  # a new session: nobody holds its teacher yet
+            self.session, self.holders = ctx.session, set()
+        mine = ctx.own(self, _Round)
+        # The teacher is the last session's final model (none in the first session).
+        if ctx.session >= 2 and self.kl_lambda > 0:
+            mine.teacher = ctx.last_session_model
+        if mine.teacher is not None:
             config = ConfigRecord(dict(config))
             config[CONFIG_KL_LAMBDA] = self.kl_lambda
             config[CONFIG_TEACHER_SESSION] = self.session
         messages = list(super().configure_train(server_round, arrays, config, grid))
-        current_round().own(self, _Round).asked = {m.metadata.dst_node_id for m in messages}
-        if self.teacher is None:
+        mine.asked = {m.metadata.dst_node_id for m in messages}
+        if mine.teacher is None:
             return messages
         out, sent = [], 0
         for msg in messages:
@@ -91,22 +88,22 @@ class ContinuousTeacher(LoopStrategy):
                 out.append(msg)
                 continue
             # The inner strategy shares one RecordDict between its messages: a new one each.
-            content = RecordDict({**dict(msg.content.items()), TEACHER_RECORD: self.teacher})
+            content = RecordDict({**dict(msg.content.items()), TEACHER_RECORD: mine.teacher})
             out.append(Message(content, dst_node_id=node, message_type=msg.metadata.message_type))
             sent += 1
-        current_round().section(SessionRow).teacher_downloads = sent
+        ctx.section(SessionRow).teacher_downloads = sent
         return out
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
-        if self.teacher is not None:
+        mine = current_round().own(self, _Round)
+        if mine.teacher is not None:
             # A node asked to train without an accepted reply may have lost the teacher (a
             # restarted SuperNode declines for that): it is sent again next time.
-            asked = current_round().own(self, _Round).asked
             replied = {m.metadata.src_node_id for m in replies if not m.has_error()}
-            self.holders = (self.holders - asked) | (replied & asked)
+            self.holders = (self.holders - mine.asked) | (replied & mine.asked)
         return super().aggregate_train(server_round, replies)
 
     def state_dict(self) -> dict[str, Any]:
