@@ -53,8 +53,10 @@ from edgefleet.strategies.screening import (
     NORM_HISTORY_ROUNDS,
     RecordKeys,
     Screening,
+    array_values,
     check_bounds,
     common_metrics,
+    first_metrics,
     model_norm,
     norm_reference,
     parse_device_id,
@@ -353,7 +355,7 @@ class RoundLoop:
         if new is None:
             return None, out
         new = keep_dtypes(new, arrays)
-        bad = [k for k, a in new.items() if a.numpy().dtype.kind == "f" and not _finite(a)]
+        bad = [k for k, a in new.items() if not _finite(a)]
         if bad:
             reason = f"aggregated model has non-finite values in {bad[:3]}: rolled back"
             log(WARNING, "Round %d: %s", rnd, reason)
@@ -535,12 +537,8 @@ class RoundLoop:
 
 def _claimed(msg: Message) -> str | None:
     """The device id a reply claims (its well-formed ``device-id`` metric), or None."""
-    if msg.has_error() or not msg.has_content():
-        return None
-    records = msg.content.metric_records
-    if not records:
-        return None
-    return parse_device_id(next(iter(records.values())).get(DEVICE_ID))
+    metrics = first_metrics(msg)
+    return None if metrics is None else parse_device_id(metrics.get(DEVICE_ID))
 
 
 def keep_dtypes(new: ArrayRecord, old: ArrayRecord) -> ArrayRecord:
@@ -566,7 +564,9 @@ def keep_dtypes(new: ArrayRecord, old: ArrayRecord) -> ArrayRecord:
 
 
 def _finite(arr: Array) -> bool:
-    return bool(np.isfinite(arr.numpy()).all())
+    """Whether a floating-point array's values are all finite (any other array is)."""
+    value = array_values(arr)
+    return value.dtype.kind != "f" or bool(np.isfinite(value).all())
 
 
 def numbers(record: Mapping[str, object] | None) -> dict[str, float]:
@@ -590,6 +590,5 @@ def _payload_bytes(msg: Message) -> int:
 
 def _metric(msg: Message, key: str) -> float:
     """A numeric metric of a screened reply (0 when absent or not a finite number)."""
-    if not msg.content.metric_records:
-        return 0.0
-    return numbers(reply_metrics(msg.content)).get(key, 0.0)
+    metrics = first_metrics(msg)
+    return 0.0 if metrics is None else numbers(metrics).get(key, 0.0)

@@ -48,6 +48,7 @@ do to a round is bounded by what the server knows:
 from __future__ import annotations
 
 import copy
+import io
 import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -56,8 +57,9 @@ from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
+from flwr.common.constant import SType
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.pruning.wire import KEPT  # NumPy only: CA-HFP's kept-channels record
@@ -125,7 +127,16 @@ def reply_arrays(content: RecordDict) -> ArrayRecord:
 
 def reply_metrics(content: RecordDict) -> MetricRecord:
     """The one MetricRecord of a screened reply."""
-    return next(iter(content.metric_records.values()))
+    # Not content.metric_records: Flower builds a new typed view of the records on every
+    # call, and a round asks each reply for its metrics several times.
+    return next(rec for rec in content.values() if isinstance(rec, MetricRecord))
+
+
+def first_metrics(msg: Message) -> MetricRecord | None:
+    """A reply's first MetricRecord; None for an error reply or one without any."""
+    if msg.has_error() or not msg.has_content():
+        return None
+    return next((rec for rec in msg.content.values() if isinstance(rec, MetricRecord)), None)
 
 
 def parse_device_id(value: object) -> str | None:
@@ -144,8 +155,9 @@ def parse_device_id(value: object) -> str | None:
 def reply_device(msg: Message) -> str:
     """The device a reply speaks for (see the module docstring). A malformed ``device-id``
     falls back to the node; :func:`check_train_reply` rejects such a train reply anyway."""
-    if not msg.has_error() and msg.has_content() and msg.content.metric_records:
-        device = parse_device_id(reply_metrics(msg.content).get(DEVICE_ID))
+    metrics = first_metrics(msg)
+    if metrics is not None:
+        device = parse_device_id(metrics.get(DEVICE_ID))
         if device is not None:
             return device
     return f"node-{msg.metadata.src_node_id}"
@@ -215,7 +227,7 @@ def check_arrays(
         got = arrays[key]
         if tuple(got.shape) != shape or got.dtype != dtype:
             return f"array {key!r}: got {got.dtype}{list(got.shape)}, want {dtype}{list(shape)}"
-        value = got.numpy()
+        value = array_values(got)
         # An Array's dtype and shape are declared apart from its bytes: a reply may declare
         # float32[3, 2] and carry float64[2], which would broadcast silently in a sum.
         if value.shape != shape or value.dtype != np.dtype(dtype):
@@ -304,15 +316,70 @@ def check_bounds(metrics: MetricRecord, keys: RecordKeys, screening: Screening) 
     return None
 
 
+# The .npy magic, and the header fields' sizes by format version (numpy.lib.format).
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_LENGTH_BYTES = {1: 2, 2: 4}
+# Parsed .npy headers by their bytes: a fleet sends the same few (one per array of the
+# model), and parsing one with numpy's parser (ast.literal_eval) costs more than the data.
+_HEADERS: dict[bytes, tuple[tuple[int, ...], bool, np.dtype]] = {}
+_HEADERS_KEPT = 4096  # a fleet that sends more distinct headers gets them parsed each time
+
+
+def array_values(arr: Array) -> np.ndarray:
+    """``arr``'s values as ``arr.numpy()`` gives them, but read-only and without a copy.
+
+    Flower's ``Array.numpy()`` runs ``np.load`` on the bytes every call: it parses the
+    header and copies the data in chunks, about a millisecond for a small CNN, and screening
+    reads each reply two or three times and the round's global model once per reply. Here
+    the data is a view of the bytes, and the header (checked by numpy's own parser the first
+    time it is seen) comes from a table. Anything else than a plain .npy of format 1 or 2
+    whose data is all there (an object dtype, a short buffer, another serialization) goes to
+    ``arr.numpy()``, so what cannot be read fails with Flower's and numpy's own errors."""
+    data = arr.data
+    if arr.stype == SType.NUMPY and isinstance(data, bytes) and data[:6] == _NPY_MAGIC:
+        size = _NPY_LENGTH_BYTES.get(data[6]) if len(data) > 7 and data[7] == 0 else None
+        if size is not None and len(data) >= 8 + size:
+            offset = 8 + size + int.from_bytes(data[8 : 8 + size], "little")
+            head = data[:offset]
+            parsed = _HEADERS.get(head)
+            if parsed is None:
+                parsed = _parse_header(head)
+            if parsed is not None:
+                shape, fortran, dtype = parsed
+                count = math.prod(shape)
+                if count and dtype.itemsize and len(data) - offset >= count * dtype.itemsize:
+                    flat = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+                    return flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+    return arr.numpy()
+
+
+def _parse_header(head: bytes) -> tuple[tuple[int, ...], bool, np.dtype] | None:
+    """A .npy header's (shape, fortran order, dtype) by numpy's parser, kept in the table;
+    None when numpy refuses it or the dtype holds objects (``np.load`` says why)."""
+    fp = io.BytesIO(head)
+    try:
+        version = np.lib.format.read_magic(fp)
+        if version == (1, 0):
+            parsed = np.lib.format.read_array_header_1_0(fp)
+        else:
+            parsed = np.lib.format.read_array_header_2_0(fp)
+    except Exception:  # noqa: BLE001 - np.load, called next, raises with the reason
+        return None
+    if parsed[2].hasobject or fp.tell() != len(head):
+        return None
+    if len(_HEADERS) < _HEADERS_KEPT:
+        _HEADERS[head] = parsed
+    return parsed
+
+
 def update_norm(reply: ArrayRecord, base: Mapping[str, np.ndarray]) -> float:
     """L2 norm of ``reply - base`` over the floating-point arrays, in float64."""
     total = 0.0
     for key, arr in reply.items():
-        value = arr.numpy()
+        value = array_values(arr)
         if value.dtype.kind != "f":
             continue
-        diff = (value.astype(np.float64) - np.asarray(base[key], dtype=np.float64)).ravel()
-        total += float(np.dot(diff, diff))
+        total += sum_squares(np.subtract(value, base[key], dtype=np.float64).ravel())
     return math.sqrt(total)
 
 
@@ -320,11 +387,21 @@ def model_norm(arrays: ArrayRecord) -> float:
     """L2 norm of a model's floating-point arrays, in float64."""
     total = 0.0
     for arr in arrays.values():
-        value = arr.numpy()
+        value = array_values(arr)
         if value.dtype.kind == "f":
-            flat = value.astype(np.float64).ravel()
-            total += float(np.dot(flat, flat))
+            total += sum_squares(value.astype(np.float64).ravel())
     return math.sqrt(total)
+
+
+def sum_squares(flat: np.ndarray) -> float:
+    """The sum of squares of a 1-D float64 array, in this thread.
+
+    Not ``np.dot``: OpenBLAS splits a long dot over its threads, and on a server whose cores
+    the training processes keep busy (the Simulation Engine's Ray actors) each call waited
+    for those threads to be scheduled, milliseconds a call; with 20 replies of 8 arrays a
+    round, screening cost more than all of Flower's own server work. einsum's loop runs in
+    the calling thread, and its sum does not depend on the BLAS's thread count."""
+    return float(np.einsum("i,i->", flat, flat))
 
 
 def sent_base(
@@ -339,8 +416,8 @@ def sent_base(
             if set(record) == set(reply) and all(
                 tuple(record[k].shape) == tuple(reply[k].shape) for k in reply
             ):
-                return {k: record[k].numpy() for k in reply}
-    return {k: reference[k].numpy() for k in reply}
+                return {k: array_values(record[k]) for k in reply}
+    return {k: array_values(reference[k]) for k in reply}
 
 
 def norm_reference(norms: Sequence[float], history: Iterable[float] = ()) -> float | None:
