@@ -201,6 +201,7 @@ class LinkFleet(FlowerFleet):
         *,
         database: Path | None = None,
         connection: str = "linkfleet",
+        warm: bool = True,
     ) -> None:
         if not 1 <= len(profiles) <= MAX_NODES:
             raise LinkError(f"a link fleet has 1 to {MAX_NODES} nodes, not {len(profiles)}")
@@ -210,6 +211,7 @@ class LinkFleet(FlowerFleet):
         self.link_ns = f"{PREFIX}{self.fleet_id}-link"
         self.node_ns = [f"{PREFIX}{self.fleet_id}-n{i}" for i in range(len(profiles))]
         self.database = database
+        self.warm = warm  # edgefleet supernode (warm worker), else flower-supernode
         self.certs = workdir / "certs"
         self.port = SUPERLINK_PORT
         self._made: list[str] = []  # namespaces, in creation order
@@ -366,11 +368,11 @@ class LinkFleet(FlowerFleet):
                 raise FleetError(f"could not register node {i}'s key:\n{out}")
 
     def start_node(self, i: int, node_config: Mapping[str, Any]) -> FlowerProcess:
-        """SuperNode ``i`` (``edgefleet supernode``, the warm worker) in its namespace, with
-        its key; it reaches the SuperLink only across its shaped link."""
+        """SuperNode ``i`` (``edgefleet supernode``, the warm worker; ``flower-supernode``
+        when the fleet is not ``warm``) in its namespace, with its key; it reaches the
+        SuperLink only across its shaped link."""
         args = [
-            "edgefleet",
-            "supernode",
+            *(["edgefleet", "supernode"] if self.warm else ["flower-supernode"]),
             "--root-certificates",
             str(self.certs / "ca.crt"),
             "--auth-supernode-private-key",
@@ -395,11 +397,26 @@ class LinkFleet(FlowerFleet):
 
     def kill_node(self, i: int) -> None:
         """SIGKILL node ``i`` and everything in its namespace (its worker, ClientApps): a
-        board losing power. Its namespace and link stay."""
+        board losing power. Its namespace and link stay. Flower 1.42 refuses the same key
+        again (activation 412, the SuperNode exits with code 305) until the SuperLink has
+        marked the node offline: up to 2 x 30 s after its last heartbeat."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.nodes[i].pid, signal.SIGKILL)
         _kill_netns_processes(self.node_ns[i])
         self.nodes[i].popen.wait(timeout=10)
+
+    def stop_node(self, i: int, timeout: float = 20.0) -> None:
+        """A clean shutdown of node ``i``: SIGTERM to ``edgefleet supernode`` alone, which
+        stops its ``flower-supernode`` with one SIGTERM of its own (so the SuperNode can
+        deactivate itself at the SuperLink and come back at once). Not the whole group:
+        Flower's handler takes the first SIGTERM and restores the default action, so a
+        second one, from the worker, would kill it mid-shutdown. SIGKILL whatever is left
+        after ``timeout``."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.nodes[i].pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.nodes[i].popen.wait(timeout=timeout)
+        self.kill_node(i)
 
     def kill_superlink(self) -> None:
         """SIGKILL the SuperLink, its SuperExec and every ServerApp (everything in the link
@@ -454,10 +471,11 @@ def running_fleet(
     *,
     database: Path | None = None,
     timeout: float = 90.0,
+    warm: bool = True,
 ) -> Iterator[LinkFleet]:
     """A link fleet up (namespaces, SuperLink, keys registered, every node online), stopped
     and torn down however the body ends; on an error every process's log is printed."""
-    fleet = LinkFleet(workdir, profiles, database=database)
+    fleet = LinkFleet(workdir, profiles, database=database, warm=warm)
     # ``with``: a SIGTERM (``timeout``, ``kill``) becomes SystemExit, so the namespaces go too.
     with fleet:
         try:
