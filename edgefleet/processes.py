@@ -195,18 +195,22 @@ class FlowerFleet:
         *,
         echo: TextIO | None = None,
         env: Mapping[str, str] | None = None,
+        netns: str | None = None,
     ) -> FlowerProcess:
         """Start ``args`` (``args[0]`` an executable next to ``sys.executable``) in its own
         session, stdout and stderr into ``<workdir>/<name>.log`` (and, line by line, to
-        ``echo`` too when given). ``env`` replaces the fleet's environment for this one."""
+        ``echo`` too when given). ``env`` replaces the fleet's environment for this one.
+        ``netns``: inside that network namespace (``ip netns exec``, which execs the command
+        in place: the PID and the group stay the command's own; root only)."""
         n = self._count[name] = self._count.get(name, 0) + 1
         log_path = self.workdir / (f"{name}.log" if n == 1 else f"{name}-{n}.log")
         cmd = [str(BIN_DIR / args[0]), *args[1:]]
+        launch = cmd if netns is None else ["ip", "netns", "exec", netns, *cmd]
         with log_path.open("ab") as log:
-            log.write(f"$ {' '.join(cmd)}\n".encode())
+            log.write(f"$ {' '.join(launch)}\n".encode())
             log.flush()
             popen = subprocess.Popen(
-                cmd,
+                launch,
                 cwd=self.workdir,
                 env=dict(env) if env is not None else self.env,
                 stdin=subprocess.DEVNULL,

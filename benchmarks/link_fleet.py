@@ -1,0 +1,233 @@
+"""Rounds on slow and uneven links: seconds and bytes per round, and time to a target accuracy,
+per link mix, with full and with CA-HFP's compact download (issue 26, the measurement).
+
+One link fleet (``deploy/linkfleet.py``: the SuperLink with TLS, node auth and ``--database``
+in a network namespace, each ``edgefleet supernode`` in its own behind a tbf-shaped veth) is
+started once; for each link mix its profiles are set (``tc qdisc replace``, nodes stay up and
+warm) and one run per download mode is submitted:
+
+- mixes: ``all-fast``; ``half-wifi`` (half the nodes ``wifi-edge``, 2 Mbit/s); ``quarter-
+  cellular`` (a quarter ``cellular``, 512 kbit/s); the rest ``fast`` (50 Mbit/s);
+- modes: ``full`` (every node downloads the whole model) and ``compact``
+  (``pruning.compact-download = true``: a pruned node gets only its slice, the full model
+  every ``pruning.refresh-rounds``).
+
+Nodes keep ``--keep-ratios`` (cycled over node index; the same in every run) and the slow
+links go to the nodes of the lowest keep ratio first (the weak boards on the weak links).
+
+Per run: ``round_s`` (each round's wall time, from the rows' ``wall_s``), ``steady_round_s``
+(median of rounds 2..R: round 1 also carries app install and imports), ``wire_bytes`` per
+round down and up over all links and for the slowest link (the bridge ports' counters: TLS,
+HTTP and polls included; sampled when each round's row appears), ``app_bytes`` (the rows'
+``bytes_down`` / ``bytes_up``: the arrays alone), ``missing`` / participants per round (did a
+round lose a slow node to ``round-timeout``?), ``slow_link_s`` (the slowest link's bytes per
+round over its rate: the floor a round that waits for that node cannot beat) and rounds /
+seconds to ``--target`` accuracy (null when not reached).
+
+Prints one JSON line; progress on stderr. Root only (network namespaces)::
+
+    python benchmarks/link_fleet.py --smoke
+    python benchmarks/link_fleet.py --nodes 8 --rounds 10 --target 0.8
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "deploy"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from _provenance import dumps  # noqa: E402
+from linkfleet import PROFILES, LinkFleet, node_configs, running_fleet, unavailable  # noqa: E402
+
+from edgefleet.processes import FleetError, config_arg  # noqa: E402
+from edgefleet.simulation.runner import app_copy  # noqa: E402
+
+MIXES = ("all-fast", "half-wifi", "quarter-cellular")
+MODES = ("full", "compact")
+
+
+def mix_profiles(mix: str, keep_ratios: list[float]) -> list[str]:
+    """Per node, its profile under ``mix``: slow links to the lowest keep ratios first."""
+    n = len(keep_ratios)
+    order = sorted(range(n), key=lambda i: (keep_ratios[i], -i))
+    slow, count = {
+        "all-fast": ("fast", 0),
+        "half-wifi": ("wifi-edge", n // 2),
+        "quarter-cellular": ("cellular", max(1, n // 4)),
+    }[mix]
+    profiles = ["fast"] * n
+    for i in order[:count]:
+        profiles[i] = slow
+    return profiles
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_one(
+    fleet: LinkFleet, workdir: Path, name: str, run_config: dict[str, Any], deadline_s: float
+) -> dict[str, Any]:
+    """Submit one run; sample the link counters as each round's row appears."""
+    run_dir = Path(run_config["output-dir"]) / name
+    start = fleet.link_bytes()
+    samples = [start]
+    run = fleet.flwr(
+        "run", str(app_copy(workdir / name)), fleet.connection, "--stream",
+        "--run-config", config_arg({**run_config, "run-name": name}), name="flwr-run",
+    )  # fmt: skip
+    t0 = time.monotonic()
+    while not (run_dir / "summary.json").exists():
+        fleet.check_alive()
+        if run.popen.poll() not in (None, 0):
+            raise FleetError(f"`flwr run` for {name} failed:\n{run.tail()}")
+        if time.monotonic() - t0 > deadline_s:
+            raise FleetError(f"{name}: no summary within {deadline_s:.0f} s")
+        if len(_rows(run_dir / "metrics.jsonl")) >= len(samples):
+            samples.append(fleet.link_bytes())
+        time.sleep(0.2)
+    rows = _rows(run_dir / "metrics.jsonl")
+    while len(samples) <= len(rows):
+        samples.append(fleet.link_bytes())
+    with contextlib.suppress(subprocess.TimeoutExpired):  # a lingering stream: stopped later
+        run.popen.wait(timeout=30)
+    walls = [0.0] + [float(r["wall_s"]) for r in rows]
+    round_s = [round(b - a, 2) for a, b in zip(walls, walls[1:], strict=False)]
+    down = [
+        [b[0] - a[0] for a, b in zip(s0, s1, strict=True)]
+        for s0, s1 in zip(samples, samples[1:], strict=False)
+    ]
+    up = [
+        [b[1] - a[1] for a, b in zip(s0, s1, strict=True)]
+        for s0, s1 in zip(samples, samples[1:], strict=False)
+    ]
+    return {"rows": rows, "round_s": round_s, "down": down[: len(rows)], "up": up[: len(rows)]}
+
+
+def summarize(result: dict[str, Any], profiles: list[str], target: float) -> dict[str, Any]:
+    rows = result["rows"]
+    slowest = min(range(len(profiles)), key=lambda i: PROFILES[profiles[i]].rate_kbit)
+    rate = PROFILES[profiles[slowest]].bytes_per_s
+    steady = result["round_s"][1:] or result["round_s"]
+    hit = next((r for r in rows if (r.get("test_accuracy") or 0) >= target), None)
+    per_round_slow = [
+        d[slowest] + u[slowest] for d, u in zip(result["down"], result["up"], strict=True)
+    ]
+    return {
+        "round_s": result["round_s"],
+        "steady_round_s": round(statistics.median(steady), 2),
+        "wire_bytes_down_per_round": round(statistics.mean(sum(d) for d in result["down"])),
+        "wire_bytes_up_per_round": round(statistics.mean(sum(u) for u in result["up"])),
+        "slowest_link": profiles[slowest],
+        "slowest_link_bytes_per_round": round(statistics.mean(per_round_slow)),
+        "slow_link_s": round(statistics.mean(per_round_slow) / rate, 2),
+        "app_bytes_down_per_round": round(statistics.mean(r["bytes_down"] for r in rows)),
+        "app_bytes_up_per_round": round(statistics.mean(r["bytes_up"] for r in rows)),
+        "compact_downloads": [r.get("compact_downloads", 0) for r in rows],
+        "participants": [len(r["participants"]) for r in rows],
+        "missing": [r.get("missing", []) for r in rows],
+        "accuracy": [r.get("test_accuracy") for r in rows],
+        "rounds_to_target": hit["round"] if hit else None,
+        "seconds_to_target": round(float(hit["wall_s"]), 1) if hit else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--local-steps", type=int, default=10)
+    ap.add_argument("--model", default="mlp", help="mlp (0.8 MB) is prunable; smallcnn 1.7 MB")
+    ap.add_argument("--keep-ratios", default="1.0,0.5", help="cycled over node index")
+    ap.add_argument("--target", type=float, default=0.7, help="test accuracy to reach")
+    ap.add_argument("--round-timeout", type=float, default=300.0)
+    ap.add_argument("--eval-samples", type=int, default=1000)
+    ap.add_argument("--mixes", default=",".join(MIXES))
+    ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="4 nodes, 3 rounds, 3 local steps")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.nodes, args.rounds, args.local_steps = 4, 3, 3
+    mixes = [m for m in args.mixes.split(",") if m]
+    modes = [m for m in args.modes.split(",") if m]
+    for value, valid, what in ((mixes, MIXES, "--mixes"), (modes, MODES, "--modes")):
+        bad = [v for v in value if v not in valid]
+        if bad:
+            ap.error(f"{what}: unknown {bad}; valid: {', '.join(valid)}")
+    why = unavailable()
+    if why:
+        print(f"link_fleet: {why}", file=sys.stderr)
+        return 2
+    keep = [float(k) for k in args.keep_ratios.split(",")]
+    keep_ratios = [keep[i % len(keep)] for i in range(args.nodes)]
+    work = Path(tempfile.mkdtemp(prefix="link-fleet-bench-"))
+    base = {
+        "num-server-rounds": args.rounds,
+        "local-steps": args.local_steps,
+        "model": args.model,
+        "min-nodes": args.nodes,
+        "round-timeout": args.round_timeout,
+        "eval-samples": args.eval_samples,
+        "seed": args.seed,
+        "output-dir": str(work / "out"),
+    }
+    results: dict[str, dict[str, Any]] = {}
+    t0 = time.monotonic()
+    with running_fleet(
+        work / "fleet",
+        ["fast"] * args.nodes,
+        node_configs(args.nodes, keep_ratios),
+        database=work / "fleet" / "state.db",
+    ) as fleet:
+        fleet_up_s = round(time.monotonic() - t0, 1)
+        for mix in mixes:
+            profiles = mix_profiles(mix, keep_ratios)
+            for i, prof in enumerate(profiles):
+                fleet.set_profile(i, prof)
+            for mode in modes:
+                name = f"{mix}-{mode}"
+                print(f"link_fleet: {name} {profiles}", file=sys.stderr, flush=True)
+                cfg = {**base, "pruning.compact-download": mode == "compact"}
+                res = run_one(fleet, work, name, cfg, args.round_timeout * (args.rounds + 2))
+                results[name] = {"profiles": profiles, **summarize(res, profiles, args.target)}
+                print(f"link_fleet: {name} {results[name]['round_s']}", file=sys.stderr)
+    leftovers = fleet.leftovers()
+    line = {
+        "benchmark": "link_fleet",
+        "nodes": args.nodes,
+        "rounds": args.rounds,
+        "local_steps": args.local_steps,
+        "model": args.model,
+        "keep_ratios": keep_ratios,
+        "target": args.target,
+        "round_timeout": args.round_timeout,
+        "profiles": {
+            p.name: {"rate_kbit": p.rate_kbit, "latency_ms": p.latency_ms}
+            for p in PROFILES.values()
+        },
+        "fleet_up_s": fleet_up_s,
+        "runs": results,
+        "leftovers": leftovers,
+        "wall_s": round(time.monotonic() - t0, 1),
+    }
+    print(dumps(line))
+    return 0 if not leftovers else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
