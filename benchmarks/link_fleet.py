@@ -10,7 +10,10 @@ warm) and one run per download mode is submitted:
   cellular`` (a quarter ``cellular``, 512 kbit/s); the rest ``fast`` (50 Mbit/s);
 - modes: ``full`` (every node downloads the whole model) and ``compact``
   (``pruning.compact-download = true``: a pruned node gets only its slice, the full model
-  every ``pruning.refresh-rounds``).
+  every ``pruning.refresh-rounds``);
+- selections: ``none`` (every node every round) and ``deadline`` (energy-age selection with
+  always-on batteries and M = the fleet, ``selection.deadline = --deadline`` seconds and
+  ``timeout-mode = expected``: a device whose observed round exceeds the deadline is skipped).
 
 Nodes keep ``--keep-ratios`` (cycled over node index; the same in every run) and the slow
 links go to the nodes of the lowest keep ratio first (the weak boards on the weak links).
@@ -28,6 +31,7 @@ Prints one JSON line; progress on stderr. Root only (network namespaces)::
 
     python benchmarks/link_fleet.py --smoke
     python benchmarks/link_fleet.py --nodes 8 --rounds 10 --target 0.8
+    python benchmarks/link_fleet.py --nodes 4 --rounds 8 --modes full --selections none,deadline
 """
 
 from __future__ import annotations
@@ -56,6 +60,11 @@ from edgefleet.simulation.runner import app_copy  # noqa: E402
 
 MIXES = ("all-fast", "half-wifi", "quarter-cellular")
 MODES = ("full", "compact")
+# ``none``: every node every round, one wait (``round-timeout``) for all, as before issue 26's
+# deadline; ``deadline``: energy-age selection (batteries always on, M = the fleet) with
+# ``selection.deadline`` and ``timeout-mode = expected`` (each device waited for after its own
+# observed round).
+SELECTIONS = ("none", "deadline")
 
 
 def mix_profiles(mix: str, keep_ratios: list[float]) -> list[str]:
@@ -138,12 +147,55 @@ def summarize(result: dict[str, Any], profiles: list[str], target: float) -> dic
         "app_bytes_down_per_round": round(statistics.mean(r["bytes_down"] for r in rows)),
         "app_bytes_up_per_round": round(statistics.mean(r["bytes_up"] for r in rows)),
         "compact_downloads": [r.get("compact_downloads", 0) for r in rows],
+        "deadline_skipped": [r.get("deadline_skipped") or [] for r in rows],
+        "round_wait_s": [r.get("round_wait_s") for r in rows],
         "participants": [len(r["participants"]) for r in rows],
         "missing": [r.get("missing", []) for r in rows],
         "accuracy": [r.get("test_accuracy") for r in rows],
         "rounds_to_target": hit["round"] if hit else None,
         "seconds_to_target": round(float(hit["wall_s"]), 1) if hit else None,
     }
+
+
+def deadline_config(nodes: int, deadline: float) -> dict[str, Any]:
+    """Energy-age selection as a deadline filter alone: every battery always on, M = the
+    fleet, so the deadline is the only thing that leaves a device out."""
+    return {
+        "selection.mode": "energy-age",
+        "energy.source": "always-on",
+        "selection.max-devices": nodes,
+        "selection.deadline": deadline,
+        "timeout-mode": "expected",
+    }
+
+
+def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Seconds to the target of each run over the all-fast run's with the same download mode
+    and no deadline (the issue's 1.5x target), and its final accuracy minus that of the same
+    mix without a deadline (the 1-point target)."""
+    out: dict[str, Any] = {}
+    for name, res in results.items():
+        mix, mode, *_ = _parts(name)
+        base = results.get(f"all-fast-{mode}")
+        same_mix = results.get(f"{mix}-{mode}")
+        t, t0 = res["seconds_to_target"], base and base["seconds_to_target"]
+        acc = res["accuracy"][-1] if res["accuracy"] else None
+        acc0 = same_mix["accuracy"][-1] if same_mix and same_mix["accuracy"] else None
+        out[name] = {
+            "time_to_target_vs_all_fast": round(t / t0, 2) if t and t0 else None,
+            "final_accuracy_minus_no_deadline": (
+                round(acc - acc0, 4) if acc is not None and acc0 is not None else None
+            ),
+        }
+    return out
+
+
+def _parts(name: str) -> list[str]:
+    """A run's name as (mix, mode, selection...)."""
+    for mix in MIXES:
+        if name.startswith(mix + "-"):
+            return [mix, *name[len(mix) + 1 :].split("-")]
+    raise ValueError(f"run name {name!r} starts with no mix of {MIXES}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--eval-samples", type=int, default=1000)
     ap.add_argument("--mixes", default=",".join(MIXES))
     ap.add_argument("--modes", default=",".join(MODES))
+    ap.add_argument("--selections", default="none", help=f"of {', '.join(SELECTIONS)}")
+    ap.add_argument("--deadline", type=float, default=20.0, help="selection.deadline, seconds")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="4 nodes, 3 rounds, 3 local steps")
     args = ap.parse_args(argv)
@@ -165,7 +219,12 @@ def main(argv: list[str] | None = None) -> int:
         args.nodes, args.rounds, args.local_steps = 4, 3, 3
     mixes = [m for m in args.mixes.split(",") if m]
     modes = [m for m in args.modes.split(",") if m]
-    for value, valid, what in ((mixes, MIXES, "--mixes"), (modes, MODES, "--modes")):
+    selections = [m for m in args.selections.split(",") if m]
+    for value, valid, what in (
+        (mixes, MIXES, "--mixes"),
+        (modes, MODES, "--modes"),
+        (selections, SELECTIONS, "--selections"),
+    ):
         bad = [v for v in value if v not in valid]
         if bad:
             ap.error(f"{what}: unknown {bad}; valid: {', '.join(valid)}")
@@ -200,12 +259,15 @@ def main(argv: list[str] | None = None) -> int:
             for i, prof in enumerate(profiles):
                 fleet.set_profile(i, prof)
             for mode in modes:
-                name = f"{mix}-{mode}"
-                print(f"link_fleet: {name} {profiles}", file=sys.stderr, flush=True)
-                cfg = {**base, "pruning.compact-download": mode == "compact"}
-                res = run_one(fleet, work, name, cfg, args.round_timeout * (args.rounds + 2))
-                results[name] = {"profiles": profiles, **summarize(res, profiles, args.target)}
-                print(f"link_fleet: {name} {results[name]['round_s']}", file=sys.stderr)
+                for selection in selections:
+                    name = f"{mix}-{mode}" + ("" if selection == "none" else f"-{selection}")
+                    print(f"link_fleet: {name} {profiles}", file=sys.stderr, flush=True)
+                    cfg = {**base, "pruning.compact-download": mode == "compact"}
+                    if selection == "deadline":
+                        cfg.update(deadline_config(args.nodes, args.deadline))
+                    res = run_one(fleet, work, name, cfg, args.round_timeout * (args.rounds + 2))
+                    results[name] = {"profiles": profiles, **summarize(res, profiles, args.target)}
+                    print(f"link_fleet: {name} {results[name]['round_s']}", file=sys.stderr)
     leftovers = fleet.leftovers()
     line = {
         "benchmark": "link_fleet",
@@ -216,12 +278,15 @@ def main(argv: list[str] | None = None) -> int:
         "keep_ratios": keep_ratios,
         "target": args.target,
         "round_timeout": args.round_timeout,
+        "selections": selections,
+        "deadline": args.deadline,
         "profiles": {
             p.name: {"rate_kbit": p.rate_kbit, "latency_ms": p.latency_ms}
             for p in PROFILES.values()
         },
         "fleet_up_s": fleet_up_s,
         "runs": results,
+        "ratios": ratios(results),
         "leftovers": leftovers,
         "wall_s": round(time.monotonic() - t0, 1),
     }

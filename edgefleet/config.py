@@ -35,6 +35,7 @@ from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR, NORM_FLOOR
 from edgefleet.strategies.selection import SELECTION_ORDERS
 from edgefleet.strategies.stopping import NORMS as STOPPING_NORMS
 from edgefleet.strategies.stopping import VALIDATION_RULES
+from edgefleet.strategies.timing import WAIT_MODES
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.datasets import DATASETS
 from edgefleet.task.names import ACCELERATORS, MODELS
@@ -167,6 +168,10 @@ RESUME_OPERATIONAL: tuple[str, ...] = (
     "resume-changes",
     "data-dir",
     "round-timeout",
+    "timeout-mode",
+    "first-round-timeout",
+    "timeout-slack",
+    "timeout-margin",
     "node-wait-timeout",
     "min-nodes",
     "client-threads",
@@ -234,7 +239,32 @@ class ServerConfig:
         "nodes to wait for before round 1 (at most `node-wait-timeout` s, then go on)",
     )
     round_timeout: float = key(
-        "round-timeout", 600.0, _positive, "seconds to wait for a round's replies"
+        "round-timeout",
+        600.0,
+        _positive,
+        "seconds to wait for a round's replies (with `timeout-mode` `expected`: the most a "
+        "timed device is waited for)",
+    )
+    timeout_mode: str = key(
+        "timeout-mode",
+        "fixed",
+        _choice(WAIT_MODES),
+        "`fixed` (every reply waited for `round-timeout`) or `expected` (each device for "
+        "`timeout-slack` x its observed round + `timeout-margin`, at most `round-timeout`; "
+        "`first-round-timeout` before its first timed round)",
+    )
+    first_round_timeout: float = key(
+        "first-round-timeout",
+        600.0,
+        _positive,
+        "`timeout-mode` `expected`: seconds to wait for a device never timed (its first round "
+        "installs, imports and loads data); may exceed `round-timeout`",
+    )
+    timeout_slack: float = key(
+        "timeout-slack", 3.0, _at_least(1.0), "`timeout-mode` `expected`: x the observed round"
+    )
+    timeout_margin: float = key(
+        "timeout-margin", 10.0, _at_least(0.0), "`timeout-mode` `expected`: seconds added"
     )
     eval_samples: int = key(
         "eval-samples",
@@ -371,6 +401,13 @@ class EnergyConfig:
     max_devices: int = key("selection.max-devices", 25, _at_least(1), "M: devices a round")
     batch_size: int = key(
         "selection.batch-size", 0, _at_least(0), "status queries per batch (0 = all at once)"
+    )
+    deadline: float = key(
+        "selection.deadline",
+        0.0,
+        _at_least(0.0),
+        "energy-age selection skips a device whose observed round (download + training + "
+        "upload, timed by the server) exceeds this many seconds; never timed = fits (0 = off)",
     )
     source: str = key(
         "energy.source", "bernoulli", _choice(SOURCES), " ".join(f"`{s}`" for s in SOURCES)
@@ -943,6 +980,12 @@ def _check_together(cfg: RunConfig) -> None:
             "cannot run within sessions; use 'data-free' or 'off'"
         )
     e = cfg.energy
+    if e.deadline and e.selection != "energy-age":
+        raise ConfigError(
+            f"run config 'selection.deadline' = {e.deadline!r} with selection.mode = "
+            f"{e.selection!r}: the deadline is energy-age selection's; set selection.mode = "
+            "'energy-age' or selection.deadline = 0"
+        )
     if e.selection == "energy-age" and e.source != "always-on" and e.capacity < e.round_cost:
         raise ConfigError(
             f"run config 'energy.capacity' = {e.capacity}: below one round's cost "

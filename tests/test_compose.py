@@ -212,8 +212,13 @@ class Fleet:
             "min-nodes": NUM_NODES,
             "node-wait-timeout": 120.0,
             # Each round starts a fresh ClientApp process per node (torch, data): 15-30 s on
-            # an idle 2-core machine, several times that under load.
+            # an idle 2-core machine, several times that under load, the first round the most
+            # (once three healthy nodes missed a fixed 150 s in round 1 and the round was
+            # lost): the first round waits up to 600 s, later ones 3 x each node's own round
+            # + 10 s, at most 150 s.
             "round-timeout": 150.0,
+            "timeout-mode": "expected",
+            "first-round-timeout": 600.0,
             "seed": 0,
             "output-dir": RESULTS,
             "run-name": run_name,

@@ -136,6 +136,7 @@ def _fleet(run_dir: Path) -> dict[str, Any]:
     fleet = json.loads((run_dir / "fleet.json").read_text())
     for device in fleet["devices"]:
         device.pop("node")  # Flower's node ids are random numbers; the in-process ones 1..N
+        device.pop("link")  # each round's timing on this machine's clock
         for key in MACHINE_STATE:  # readings of the machine at that moment, not the run's
             device.get("telemetry", {}).pop(key, None)
     return {k: v for k, v in fleet.items() if k not in TIMES}

@@ -43,6 +43,7 @@ from edgefleet.strategies.robust import RobustAggregation
 from edgefleet.strategies.screening import Screening
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
+from edgefleet.strategies.timing import RoundWait, WaitMode
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
 
@@ -151,6 +152,7 @@ def build_strategy(
             query_timeout=query_timeout(cfg),
             first_answer_timeout=first_answer_timeout(cfg),
             order=e.order,
+            deadline=e.deadline,
         )
     sc = cfg.stopping
     if (sc.mode != "off" or cfg.sessions_enabled) and central is None:
@@ -212,6 +214,18 @@ def screening_for(cfg: RunConfig) -> Screening:
     )
 
 
+def round_wait(cfg: RunConfig) -> RoundWait:
+    """How long a round waits for each device (``timeout-mode`` and its keys)."""
+    s = cfg.server
+    return RoundWait(
+        round_timeout=s.round_timeout,
+        mode=s.timeout_mode,
+        first_round_timeout=s.first_round_timeout,
+        slack=s.timeout_slack,
+        margin=s.timeout_margin,
+    )
+
+
 def query_timeout(cfg: RunConfig) -> float:
     """How long a status query waits: a node that died answers never, and the round must
     not wait for it longer than for a training reply (nor more than a minute)."""
@@ -223,7 +237,9 @@ def first_answer_timeout(cfg: RunConfig) -> float:
     may still be starting (on a loaded machine a Ray actor and its first data load take
     minutes), which must not turn into an empty round and change a seeded run's rows.
     A node that dies meanwhile is answered for by Flower (an error once it is offline)."""
-    return max(cfg.server.round_timeout, cfg.server.node_wait_timeout)
+    s = cfg.server
+    first = s.first_round_timeout if s.timeout_mode == WaitMode.EXPECTED else 0.0
+    return max(s.round_timeout, s.node_wait_timeout, first)
 
 
 def pruning_plan(cfg: RunConfig) -> PruningPlan:
@@ -409,7 +425,7 @@ def main(grid: Grid, context: Context) -> None:
         after=[writer, FleetWriter(run_dir, tau), checkpointer],
         evaluate_fn=central.evaluate,
         evaluate_every=cfg.server.evaluate_every,
-        round_timeout=cfg.server.round_timeout,
+        wait=round_wait(cfg),
         screening=screening_for(cfg),
     )
     checkpointer.loop_state = loop.state_dict

@@ -113,6 +113,10 @@ class InProcessGrid(Grid):
     ids each time.
     """
 
+    # Every reply comes back from the pull that delivers its message, or never: the round
+    # loop's exchange (edgefleet.strategies.timing) pulls once instead of polling for more.
+    synchronous = True
+
     def __init__(self, handlers: Mapping[int, Handler] | None = None) -> None:
         # Building a Message needs the ids of the task that sends it.
         TaskIdentity.task_id, TaskIdentity.run_id = 1, RUN_ID

@@ -73,6 +73,8 @@ class ScreeningRow:
     update_norm_max_ratio: float | None = optional()
     missing: list[str] | None = optional()  # asked to train, no reply within the timeout
     status_refused: list[dict[str, str]] | None = optional()  # status answers not accepted
+    # the longest wait a train message had (server.timeout-mode = expected only)
+    round_wait_s: float | None = optional()
 
 
 @dataclass
@@ -89,6 +91,8 @@ class SelectionRow:
 
     status_queries: int = 0  # status messages sent this round
     selected: list[str] = field(default_factory=list)  # device ids, in selection order
+    # devices left out because their observed round exceeds selection.deadline
+    deadline_skipped: list[str] | None = optional()
 
 
 @dataclass

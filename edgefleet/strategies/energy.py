@@ -85,8 +85,12 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         query_timeout: float = 60.0,
         first_answer_timeout: float | None = None,
         order: str = "age",
+        deadline: float = 0.0,
     ) -> None:
         super().__init__(inner)
+        if not deadline >= 0:
+            raise SelectionError(f"deadline={deadline!r} must be >= 0 (0 = no deadline)")
+        self.deadline = deadline
         if order not in SELECTION_ORDERS:
             raise SelectionError(f"order={order!r}; valid: {', '.join(SELECTION_ORDERS)}")
         self.order = order
@@ -103,6 +107,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             "Slots a round": self.slots_per_round,
             "Status queries per batch": self.batch_size or "all at once",
             "Query order": self.order,
+            "Deadline": f"{self.deadline:g} s" if self.deadline else "none",
         }
 
     def slot(self, server_round: int) -> int:
@@ -148,6 +153,8 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self.ages.register(node_of)
         self.register_devices(node_of)
         order = query_order(self.ages.ages, node_of, self.rng, self.order)
+        if self.deadline:
+            order, row.deadline_skipped = self._within_deadline(order)
         batch = self.batch_size or max(1, len(order))
 
         def feasible(devices: list[str]) -> dict[str, bool]:
@@ -173,6 +180,23 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         config = ConfigRecord({**dict(config), "slot": self.slot(server_round)})
         subset = SubsetGrid(grid, [node_of[d] for d in row.selected])
         return self.inner.configure_train(server_round, arrays, config, subset)  # type: ignore[arg-type]
+
+    def _within_deadline(self, order: list[str]) -> tuple[list[str], list[str] | None]:
+        """``order`` without the devices whose observed round exceeds the deadline (a device
+        never timed is assumed to fit), and those skipped (None: none). Age order is kept, so
+        among the devices that fit the oldest still go first; a skipped device keeps ageing."""
+        registry = current_round().registry
+        fits: list[str] = []
+        skipped: list[str] = []
+        for device in order:
+            link = registry.link(device)
+            expected = None if link is None else link.expected_s()
+            (skipped if expected is not None and expected > self.deadline else fits).append(device)
+        if skipped:
+            log(INFO, "energy-age selection: %d device(s) skipped, their rounds take longer than "
+                "the %g s deadline: %s", len(skipped), self.deadline,
+                ", ".join(skipped[:LOG_DEVICES]))  # fmt: skip
+        return fits, skipped or None
 
     def _why_nobody(self, nodes: list[int], heard: Mapping[int, DeviceStatus]) -> str:
         """Why this round's selection is empty, for the row and the log."""

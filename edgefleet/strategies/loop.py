@@ -62,7 +62,9 @@ from edgefleet.strategies.screening import (
     parse_device_id,
     reply_metrics,
 )
+from edgefleet.strategies.timing import Exchange, RoundWait, exchange, reported_compute
 
+TRAIN_TIME = "train-time-s"  # the seconds a ClientApp says it trained (EdgeFleet's reports it)
 EvaluateFn = Callable[[int, ArrayRecord], dict[str, float]]
 
 
@@ -179,6 +181,7 @@ class RoundLoop:
         round_timeout: float = 600.0,
         node_wait_timeout: float = 60.0,
         screening: Screening | None = None,
+        wait: RoundWait | None = None,
     ) -> None:
         if evaluate_every < 1:
             raise ValueError(f"evaluate_every={evaluate_every!r} must be >= 1")
@@ -188,7 +191,11 @@ class RoundLoop:
         self.evaluate_every = evaluate_every
         self.evaluate_config = evaluate_config
         self.callbacks = list(callbacks)
-        self.round_timeout = round_timeout
+        # How long a round waits for each reply (:mod:`edgefleet.strategies.timing`); without
+        # one, ``round_timeout`` for every reply.
+        self.wait = wait or RoundWait(round_timeout=round_timeout)
+        self.round_timeout = self.wait.round_timeout
+        self._unanswered: set[int] = set()  # nodes never timed that let a first-round wait pass
         self.keys = RecordKeys.of(strategy)
         # A strategy that accepts other replies than full-size arrays (CA-HFP's compact
         # submodels) brings its own check.
@@ -255,7 +262,8 @@ class RoundLoop:
         log(INFO, "[ROUND %d]", rnd)
         messages = self._configure(self.strategy.configure_train, rnd, arrays, config)
         bytes_down = sum(_payload_bytes(m) for m in messages)
-        replies = list(self.grid.send_and_receive(messages, timeout=self.round_timeout))
+        sent_round = self._exchange(messages, ctx)
+        replies = sent_round.replies
         # A reply is the answer to the message its reply_to names: the SuperLink's own error
         # for a node that went away comes from the SuperLink, not from that node.
         asked: dict[str, int] = ctx.own(self, dict)
@@ -276,6 +284,7 @@ class RoundLoop:
         # Counted before aggregation: Flower's FedMedian, FedTrimmedAvg and Bulyan empty the
         # replies' ArrayRecords while they aggregate.
         bytes_up = sum(_payload_bytes(m) for m in accepted)
+        self._note_timing(sent_round, accepted)
         new_arrays, train_metrics = self._aggregate(rnd, accepted, arrays, row)
         aggregated = accepted if new_arrays is not None else []
         if new_arrays is not None:
@@ -309,6 +318,39 @@ class RoundLoop:
             wall_s=time.monotonic() - t0,
             context=ctx,
         )
+
+    def _exchange(self, messages: list[Message], ctx: RoundContext) -> Exchange:
+        """Send the round's train messages, each with its wait (:class:`RoundWait`)."""
+        registry = self.registry
+        waits = []
+        for m in messages:
+            node = m.metadata.dst_node_id
+            device = registry.device_of(node)
+            link = None if device is None else registry.link(device)
+            waits.append(self.wait.budget(link, node in self._unanswered))
+        if self.wait.mode != "fixed" and waits:
+            ctx.section(ScreeningRow).round_wait_s = round(max(waits), 3)
+        return exchange(self.grid, messages, waits)  # type: ignore[arg-type]
+
+    def _note_timing(self, sent: Exchange, accepted: list[Message]) -> None:
+        """Each accepted reply's time into its device's link estimate; a message nobody
+        answered raises its device's estimate to the wait it was given."""
+        for msg in accepted:
+            rid = msg.metadata.reply_to_message_id
+            if rid not in sent.arrived_s:
+                continue
+            metrics = first_metrics(msg)
+            compute = None if metrics is None else reported_compute(metrics.get(TRAIN_TIME))
+            nbytes = _payload_bytes(msg) + _payload_bytes(sent.pushed.get(rid))
+            self.registry.note_timing(self.device_of(msg), sent.arrived_s[rid], nbytes, compute)
+        for rid, msg in sent.pushed.items():
+            if rid not in sent.arrived_s:
+                node = msg.metadata.dst_node_id
+                device = self.registry.device_of(node)
+                if device is not None:
+                    self.registry.note_timeout(device, sent.waits[rid])
+                else:
+                    self._unanswered.add(node)
 
     def _why_empty(self, sent: int, replies: int, accepted: int, row: ScreeningRow) -> str:
         """Why a round aggregated nobody (a wrapper that chose nobody says more itself)."""
@@ -582,8 +624,8 @@ def _order(device: str) -> tuple[int, int | str]:
     return (0, int(device)) if device.isdigit() else (1, device)
 
 
-def _payload_bytes(msg: Message) -> int:
-    if msg.has_error() or not msg.has_content():
+def _payload_bytes(msg: Message | None) -> int:
+    if msg is None or msg.has_error() or not msg.has_content():
         return 0
     return sum(rec.count_bytes() for rec in msg.content.array_records.values())
 

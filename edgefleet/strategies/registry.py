@@ -47,6 +47,8 @@ from typing import Any
 
 from flwr.common import log
 
+from edgefleet.strategies.timing import LinkEstimate
+
 # How many rejection reasons a device's record keeps (the newest), for the fleet view.
 REJECTIONS_KEPT = 20
 
@@ -184,10 +186,12 @@ class DeviceRecord:
     telemetry: Mapping[str, float | str] = field(default_factory=dict)  # the last accepted
     telemetry_dropped: dict[str, str] = field(default_factory=dict)  # field -> last reason
     telemetry_drops: int = 0  # values dropped in all
+    link: LinkEstimate | None = None  # its rounds' timing (None: never timed)
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "node": self.node,
+            "link": None if self.link is None else self.link.state_dict(),
             "labels": list(self.labels),
             "last_seen": self.last_seen,
             "participations": self.participations,
@@ -340,6 +344,24 @@ class DeviceRegistry:
             record.telemetry_dropped.update(telemetry.dropped)
             record.telemetry_drops += len(telemetry.dropped)
 
+    def note_timing(self, device: str, elapsed: float, nbytes: int, compute: float | None) -> None:
+        """A reply of ``device`` came ``elapsed`` s after its message; the round moved
+        ``nbytes`` and the device says it trained ``compute`` s (None: it does not say)."""
+        if (record := self.devices.get(device)) is not None:
+            record.link = record.link or LinkEstimate()
+            record.link.observe(elapsed, nbytes, compute)
+
+    def note_timeout(self, device: str, waited: float) -> None:
+        """``device`` did not reply within ``waited`` s."""
+        if (record := self.devices.get(device)) is not None:
+            record.link = record.link or LinkEstimate()
+            record.link.timed_out(waited)
+
+    def link(self, device: str) -> LinkEstimate | None:
+        """What the server has timed of ``device``'s rounds (None: nothing yet)."""
+        record = self.devices.get(device)
+        return None if record is None else record.link
+
     def labels(self, device: str) -> tuple[int, ...]:
         record = self.devices.get(device)
         return () if record is None else record.labels
@@ -390,6 +412,7 @@ class DeviceRegistry:
                     "rejections": [{"round": a, "reason": b} for a, b in r.rejections[-5:]],
                     "telemetry": dict(r.telemetry),
                     "telemetry_dropped": dict(r.telemetry_dropped),
+                    "link": None if r.link is None else r.link.view(),
                 }
             )
         return out
@@ -417,6 +440,7 @@ class DeviceRegistry:
                     last_trained=int(r.get("last_trained", 0)),
                     declines=int(r.get("declines", 0)),
                     rejections=[(int(a), str(b)) for a, b in r.get("rejections", [])],
+                    link=None if r.get("link") is None else LinkEstimate.from_state(r["link"]),
                 )
                 for d, r in records.items()
             }
