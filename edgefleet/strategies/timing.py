@@ -202,21 +202,33 @@ def exchange(
 
     The same calls as Flower's ``Grid.send_and_receive`` (push, then pull until done or
     timed out), with a wait per message and each reply's arrival time on this clock. A
-    grid that says it is ``synchronous`` (the in-process engine's: a message's reply comes
-    back from the pull that delivers it, or never) is pulled once."""
+    grid that says it is ``synchronous`` (the in-process engine's: every reply comes back from
+    the pull that delivers its message, or never) is asked once, through its own
+    ``send_and_receive`` with the longest wait, and every reply arrives at the call's end."""
     messages = list(messages)
     allowed = list(waits)
     if len(allowed) != len(messages):
         raise ValueError(f"{len(messages)} messages and {len(allowed)} waits")
+    longest = max(allowed, default=0.0)
+    start = time.monotonic()
+    if getattr(grid, "synchronous", False) is True:
+        answered = list(grid.send_and_receive(messages, timeout=longest))
+        now = time.monotonic() - start
+        sent = {m.metadata.message_id: (m, w) for m, w in zip(messages, allowed, strict=True)}
+        sent.pop("", None)  # not pushed (a grid that refused it gives it no id)
+        return Exchange(
+            answered,
+            {r.metadata.reply_to_message_id: now for r in answered},
+            {i: w for i, (_, w) in sent.items()},
+            {i: m for i, (m, _) in sent.items()},
+        )
     if poll_s is None:
         interval = getattr(grid, "pull_interval", None)
         poll_s = interval if isinstance(interval, float) and interval > 0 else DEFAULT_POLL_S
-    start = time.monotonic()
     ids = [i for i in grid.push_messages(messages) if i]
     # Pushing stamps each message with its id (as Flower's grids do); a message the grid
     # refused (to a node it does not know) has no id among those returned.
     sent = {m.metadata.message_id: (m, w) for m, w in zip(messages, allowed, strict=True)}
-    longest = max(allowed, default=0.0)
     waits_by_id = {i: sent[i][1] if i in sent else longest for i in ids}
     pending = set(ids)
     replies: list[Message] = []
@@ -230,7 +242,7 @@ def exchange(
                 pending.discard(rid)
                 arrived[rid] = now
                 replies.append(reply)
-        if not pending or getattr(grid, "synchronous", False) is True:
+        if not pending:
             break
         left = max(waits_by_id[i] for i in pending) - now
         if left <= 0:
