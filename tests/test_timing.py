@@ -5,8 +5,10 @@ advance it), so the tests are exact and take no wall-clock time."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,7 @@ from flwr.app import Message
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.dashboard.metrics import render
 from edgefleet.strategies import timing
 from edgefleet.strategies.context import ScreeningRow
 from edgefleet.strategies.energy import EnergyAgeSelection
@@ -158,7 +161,7 @@ def test_the_estimate_weighs_the_newest_round_and_bounds_what_a_device_claims() 
     assert again == est
 
 
-def test_timing_is_kept_in_the_registry_its_checkpoint_and_fleet_view() -> None:
+def test_timing_is_kept_in_the_registry_its_checkpoint_and_fleet_view(tmp_path: Path) -> None:
     registry = DeviceRegistry()
     registry.bind(5, "a")
     registry.note_timing("a", 12.0, 4096, 2.0)
@@ -169,6 +172,10 @@ def test_timing_is_kept_in_the_registry_its_checkpoint_and_fleet_view() -> None:
     loaded.load_state_dict(registry.state_dict())
     assert loaded.link("a") == registry.link("a")
     assert loaded.link("nobody") is None
+    # ... and Prometheus reads it from fleet.json, one gauge per field.
+    (tmp_path / "fleet.json").write_text(json.dumps({"devices": registry.snapshot({5})}))
+    text = render(tmp_path).decode()
+    assert 'edgefleet_device_link_round_s{device="a"} 12.0' in text
 
 
 def test_energy_age_selection_skips_devices_whose_rounds_exceed_the_deadline() -> None:
