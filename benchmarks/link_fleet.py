@@ -124,7 +124,15 @@ def run_one(
         [b[1] - a[1] for a, b in zip(s0, s1, strict=True)]
         for s0, s1 in zip(samples, samples[1:], strict=False)
     ]
-    return {"rows": rows, "round_s": round_s, "down": down[: len(rows)], "up": up[: len(rows)]}
+    fleet_view = json.loads((run_dir / "fleet.json").read_text())
+    links = {d["device"]: d.get("link") for d in fleet_view.get("devices", [])}
+    return {
+        "rows": rows,
+        "round_s": round_s,
+        "down": down[: len(rows)],
+        "up": up[: len(rows)],
+        "links": links,
+    }
 
 
 def summarize(result: dict[str, Any], profiles: list[str], target: float) -> dict[str, Any]:
@@ -148,6 +156,7 @@ def summarize(result: dict[str, Any], profiles: list[str], target: float) -> dic
         "app_bytes_up_per_round": round(statistics.mean(r["bytes_up"] for r in rows)),
         "compact_downloads": [r.get("compact_downloads", 0) for r in rows],
         "deadline_skipped": [r.get("deadline_skipped") or [] for r in rows],
+        "device_links": result["links"],  # fleet.json's timing per device at the end
         "round_wait_s": [r.get("round_wait_s") for r in rows],
         "participants": [len(r["participants"]) for r in rows],
         "missing": [r.get("missing", []) for r in rows],
