@@ -1,0 +1,161 @@
+"""The warm worker across a stopped run and a stopped node (edgefleet/client/worker.py).
+
+1. A run stopped while the SuperNode pulls one of its messages (a ServerApp killed
+   mid-round): Flower 1.42's SuperNode drops the message but leaves its task pending with the
+   objects missing, and takes its next message. The worker must give that task up once the
+   next one is there, not poll 500 times (~8 minutes) for objects that never come. Against a
+   stand-in SuperNode (its Runtime API on an in-memory HTTP transport), seconds.
+
+The restart against real processes is tests/test_restarts.py (opt-in).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.common.serde import context_to_proto, fab_to_proto, run_to_proto
+from flwr.proto import message_pb2, runtime_pb2, task_pb2
+from flwr.supercore.constant import TASK_TOKEN_HEADER
+from flwr.supercore.fab import Fab
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, get_object_tree
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+from edgefleet.client import worker
+
+NODE_ID = 7
+DEADLINE_S = 10.0  # far below Flower's 500 tries (~8 min at the worker's 1 s cap)
+
+
+class StandInSupernode:
+    """The Runtime API of a SuperNode that gave up the message of run 1 (its objects never
+    come) and then took a message of run 2, whose objects it holds. Run 2's task appears
+    once run 1's task asks for an object, as in Flower, where the SuperNode creates the next
+    message's task only after it gave up the last message."""
+
+    GAVE_UP, NEXT = 1, 2
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending: list[int] = [self.GAVE_UP]
+        self.token_run: dict[str, int] = {}
+        self.objects: dict[int, dict[str, bytes]] = {}
+        self.trees: dict[int, message_pb2.ObjectTree] = {}
+        for run_id in (self.GAVE_UP, self.NEXT):
+            TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, 0, 0
+            msg = Message(RecordDict({"config": ConfigRecord({"run": run_id})}), NODE_ID, "train")
+            self.trees[run_id] = get_object_tree(msg)
+            self.objects[run_id] = {k: v.deflate() for k, v in get_all_nested_objects(msg).items()}
+        self.closed = False  # the test is over: every pull fails, whatever still runs ends
+        self.replies: dict[int, float] = {}  # run -> when its reply came
+        self.outputs: dict[int, tuple[str, str, bool]] = {}  # run -> sub-status, details, ctx
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        rpc = request.url.path.rsplit("/", 1)[-1]
+        token = request.headers.get(TASK_TOKEN_HEADER, "")
+        with self.lock:
+            body = self._answer(rpc, self.token_run.get(token, 0), token, request.content)
+        return httpx.Response(200, content=body.SerializeToString())
+
+    def _answer(self, rpc: str, run_id: int, token: str, content: bytes) -> Any:
+        if rpc == "acquire-task":
+            if not self.pending:
+                return runtime_pb2.AcquireTaskResponse()
+            run = self.pending.pop(0)
+            token = f"token-{run}"
+            self.token_run[token] = run
+            task = task_pb2.Task(task_id=run, run_id=run)
+            return runtime_pb2.AcquireTaskResponse(task=task, token=token)
+        if rpc == "send-task-heartbeat":
+            return runtime_pb2.SendTaskHeartbeatResponse(success=True)
+        if rpc == "pull-task-input":
+            context = Context(run_id, NODE_ID, {}, RecordDict(), {})
+            run = Run.create_empty(run_id)
+            return runtime_pb2.PullTaskInputResponse(
+                context=context_to_proto(context),
+                run=run_to_proto(run),
+                fab=fab_to_proto(Fab("f" * 64, b"", {})),
+                task_id=run_id,
+            )
+        if rpc == "pull-messages":
+            return runtime_pb2.PullAppMessagesResponse(
+                messages_list=[message_pb2.Message()], message_object_trees=[self.trees[run_id]]
+            )
+        if rpc == "pull-object":
+            req = message_pb2.PullObjectRequest.FromString(content)
+            taken = self.NEXT in self.pending or self.NEXT in self.token_run.values()
+            if run_id == self.GAVE_UP and not taken:
+                self.pending.append(self.NEXT)  # the SuperNode took its next message
+            if self.closed:
+                return message_pb2.PullObjectResponse(object_found=False)
+            if run_id == self.GAVE_UP:
+                return message_pb2.PullObjectResponse(object_found=True, object_available=False)
+            return message_pb2.PullObjectResponse(
+                object_found=True,
+                object_available=True,
+                object_content=self.objects[run_id][req.object_id],
+            )
+        if rpc == "confirm-message-received":
+            return message_pb2.ConfirmMessageReceivedResponse()
+        if rpc == "push-messages":
+            self.replies[run_id] = time.monotonic()
+            return runtime_pb2.PushAppMessagesResponse(message_ids=["m"], session_id="s")
+        if rpc == "push-object":
+            return message_pb2.PushObjectResponse(stored=True)
+        if rpc == "push-task-output":
+            req = runtime_pb2.PushTaskOutputRequest.FromString(content)
+            self.outputs[run_id] = (req.sub_status, req.details, req.HasField("context"))
+            return runtime_pb2.PushTaskOutputResponse()
+        raise AssertionError(f"unexpected Runtime API call {rpc}")
+
+
+class EchoApp:
+    """Stands in for the warm ClientApp: answers every message with an empty reply."""
+
+    def load(self, *_: object) -> Any:
+        return lambda message, context: Message(RecordDict(), reply_to=message)
+
+
+@pytest.fixture
+def supernode(monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInSupernode]:
+    for name in ("_task_id", "_run_id", "_node_id"):  # pull_task_input sets them
+        monkeypatch.setattr(TaskIdentity, name, getattr(TaskIdentity, name))
+    node = StandInSupernode()
+    transport = httpx.MockTransport(node.handle)
+    real_client = httpx.Client
+
+    class OnStandIn(real_client):  # type: ignore[misc, valid-type]
+        def __init__(self, **kwargs: Any) -> None:
+            kwargs.pop("verify", None)
+            super().__init__(transport=transport, **kwargs)
+
+    monkeypatch.setattr(httpx, "Client", OnStandIn)
+    monkeypatch.setattr(worker, "WarmApp", EchoApp)
+    yield node
+    node.closed = True
+
+
+def test_a_task_whose_message_the_supernode_gave_up_yields_to_the_next(supernode) -> None:
+    runtime = worker.RuntimeAddress("supernode.invalid:9094")
+    done: list[int] = []
+    t0 = time.monotonic()
+    thread = threading.Thread(target=lambda: done.append(worker.serve(runtime, max_tasks=2)))
+    thread.start()
+    thread.join(DEADLINE_S)
+    supernode.closed = True  # ends a worker still polling for the objects
+    thread.join(30)
+    gave_up, next_run = StandInSupernode.GAVE_UP, StandInSupernode.NEXT
+    assert next_run in supernode.replies, "the next run's message got no reply"
+    assert supernode.replies[next_run] - t0 < DEADLINE_S, "answered only once the test gave up"
+    assert done == [2]
+    # The given-up task ends failed, with no reply and no Context of its own pushed back.
+    sub_status, details, with_context = supernode.outputs[gave_up]
+    assert sub_status == "failed" and details.startswith("abandoned: run 1: object")
+    assert gave_up not in supernode.replies and not with_context
+    assert supernode.outputs[next_run] == ("completed", "", True)
