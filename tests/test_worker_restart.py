@@ -5,15 +5,25 @@
    objects missing, and takes its next message. The worker must give that task up once the
    next one is there, not poll 500 times (~8 minutes) for objects that never come. Against a
    stand-in SuperNode (its Runtime API on an in-memory HTTP transport), seconds.
+2. ``edgefleet supernode`` stopped by a SIGTERM to its process group (systemd, a fleet's
+   stop): flower-supernode already has one and must get no second, which would kill it before
+   it deactivates. A stand-in ``flower-supernode`` (a Python script that handles SIGTERM as
+   Flower does) tells whether its shutdown ran to the end.
 
 The restart against real processes is tests/test_restarts.py (opt-in).
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -159,3 +169,112 @@ def test_a_task_whose_message_the_supernode_gave_up_yields_to_the_next(supernode
     assert sub_status == "failed" and details.startswith("abandoned: run 1: object")
     assert gave_up not in supernode.replies and not with_context
     assert supernode.outputs[next_run] == ("completed", "", True)
+
+
+# -- stopping flower-supernode --------------------------------------------------------------
+
+# Handles SIGTERM as Flower's register_signal_handlers does: the default action back first,
+# then the shutdown (deactivating the node at the SuperLink), which a second SIGTERM cuts.
+STAND_IN_SUPERNODE = """\
+#!{python}
+import os, signal, sys, time
+log = os.environ["STAND_IN_LOG"]
+def note(line):
+    with open(log, "a") as f:
+        f.write(line + "\\n")
+def graceful(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    note("stopping")
+    time.sleep(1.0)
+    note("deactivated")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, graceful)
+signal.signal(signal.SIGINT, graceful)
+note("ready")
+while True:
+    time.sleep(0.05)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start_node(tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """``edgefleet supernode`` with the stand-in as its flower-supernode, in a process
+    group of its own (as under systemd or a fleet); its worker polls a port nobody serves."""
+    script = tmp_path / "flower-supernode"
+    script.write_text(STAND_IN_SUPERNODE.format(python=sys.executable))
+    script.chmod(0o755)
+    log = tmp_path / "stand-in.log"
+    code = (
+        "import sys; from edgefleet.client import worker; "
+        f"worker._flower_supernode = lambda: {str(script)!r}; "
+        "sys.exit(worker.main(sys.argv[1:]))"
+    )
+    env = {**os.environ, "STAND_IN_LOG": str(log), "PYTHONPATH": str(Path.cwd())}
+    with (tmp_path / "node.log").open("wb") as out:
+        node = subprocess.Popen(
+            [sys.executable, "-c", code, "supernode", "--preload=", "--port", str(_free_port())],
+            env=env,
+            start_new_session=True,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 30
+    while "ready" not in (log.read_text() if log.exists() else ""):
+        assert node.poll() is None and time.monotonic() < deadline, "the node did not start"
+        time.sleep(0.05)
+    time.sleep(1.0)  # the worker's serve loop sees the child's handler (every <= 0.25 s)
+    return node, log
+
+
+def _stop(node: subprocess.Popen[bytes], log: Path, send: Any) -> tuple[int, list[str]]:
+    send()
+    try:
+        node.wait(timeout=30)
+    finally:
+        if node.poll() is None:
+            os.killpg(node.pid, signal.SIGKILL)
+            node.wait()
+    return node.returncode, log.read_text().split()
+
+
+@pytest.mark.parametrize("worker_again", [False, True], ids=["group", "group-then-worker"])
+def test_a_sigterm_to_the_group_reaches_flower_supernode_once(
+    tmp_path: Path, worker_again: bool
+) -> None:
+    # systemd's default KillMode: the group; a fleet's stop: the group, then each process.
+    node, log = _start_node(tmp_path)
+
+    def signal_group() -> None:
+        os.killpg(node.pid, signal.SIGTERM)
+        if worker_again:
+            time.sleep(0.05)
+            os.kill(node.pid, signal.SIGTERM)
+
+    rc, lines = _stop(node, log, signal_group)
+    assert lines == ["ready", "stopping", "deactivated"], (rc, lines)
+    assert rc == 0
+
+
+def test_a_sigterm_to_the_worker_alone_is_passed_on_once(tmp_path: Path) -> None:
+    node, log = _start_node(tmp_path)
+    rc, lines = _stop(node, log, lambda: os.kill(node.pid, signal.SIGTERM))
+    assert lines == ["ready", "stopping", "deactivated"], (rc, lines)
+    assert rc == 0
+
+
+def test_a_child_that_does_not_stop_is_killed_after_the_wait(tmp_path: Path) -> None:
+    script = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(60)\n"
+    popen = subprocess.Popen([sys.executable, "-c", script])
+    child = worker._SupernodeChild(popen)
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    child.stop(timeout=0.5)
+    assert popen.returncode == -signal.SIGKILL
+    assert 0.5 <= time.monotonic() - t0 < 5.0
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # the worker's are back

@@ -92,8 +92,12 @@ PULL_RETRY_CAP_S = 1.0
 # whether it has taken its next message (``_Successor``): the delay, at worst, before the
 # worker gives up a message that the SuperNode gave up.
 SUCCESSOR_CHECK_S = 0.5
+# flower-supernode's own exit is bounded by Flower's force-exit timer (5 s, then os._exit):
+# more than enough to deactivate the node at the SuperLink. Killed only after this.
+CHILD_STOP_S = 15.0
 DEFAULT_PRELOAD = ("torch",)
 PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class WorkerError(RuntimeError):
@@ -507,7 +511,7 @@ def _stop_on_signals() -> threading.Event:
             raise SystemExit(128 + signum)
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, handler)
     return stop
 
@@ -572,6 +576,64 @@ def _flower_supernode() -> str:
     return found
 
 
+def _catches_sigterm(pid: int) -> bool | None:
+    """Whether process ``pid`` has a SIGTERM handler now (Linux ``/proc``; None: unknown)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return None
+
+
+class _SupernodeChild:
+    """``flower-supernode`` as the worker's child, stopped with one SIGTERM at most.
+
+    Flower's handler takes the first SIGTERM, puts back the default action and then
+    deactivates the node at the SuperLink (so that its key may rejoin at once); a second
+    SIGTERM meanwhile kills it half-way. The child shares the worker's process group, so a
+    signal sent to the group (systemd stopping the service, a fleet's stop, Ctrl-C) reaches
+    it as well as the worker: then it is stopping already and gets nothing more. Told apart
+    by its SIGTERM handler: seen while it ran (``alive``), gone when it is stopping. A
+    SIGTERM while the handler is still there is safe (one not yet handled is merged with
+    it); only a handler that goes between the look and the signal, microseconds, is missed."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self._handled_sigterm = False  # seen with Flower's handler in place
+
+    def alive(self) -> bool:
+        if self.popen.poll() is not None:
+            return False
+        if not self._handled_sigterm:
+            self._handled_sigterm = bool(_catches_sigterm(self.popen.pid))
+        return True
+
+    def stop(self, timeout: float = CHILD_STOP_S) -> None:
+        """One SIGTERM unless it is stopping already, a wait of ``timeout`` seconds, then
+        SIGKILL. Further signals to the worker are ignored meanwhile: the worker dying first
+        would send the child its parent-death SIGTERM, a second one."""
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+        try:
+            if self.popen.poll() is not None:
+                return
+            if self._handled_sigterm and _catches_sigterm(self.popen.pid) is False:
+                fp.log(INFO, "Worker: flower-supernode got the signal too; waiting for it")
+            else:
+                self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                fp.log(WARNING, "Worker: flower-supernode still runs after %.0f s; killed", timeout)
+                self.popen.kill()
+                self.popen.wait()
+        finally:
+            for sig, handler in previous.items():  # None: not set from Python
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
 def _die_with_parent() -> None:
     """In the child: get SIGTERM when the worker dies, even by SIGKILL (Linux)."""
     with contextlib.suppress(Exception):
@@ -624,25 +686,21 @@ def supernode_main(argv: Sequence[str]) -> int:
             print(f"edgefleet supernode: {err}", file=sys.stderr)
             return 2
         stop = _stop_on_signals()
-        child = subprocess.Popen(
-            command, preexec_fn=_die_with_parent if sys.platform == "linux" else None
+        child = _SupernodeChild(
+            subprocess.Popen(
+                command, preexec_fn=_die_with_parent if sys.platform == "linux" else None
+            )
         )
         try:
             preload(args.preload)
-            serve(runtime, alive=lambda: child.poll() is None, stop=stop)
+            serve(runtime, alive=child.alive, stop=stop)
         except WorkerError as err:
             print(f"edgefleet supernode: {err}", file=sys.stderr)
         finally:
-            if child.poll() is None:
-                child.terminate()
-                try:
-                    child.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
+            child.stop()
         if stop.is_set():
             return 0  # we were stopped, and stopped the SuperNode
-        rc = child.returncode
+        rc = child.popen.returncode
         return rc if rc is not None and rc >= 0 else 1  # the SuperNode's exit code
     finally:
         shutil.rmtree(private, ignore_errors=True)
