@@ -47,11 +47,13 @@ class StandInSupernode:
     """The Runtime API of a SuperNode that gave up the message of run 1 (its objects never
     come) and then took a message of run 2, whose objects it holds. Run 2's task appears
     once run 1's task asks for an object, as in Flower, where the SuperNode creates the next
-    message's task only after it gave up the last message."""
+    message's task only after it gave up the last message. With ``late_s``, it did not give
+    up: run 1's objects arrive after ``late_s`` seconds, and no other task appears."""
 
     GAVE_UP, NEXT = 1, 2
 
-    def __init__(self) -> None:
+    def __init__(self, late_s: float | None = None) -> None:
+        self.late_at = None if late_s is None else time.monotonic() + late_s
         self.lock = threading.Lock()
         self.pending: list[int] = [self.GAVE_UP]
         self.token_run: dict[str, int] = {}
@@ -100,11 +102,11 @@ class StandInSupernode:
         if rpc == "pull-object":
             req = message_pb2.PullObjectRequest.FromString(content)
             taken = self.NEXT in self.pending or self.NEXT in self.token_run.values()
-            if run_id == self.GAVE_UP and not taken:
+            if run_id == self.GAVE_UP and not taken and self.late_at is None:
                 self.pending.append(self.NEXT)  # the SuperNode took its next message
             if self.closed:
                 return message_pb2.PullObjectResponse(object_found=False)
-            if run_id == self.GAVE_UP:
+            if run_id == self.GAVE_UP and (self.late_at is None or time.monotonic() < self.late_at):
                 return message_pb2.PullObjectResponse(object_found=True, object_available=False)
             return message_pb2.PullObjectResponse(
                 object_found=True,
@@ -133,10 +135,10 @@ class EchoApp:
 
 
 @pytest.fixture
-def supernode(monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInSupernode]:
+def supernode(monkeypatch: pytest.MonkeyPatch, request: Any) -> Iterator[StandInSupernode]:
     for name in ("_task_id", "_run_id", "_node_id"):  # pull_task_input sets them
         monkeypatch.setattr(TaskIdentity, name, getattr(TaskIdentity, name))
-    node = StandInSupernode()
+    node = StandInSupernode(getattr(request, "param", None))
     transport = httpx.MockTransport(node.handle)
     real_client = httpx.Client
 
@@ -169,6 +171,15 @@ def test_a_task_whose_message_the_supernode_gave_up_yields_to_the_next(supernode
     assert sub_status == "failed" and details.startswith("abandoned: run 1: object")
     assert gave_up not in supernode.replies and not with_context
     assert supernode.outputs[next_run] == ("completed", "", True)
+
+
+@pytest.mark.parametrize("supernode", [1.0], indirect=True)
+def test_objects_that_come_late_are_waited_for(supernode) -> None:
+    # The SuperNode still pulls them from the SuperLink (a slow link): no task of its next
+    # message exists, so the worker keeps polling, as Flower does.
+    assert worker.serve(worker.RuntimeAddress("supernode.invalid:9094"), max_tasks=1) == 1
+    assert supernode.outputs[StandInSupernode.GAVE_UP] == ("completed", "", True)
+    assert StandInSupernode.GAVE_UP in supernode.replies
 
 
 # -- stopping flower-supernode --------------------------------------------------------------
