@@ -18,9 +18,9 @@ cores (7 at load 8 with plain ``flower-supernode`` nodes), beyond what CI's budg
 nodes are ``edgefleet supernode`` processes (the warm worker): the message a node was pulling
 when its run stopped leaves a task behind, which the worker gives up for the resumed run's
 first message (``worker._Successor``; it used to wait out 500 pulls, ~8 minutes, and the
-resumed run got no reply). (A node killed and restarted
-with its key and data: ``tests/test_links.py``. The ServerApp-only crash on loopback without
-a database: ``tests/test_deployment_resume.py``.)
+resumed run got no reply). (A node killed and restarted with its key and data:
+``tests/test_links.py``. The ServerApp-only crash on loopback without a database:
+``tests/test_deployment_resume.py``.)
 """
 
 from __future__ import annotations
