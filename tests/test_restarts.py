@@ -13,10 +13,12 @@ SuperLink with ``--database``), one 4-round run through two crashes:
    the checkpoint.
 
 Every round is on record exactly once, the rows written before each crash are unchanged, and
-the run completes. Opt-in (``EDGEFLEET_RESTART_TEST=1``): 7 minutes at load 8 on 2 cores,
-beyond what CI's budget holds. The nodes are plain ``flower-supernode`` processes: under
-``edgefleet supernode`` the warm worker answered nothing of the resumed run (it stayed on the
-killed run's last message; see the README). (A node killed and restarted with its key and data:
+the run completes. Opt-in (``EDGEFLEET_RESTART_TEST=1``): 3 minutes on 2 otherwise idle
+cores (7 at load 8 with plain ``flower-supernode`` nodes), beyond what CI's budget holds. The
+nodes are ``edgefleet supernode`` processes (the warm worker): the message a node was pulling
+when its run stopped leaves a task behind, which the worker gives up for the resumed run's
+first message (``worker._Successor``; it used to wait out 500 pulls, ~8 minutes, and the
+resumed run got no reply). (A node killed and restarted with its key and data:
 ``tests/test_links.py``. The ServerApp-only crash on loopback without a database:
 ``tests/test_deployment_resume.py``.)
 """
@@ -75,16 +77,15 @@ def test_serverapp_and_superlink_restarts_lose_no_round(tmp_path: Path) -> None:
     workdir = tmp_path / "fleet"
     profiles = ["fast", "fast"]
     with lf.running_fleet(
-        workdir, profiles, lf.node_configs(2), database=workdir / "state.db", warm=False
+        workdir, profiles, lf.node_configs(2), database=workdir / "state.db"
     ) as fleet:
         run_config = {
             "num-server-rounds": NUM_ROUNDS,
             "local-steps": 2,
             "model": "linear",
             "min-nodes": 2,
-            # A plain SuperNode starts a flwr-clientapp process (torch and all) per message:
-            # 20-30 s under load. A node may still pull the killed run's messages when the
-            # resumed run's first round starts; that round then waits this long for it.
+            # A node may still train on the killed run's last message when the resumed run's
+            # first round starts; that round then waits this long for it.
             "round-timeout": 60.0,
             "output-dir": str(tmp_path / "out"),
             "run-name": RUN_NAME,

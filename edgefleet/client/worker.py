@@ -16,7 +16,8 @@ module is that executor. It claims ``flwr-clientapp`` tasks (``AcquireTask``) an
 its own interpreter with the very functions ``flwr-clientapp`` uses (``pull_task_input``,
 ``install_from_fab``, Flower's ClientApp loader, ``push_message``, ``push_task_output``), so
 a message gets exactly the handling it would get from Flower (only the message's objects are
-pulled with shorter retry waits: ``PULL_FIRST_RETRY_S``). What stays warm between
+pulled with shorter retry waits, ``PULL_FIRST_RETRY_S``, and given up as soon as the SuperNode
+has given them up: ``_Successor``). What stays warm between
 messages: the interpreter, the flwr and torch imports (torch is imported at start, before the
 first message), the installed FAB and its loaded ClientApp module, and with it whatever that
 module caches per process (EdgeFleet's :mod:`edgefleet.client.device`: the local data and the
@@ -87,8 +88,16 @@ MAX_POLL_S = 0.25
 # pull, first retry after 20 ms, doubling to at most 1 s (500 tries, Flower's limit: ~8 min).
 PULL_FIRST_RETRY_S = 0.02
 PULL_RETRY_CAP_S = 1.0
+# A task whose message's objects are still missing asks the SuperNode at most this often
+# whether it has taken its next message (``_Successor``): the delay, at worst, before the
+# worker gives up a message that the SuperNode gave up.
+SUCCESSOR_CHECK_S = 0.5
+# flower-supernode's own exit is bounded by Flower's force-exit timer (5 s, then os._exit):
+# more than enough to deactivate the node at the SuperLink. Killed only after this.
+CHILD_STOP_S = 15.0
 DEFAULT_PRELOAD = ("torch",)
 PR_SET_PDEATHSIG = 1
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class WorkerError(RuntimeError):
@@ -121,8 +130,67 @@ def _retry_invoker(max_time: float = 60.0) -> fp.RetryInvoker:
     )
 
 
-def _client(runtime: RuntimeAddress, extra: Sequence[Any] = ()) -> fp.RuntimeHttpClient:
-    return fp.RuntimeHttpClient.from_server_address(
+class TaskAbandoned(Exception):
+    """The SuperNode gave up this task's message: its objects will never come."""
+
+
+class _Successor:
+    """The SuperNode's next ClientApp task, claimed while the current task still waits for
+    the objects of its message: proof that they will never come.
+
+    Flower 1.42's SuperNode takes one message at a time: it creates the message's task, pulls
+    the message's objects from the SuperLink, stores them all at once, and then waits for a
+    reply before it takes the next message. When the run stops while those objects are on
+    their way (a ServerApp killed mid-round; the SuperLink answers ``RunNotRunningException``)
+    it drops the message but leaves its task pending and the objects missing
+    (``start_client_internal._pull_and_store_message`` catches that exception without
+    finishing the task), and takes the next message. A ``flwr-clientapp`` process started for
+    the left task polls for those objects (500 tries) while the SuperExec starts processes for
+    the next tasks beside it; the warm worker runs one task at a time and waited out all 500
+    tries, ~8 minutes, answering nothing meanwhile (a resumed run got no reply). So a task
+    that appears while objects are missing means the SuperNode left this message: had it
+    stored the objects, it would still be waiting for this task's reply."""
+
+    def __init__(self, claim: Callable[[], str | None]) -> None:
+        self._claim = claim
+        self._lock = threading.Lock()
+        self._checked_at = -SUCCESSOR_CHECK_S
+        self.token: str | None = None
+
+    def arrived(self) -> bool:
+        with self._lock:  # the object pulls run in several threads
+            now = time.monotonic()
+            if self.token is None and now - self._checked_at >= SUCCESSOR_CHECK_S:
+                self._checked_at = now
+                self.token = self._claim()
+            return self.token is not None
+
+
+class _TaskClient(fp.RuntimeHttpClient):
+    """The Runtime API as one task sees it; given ``successor``, an object of the message
+    that is still missing once the SuperNode has taken its next message raises
+    :class:`TaskAbandoned` instead of being retried (Flower would retry it 500 times)."""
+
+    successor: _Successor | None = None
+
+    def PullObject(self, request: Any) -> Any:  # Flower's name
+        response = super().PullObject(request)
+        if not response.object_found or response.object_available or self.successor is None:
+            return response
+        if not self.successor.arrived():
+            return response  # Flower retries it
+        response = super().PullObject(request)  # once more: stored just before it moved on
+        if response.object_found and not response.object_available:
+            raise TaskAbandoned(
+                f"run {request.run_id}: object {request.object_id[:12]} of the message is "
+                "still missing and the SuperNode has taken its next message, so it gave this "
+                "one up (the run stopped while the message was on its way)"
+            )
+        return response
+
+
+def _client(runtime: RuntimeAddress, extra: Sequence[Any] = ()) -> _TaskClient:
+    return _TaskClient.from_server_address(
         server_address=runtime.address,
         insecure=runtime.insecure,
         root_certificates=runtime.root_certificates,
@@ -214,9 +282,14 @@ def _quick_object_pulls() -> Iterator[None]:
         fp.run_clientapp.pull_and_inflate_object_from_tree = flower_pull
 
 
-def run_task(runtime: RuntimeAddress, token: str, warm: WarmApp) -> str:
-    """Run one claimed ClientApp task as ``flwr-clientapp`` would; its final sub-status."""
+def run_task(
+    runtime: RuntimeAddress, token: str, warm: WarmApp, successor: _Successor | None = None
+) -> str:
+    """Run one claimed ClientApp task as ``flwr-clientapp`` would; its final sub-status.
+    With ``successor``, a task whose message the SuperNode gave up ends as soon as the
+    SuperNode's next task is claimed (``successor.token``)."""
     client = _client(runtime, [fp.RuntimeTokenHttpInterceptor(token)])
+    client.successor = successor
     lost = threading.Event()
     heartbeat = fp.HeartbeatSender(_heartbeat(client, lost))
     message: Message | None = None
@@ -233,6 +306,9 @@ def run_task(runtime: RuntimeAddress, token: str, warm: WarmApp) -> str:
     except fp.RunNotRunningException:
         fp.log(INFO, "Worker: the run of this task is no longer running; task dropped")
         details = "run not running"
+    except TaskAbandoned as gone:  # no reply, and the SuperNode's Context stays as it is
+        fp.log(WARNING, "Worker: task abandoned, going on with the next one: %s", gone)
+        details = f"abandoned: {gone}"
     except Exception as ex:  # as flwr-clientapp: any error becomes an Error reply
         code = fp.ErrorCode.CLIENT_APP_RAISED_EXCEPTION
         reason = f"{type(ex)}:<'{ex}'>"
@@ -282,10 +358,26 @@ def serve(
         retry_invoker=None,
     )
     request = fp.AcquireTaskRequest(supported_task_types=[fp.TaskType.CLIENT_APP])
+
+    def claim() -> str | None:
+        try:
+            response = control.AcquireTask(request)
+        except httpx.HTTPError:
+            return None
+        return response.token if response.HasField("task") and response.token else None
+
     warm = WarmApp()
     done, delay, reported = 0, MIN_POLL_S, False
+    claimed: str | None = None  # the next task, claimed while the last one ran
     try:
         while alive() and not stop.is_set() and (max_tasks is None or done < max_tasks):
+            if claimed is not None:
+                successor = _Successor(claim)
+                run_task(runtime, claimed, warm, successor)
+                claimed = successor.token
+                done += 1
+                delay = MIN_POLL_S
+                continue
             try:
                 response = control.AcquireTask(request)
             except httpx.HTTPStatusError as err:
@@ -303,9 +395,7 @@ def serve(
                 stop.wait(MAX_POLL_S)
                 continue
             if response is not None and response.HasField("task") and response.token:
-                run_task(runtime, response.token, warm)
-                done += 1
-                delay = MIN_POLL_S
+                claimed = response.token
                 continue
             stop.wait(delay)
             delay = min(MAX_POLL_S, delay * 2)
@@ -421,7 +511,7 @@ def _stop_on_signals() -> threading.Event:
             raise SystemExit(128 + signum)
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, handler)
     return stop
 
@@ -486,6 +576,64 @@ def _flower_supernode() -> str:
     return found
 
 
+def _catches_sigterm(pid: int) -> bool | None:
+    """Whether process ``pid`` has a SIGTERM handler now (Linux ``/proc``; None: unknown)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return None
+
+
+class _SupernodeChild:
+    """``flower-supernode`` as the worker's child, stopped with one SIGTERM at most.
+
+    Flower's handler takes the first SIGTERM, puts back the default action and then
+    deactivates the node at the SuperLink (so that its key may rejoin at once); a second
+    SIGTERM meanwhile kills it half-way. The child shares the worker's process group, so a
+    signal sent to the group (systemd stopping the service, a fleet's stop, Ctrl-C) reaches
+    it as well as the worker: then it is stopping already and gets nothing more. Told apart
+    by its SIGTERM handler: seen while it ran (``alive``), gone when it is stopping. A
+    SIGTERM while the handler is still there is safe (one not yet handled is merged with
+    it); only a handler that goes between the look and the signal, microseconds, is missed."""
+
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
+        self.popen = popen
+        self._handled_sigterm = False  # seen with Flower's handler in place
+
+    def alive(self) -> bool:
+        if self.popen.poll() is not None:
+            return False
+        if not self._handled_sigterm:
+            self._handled_sigterm = bool(_catches_sigterm(self.popen.pid))
+        return True
+
+    def stop(self, timeout: float = CHILD_STOP_S) -> None:
+        """One SIGTERM unless it is stopping already, a wait of ``timeout`` seconds, then
+        SIGKILL. Further signals to the worker are ignored meanwhile: the worker dying first
+        would send the child its parent-death SIGTERM, a second one."""
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+        try:
+            if self.popen.poll() is not None:
+                return
+            if self._handled_sigterm and _catches_sigterm(self.popen.pid) is False:
+                fp.log(INFO, "Worker: flower-supernode got the signal too; waiting for it")
+            else:
+                self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                fp.log(WARNING, "Worker: flower-supernode still runs after %.0f s; killed", timeout)
+                self.popen.kill()
+                self.popen.wait()
+        finally:
+            for sig, handler in previous.items():  # None: not set from Python
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+
 def _die_with_parent() -> None:
     """In the child: get SIGTERM when the worker dies, even by SIGKILL (Linux)."""
     with contextlib.suppress(Exception):
@@ -538,25 +686,21 @@ def supernode_main(argv: Sequence[str]) -> int:
             print(f"edgefleet supernode: {err}", file=sys.stderr)
             return 2
         stop = _stop_on_signals()
-        child = subprocess.Popen(
-            command, preexec_fn=_die_with_parent if sys.platform == "linux" else None
+        child = _SupernodeChild(
+            subprocess.Popen(
+                command, preexec_fn=_die_with_parent if sys.platform == "linux" else None
+            )
         )
         try:
             preload(args.preload)
-            serve(runtime, alive=lambda: child.poll() is None, stop=stop)
+            serve(runtime, alive=child.alive, stop=stop)
         except WorkerError as err:
             print(f"edgefleet supernode: {err}", file=sys.stderr)
         finally:
-            if child.poll() is None:
-                child.terminate()
-                try:
-                    child.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    child.kill()
-                    child.wait()
+            child.stop()
         if stop.is_set():
             return 0  # we were stopped, and stopped the SuperNode
-        rc = child.returncode
+        rc = child.popen.returncode
         return rc if rc is not None and rc >= 0 else 1  # the SuperNode's exit code
     finally:
         shutil.rmtree(private, ignore_errors=True)
