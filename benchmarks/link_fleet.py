@@ -293,6 +293,20 @@ def main(argv: list[str] | None = None) -> int:
             p.name: {"rate_kbit": p.rate_kbit, "latency_ms": p.latency_ms}
             for p in PROFILES.values()
         },
+        "sizes": {
+            "nodes": args.nodes,
+            "rounds": args.rounds,
+            "local_steps": args.local_steps,
+            "model": args.model,
+            "keep_ratios": keep_ratios,
+            "target": args.target,
+            "round_timeout": args.round_timeout,
+            "mixes": mixes,
+            "modes": modes,
+            "selections": selections,
+            "deadline": args.deadline,
+            "seed": args.seed,
+        },
         "fleet_up_s": fleet_up_s,
         "runs": results,
         "ratios": ratios(results),
