@@ -53,11 +53,18 @@ class SlowGrid(FakeGrid):
 
     synchronous = False
 
-    def __init__(self, clock: Clock, delays: dict[int, Sequence[float]], train_s: float = 0.5):
+    def __init__(
+        self,
+        clock: Clock,
+        delays: dict[int, Sequence[float]],
+        train_s: float = 0.5,
+        claims: bool = True,
+    ):
         def handler(device: int):
             def handle(msg: Message) -> Message:
                 got = msg.content["arrays"]["w"].numpy()
-                metrics = {"device-id": device, "train-time-s": train_s}
+                # claims=False: a Flower user's ClientApp, no device-id and no train time
+                metrics = {"device-id": device, "train-time-s": train_s} if claims else {}
                 return train_reply(msg, rec(w=got + 1.0), 10, **metrics)
 
             return handle
@@ -137,6 +144,17 @@ def test_a_node_that_never_answers_has_its_first_round_wait_once(clock: Clock) -
     assert ends[1] - ends[0] == pytest.approx(20.0, abs=0.6)  # round-timeout from then on
 
 
+def test_a_clientapp_that_claims_no_device_id_is_timed_by_its_node(clock: Clock) -> None:
+    wait = RoundWait(round_timeout=60.0, mode="expected", first_round_timeout=100.0, slack=2.0,
+                     margin=5.0)  # fmt: skip
+    grid = SlowGrid(clock, {1: [2, 2], 2: [1, NEVER]}, claims=False)
+    rows, ends, loop = _run(grid, wait, 2)
+    assert rows.results[0].participants == ["node-1", "node-2"]
+    # Round 2: node 2 (1 s last time) is waited for 2 x 1 + 5 = 7 s, not the first-round 100.
+    assert ends[1] - ends[0] == pytest.approx(7.0, abs=0.6)
+    assert loop.link_of(1) is not None and loop.link_of(1).compute_s is None
+
+
 def test_the_fixed_wait_is_flowers_behaviour() -> None:
     wait = RoundWait(round_timeout=42.0)
     timed = LinkEstimate()
@@ -145,7 +163,9 @@ def test_the_fixed_wait_is_flowers_behaviour() -> None:
     expected = RoundWait(round_timeout=42.0, mode="expected", first_round_timeout=500.0)
     assert expected.budget(None) == 500.0
     assert expected.budget(timed) == 3.0 * 3.0 + 10.0
-    assert expected.budget(None, allowance_spent=True) == 42.0
+    missed = LinkEstimate()
+    missed.timed_out(500.0)  # its first-round wait passed unanswered
+    assert expected.budget(missed) == 42.0
 
 
 def test_the_estimate_weighs_the_newest_round_and_bounds_what_a_device_claims() -> None:

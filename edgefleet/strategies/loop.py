@@ -62,7 +62,13 @@ from edgefleet.strategies.screening import (
     parse_device_id,
     reply_metrics,
 )
-from edgefleet.strategies.timing import Exchange, RoundWait, exchange, reported_compute
+from edgefleet.strategies.timing import (
+    Exchange,
+    LinkEstimate,
+    RoundWait,
+    exchange,
+    reported_compute,
+)
 
 TRAIN_TIME = "train-time-s"  # the seconds a ClientApp says it trained (EdgeFleet's reports it)
 EvaluateFn = Callable[[int, ArrayRecord], dict[str, float]]
@@ -194,8 +200,9 @@ class RoundLoop:
         # How long a round waits for each reply (:mod:`edgefleet.strategies.timing`); without
         # one, ``round_timeout`` for every reply.
         self.wait = wait or RoundWait(round_timeout=round_timeout)
-        self.round_timeout = self.wait.round_timeout
-        self._unanswered: set[int] = set()  # nodes never timed that let a first-round wait pass
+        # Timing of nodes with no device record (a ClientApp that claims no device-id, as a
+        # Flower user's may not): by node id, for this process only (node ids change).
+        self._node_links: dict[int, LinkEstimate] = {}
         self.keys = RecordKeys.of(strategy)
         # A strategy that accepts other replies than full-size arrays (CA-HFP's compact
         # submodels) brings its own check.
@@ -321,16 +328,25 @@ class RoundLoop:
 
     def _exchange(self, messages: list[Message], ctx: RoundContext) -> Exchange:
         """Send the round's train messages, each with its wait (:class:`RoundWait`)."""
-        registry = self.registry
-        waits = []
-        for m in messages:
-            node = m.metadata.dst_node_id
-            device = registry.device_of(node)
-            link = None if device is None else registry.link(device)
-            waits.append(self.wait.budget(link, node in self._unanswered))
+        waits = [self.wait.budget(self.link_of(m.metadata.dst_node_id)) for m in messages]
         if self.wait.mode != "fixed" and waits:
             ctx.section(ScreeningRow).round_wait_s = round(max(waits), 3)
         return exchange(self.grid, messages, waits)  # type: ignore[arg-type]
+
+    def link_of(self, node: int) -> LinkEstimate | None:
+        """What the loop has timed of ``node``'s rounds: its device's estimate in the
+        registry, else the node's own (None: never timed)."""
+        device = self.registry.device_of(node)
+        if device is not None:
+            return self.registry.link(device)
+        return self._node_links.get(node)
+
+    def _link_for(self, node: int) -> LinkEstimate:
+        """``node``'s estimate to add to (made on first use)."""
+        device = self.registry.device_of(node)
+        if device is not None:
+            return self.registry.timing(device)
+        return self._node_links.setdefault(node, LinkEstimate())
 
     def _note_timing(self, sent: Exchange, accepted: list[Message]) -> None:
         """Each accepted reply's time into its device's link estimate; a message nobody
@@ -342,15 +358,11 @@ class RoundLoop:
             metrics = first_metrics(msg)
             compute = None if metrics is None else reported_compute(metrics.get(TRAIN_TIME))
             nbytes = _payload_bytes(msg) + _payload_bytes(sent.pushed.get(rid))
-            self.registry.note_timing(self.device_of(msg), sent.arrived_s[rid], nbytes, compute)
+            link = self._link_for(msg.metadata.src_node_id)
+            link.observe(sent.arrived_s[rid], nbytes, compute)
         for rid, msg in sent.pushed.items():
             if rid not in sent.arrived_s:
-                node = msg.metadata.dst_node_id
-                device = self.registry.device_of(node)
-                if device is not None:
-                    self.registry.note_timeout(device, sent.waits[rid])
-                else:
-                    self._unanswered.add(node)
+                self._link_for(msg.metadata.dst_node_id).timed_out(sent.waits[rid])
 
     def _why_empty(self, sent: int, replies: int, accepted: int, row: ScreeningRow) -> str:
         """Why a round aggregated nobody (a wrapper that chose nobody says more itself)."""
@@ -359,7 +371,7 @@ class RoundLoop:
         if row.round_dropped:
             why = row.round_dropped
         elif not replies:
-            why = f"no reply to {sent} train messages within {self.round_timeout:.0f} s"
+            why = f"no reply to {sent} train messages within {self.wait.round_timeout:.0f} s"
         elif not accepted:
             why = f"none of the {replies} replies was usable (declined or rejected)"
         else:
@@ -410,7 +422,7 @@ class RoundLoop:
         messages = self._configure(self.strategy.configure_evaluate, rnd, arrays, config)
         if not messages:
             return {}
-        replies = self.grid.send_and_receive(messages, timeout=self.round_timeout)
+        replies = self.grid.send_and_receive(messages, timeout=self.wait.round_timeout)
         good = []
         for msg in replies:
             if msg.has_error() or not msg.has_content():

@@ -344,18 +344,18 @@ class DeviceRegistry:
             record.telemetry_dropped.update(telemetry.dropped)
             record.telemetry_drops += len(telemetry.dropped)
 
+    def timing(self, device: str) -> LinkEstimate:
+        """The round timing of bound ``device`` (made on first use), for the loop to add to."""
+        record = self.devices[device]
+        record.link = record.link or LinkEstimate()
+        return record.link
+
     def note_timing(self, device: str, elapsed: float, nbytes: int, compute: float | None) -> None:
         """A reply of ``device`` came ``elapsed`` s after its message; the round moved
-        ``nbytes`` and the device says it trained ``compute`` s (None: it does not say)."""
-        if (record := self.devices.get(device)) is not None:
-            record.link = record.link or LinkEstimate()
-            record.link.observe(elapsed, nbytes, compute)
-
-    def note_timeout(self, device: str, waited: float) -> None:
-        """``device`` did not reply within ``waited`` s."""
-        if (record := self.devices.get(device)) is not None:
-            record.link = record.link or LinkEstimate()
-            record.link.timed_out(waited)
+        ``nbytes`` and the device says it trained ``compute`` s (None: it does not say). A
+        name with no record (not bound) is not kept."""
+        if device in self.devices:
+            self.timing(device).observe(elapsed, nbytes, compute)
 
     def link(self, device: str) -> LinkEstimate | None:
         """What the server has timed of ``device``'s rounds (None: nothing yet)."""

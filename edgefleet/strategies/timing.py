@@ -168,15 +168,14 @@ class RoundWait:
         if not self.margin >= 0:
             raise TimingError(f"margin={self.margin!r} must be >= 0")
 
-    def budget(self, estimate: LinkEstimate | None, allowance_spent: bool = False) -> float:
-        """Seconds to wait for one device's reply; ``allowance_spent``: a node never timed
-        that already had its first-round wait and did not answer (it gets ``round_timeout``,
-        so a node that never answers does not cost every round the first-round wait)."""
+    def budget(self, estimate: LinkEstimate | None) -> float:
+        """Seconds to wait for one device's reply. A device that let its first-round wait
+        pass unanswered has an estimate of that wait, so it gets ``round_timeout`` after."""
         if self.mode == WaitMode.FIXED:
             return self.round_timeout
         expected = None if estimate is None else estimate.expected_s()
         if expected is None:
-            return self.round_timeout if allowance_spent else self.first_round_timeout
+            return self.first_round_timeout
         return min(self.round_timeout, self.slack * expected + self.margin)
 
 
