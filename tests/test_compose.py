@@ -214,11 +214,13 @@ class Fleet:
             # Each round starts a fresh ClientApp process per node (torch, data): 15-30 s on
             # an idle 2-core machine, several times that under load, the first round the most
             # (once three healthy nodes missed a fixed 150 s in round 1 and the round was
-            # lost): the first round waits up to 600 s, later ones 3 x each node's own round
-            # + 10 s, at most 150 s.
+            # lost): the first round waits up to 600 s, later ones 150 s (a slack of 10 x a
+            # node's own round reaches the cap: on a loaded machine a round can take several
+            # times the last one).
             "round-timeout": 150.0,
             "timeout-mode": "expected",
             "first-round-timeout": 600.0,
+            "timeout-slack": 10.0,
             "seed": 0,
             "output-dir": RESULTS,
             "run-name": run_name,
