@@ -278,8 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                     results[name] = {"profiles": profiles, **summarize(res, profiles, args.target)}
                     print(f"link_fleet: {name} {results[name]['round_s']}", file=sys.stderr)
     leftovers = fleet.leftovers()
-    line = {
-        "benchmark": "link_fleet",
+    sizes = {
         "nodes": args.nodes,
         "rounds": args.rounds,
         "local_steps": args.local_steps,
@@ -287,25 +286,19 @@ def main(argv: list[str] | None = None) -> int:
         "keep_ratios": keep_ratios,
         "target": args.target,
         "round_timeout": args.round_timeout,
+        "mixes": mixes,
+        "modes": modes,
         "selections": selections,
         "deadline": args.deadline,
+        "seed": args.seed,
+    }
+    line = {
+        "benchmark": "link_fleet",
+        **sizes,  # also at top level, where the earlier results files have them
+        "sizes": sizes,
         "profiles": {
             p.name: {"rate_kbit": p.rate_kbit, "latency_ms": p.latency_ms}
             for p in PROFILES.values()
-        },
-        "sizes": {
-            "nodes": args.nodes,
-            "rounds": args.rounds,
-            "local_steps": args.local_steps,
-            "model": args.model,
-            "keep_ratios": keep_ratios,
-            "target": args.target,
-            "round_timeout": args.round_timeout,
-            "mixes": mixes,
-            "modes": modes,
-            "selections": selections,
-            "deadline": args.deadline,
-            "seed": args.seed,
         },
         "fleet_up_s": fleet_up_s,
         "runs": results,
