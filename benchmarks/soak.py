@@ -1,0 +1,464 @@
+"""A soak: a link fleet for hundreds of rounds, nodes killed and restarted at random, the
+SuperLink and the ServerApp restarted, every process's memory sampled each round (issue 26).
+
+One link fleet (``deploy/linkfleet.py``: the SuperLink with TLS, node auth and ``--database``
+in a network namespace, each ``edgefleet supernode`` in its own behind a tbf-shaped veth) on
+``--profiles`` (cycled over the nodes) runs one run of ``--rounds`` rounds while, from a
+seeded plan fixed before the fleet starts:
+
+- ``--node-kills`` times, after a random round, a random node goes down: half of them lose
+  power (SIGKILL of everything in its namespace), half reboot (SIGTERM: the worker stops its
+  SuperNode cleanly); each stays down 1-5 rounds, then this script plays the board's
+  supervisor (systemd ``Restart=``): it starts the node again with the same key and data, and
+  again every ``RESTART_S`` while Flower refuses the key (a node that lost power is let in
+  only once the SuperLink has marked it offline, up to 60 s: exit code 305);
+- ``--serverapp-kills`` times the ``flwr-serverapp`` process is killed (SIGKILL) and the run
+  submitted again with ``resume = true``;
+- ``--superlink-restarts`` times the server host goes (SuperLink, SuperExec, ServerApp:
+  SIGKILL of the link namespace); the SuperLink starts again on the same ``--database`` and
+  the run is submitted again with ``resume = true`` (Flower 1.42 restarts no ServerApp by
+  itself: ``tests/test_restarts.py``).
+
+Each time a round's row appears, the resident memory (RSS, psutil) of every process of the
+fleet is sampled: the SuperLink, its SuperExec, the ServerApp, and per node its worker,
+``flower-supernode`` and ClientApp processes. A process's growth is its median RSS over the
+last ``WINDOW`` samples over its median over ``WINDOW`` samples from the first round at or
+after ``--warmup-rounds`` (and at least ``SETTLE`` rounds after it started); only a process
+with at least ``--min-span`` rounds between the two is judged (a restarted one starts over).
+
+Targets (issue 26): every round on record exactly once, no process or namespace left behind,
+RSS growth under 5 % for every judged process. Prints one JSON line; progress on stderr. Root
+only (network namespaces)::
+
+    python benchmarks/soak.py                                   # 24 nodes, 300 rounds
+    python benchmarks/soak.py --nodes 6 --rounds 40 --node-kills 3 --warmup-rounds 10 \\
+        --min-span 15                                           # CI's profile (tests/test_soak.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+for p in (ROOT, ROOT / "deploy"):
+    if str(p) not in sys.path:
+        sys.path.insert(0, str(p))
+
+from _provenance import dumps  # noqa: E402
+from linkfleet import PROFILES, LinkFleet, node_configs, running_fleet, unavailable  # noqa: E402
+
+from edgefleet.processes import FleetError, FlowerProcess, config_arg  # noqa: E402
+from edgefleet.server.checkpoint import FILENAME, CheckpointError, load_checkpoint  # noqa: E402
+from edgefleet.simulation.runner import app_copy  # noqa: E402
+
+RUN_NAME = "soak"
+RESTART_S = 10.0  # a supervisor's pause between restarts (systemd RestartSec=10)
+REFUSED = 305  # flower-supernode's exit code when its key is still active at the SuperLink
+WINDOW = 5  # samples in each median of the growth figure
+SETTLE = 10  # rounds a process runs before its memory counts (imports, first allocations)
+GROWTH_TARGET = 0.05
+
+
+@dataclass(frozen=True)
+class Event:
+    """After round ``after``: ``kind`` (``power`` / ``reboot`` of node ``node``, down for
+    ``down`` rounds; ``serverapp``; ``superlink``)."""
+
+    after: int
+    kind: str
+    node: int = -1
+    down: int = 0
+
+
+def plan(
+    rounds: int,
+    nodes: int,
+    node_kills: int,
+    serverapp_kills: int,
+    superlink_restarts: int,
+    seed: int,
+) -> list[Event]:
+    """The seeded schedule: server restarts evenly spaced, node kills at random rounds (never
+    the last two, so every node can be back before the end)."""
+    rng = random.Random(seed)
+    events = [
+        Event(after=max(1, rounds * (k + 1) // (superlink_restarts + 1)), kind="superlink")
+        for k in range(superlink_restarts)
+    ]
+    events += [
+        Event(after=max(1, rounds * (2 * k + 1) // (2 * serverapp_kills + 2)), kind="serverapp")
+        for k in range(serverapp_kills)
+    ]
+    last = max(2, rounds - 2)
+    for _ in range(node_kills):
+        events.append(
+            Event(
+                after=rng.randint(1, last),
+                kind=rng.choice(("power", "reboot")),
+                node=rng.randrange(nodes),
+                down=rng.randint(1, 5),
+            )
+        )
+    return sorted(events, key=lambda e: (e.after, e.kind, e.node))
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):  # a line being written
+            out.append(json.loads(line))
+    return out
+
+
+def _checkpointed(run_dir: Path) -> int:
+    try:
+        return load_checkpoint(run_dir / FILENAME).round
+    except CheckpointError:
+        return 0
+
+
+def _kind(cmd: str) -> str:
+    for needle, kind in (
+        ("flwr-serverapp", "serverapp"),
+        ("flwr-clientapp", "clientapp"),
+        ("flower-superexec", "superexec"),
+        ("flower-superlink", "superlink"),
+        ("flower-supernode", "supernode"),
+        ("edgefleet supernode", "worker"),
+    ):
+        if needle in cmd:
+            return kind
+    return Path(cmd.split(" ", 1)[0]).name or "?"
+
+
+def sample_rss(fleet: LinkFleet) -> dict[str, tuple[int, int]]:
+    """``{role: (pid, rss bytes)}`` for every live process of the fleet; a node's processes
+    are ``node-<i>/<kind>``, the server's by kind; ``flwr`` CLI calls are left out."""
+    groups = {p.pid: p.name for p in fleet.processes}
+    out: dict[str, tuple[int, int]] = {}
+    for info in fleet.members():
+        group = groups.get(info.pgid, "")
+        if group.startswith("flwr"):
+            continue
+        kind = _kind(info.cmd)
+        role = f"{group}/{kind}" if group.startswith("node-") else kind
+        with contextlib.suppress(psutil.Error):
+            rss = psutil.Process(info.pid).memory_info().rss
+            if role in out:  # two of a kind (a ClientApp finishing as the next starts)
+                role = f"{role}#{info.pid}"
+            out[role] = (info.pid, rss)
+    return out
+
+
+def growth(
+    samples: list[tuple[int, str, int, int]], warmup: int, min_span: int
+) -> list[dict[str, Any]]:
+    """Per process (role and pid), its RSS growth (see the module's doc); ``samples`` are
+    (round, role, pid, rss) in round order."""
+    series: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for rnd, role, pid, rss in samples:
+        series.setdefault((role.split("#")[0], pid), []).append((rnd, rss))
+    out = []
+    for (role, pid), points in sorted(series.items()):
+        start = max(warmup, points[0][0] + SETTLE)
+        later = [p for p in points if p[0] >= start]
+        entry: dict[str, Any] = {
+            "role": role,
+            "pid": pid,
+            "rounds": [points[0][0], points[-1][0]],
+            "rss_mb_first": round(points[0][1] / 2**20, 1),
+            "rss_mb_last": round(points[-1][1] / 2**20, 1),
+        }
+        if len(later) >= 2 * WINDOW and later[-1][0] - later[0][0] >= min_span:
+            base = statistics.median(r for _, r in later[:WINDOW])
+            end = statistics.median(r for _, r in later[-WINDOW:])
+            entry.update(
+                judged=True,
+                from_round=later[0][0],
+                rss_mb_base=round(base / 2**20, 1),
+                rss_mb_end=round(end / 2**20, 1),
+                growth=round(end / base - 1, 4),
+            )
+        else:
+            entry["judged"] = False
+        out.append(entry)
+    return out
+
+
+class Soak:
+    """The fleet, the run and the plan, driven from one polling loop."""
+
+    def __init__(self, fleet: LinkFleet, work: Path, args: argparse.Namespace) -> None:
+        self.fleet = fleet
+        self.work = work
+        self.args = args
+        self.configs = node_configs(args.nodes)
+        self.run_dir = work / "out" / RUN_NAME
+        self.metrics = self.run_dir / "metrics.jsonl"
+        self.submissions = 0
+        self.run: FlowerProcess | None = None
+        self.down: dict[int, int] = {}  # node -> the round after which it is started again
+        self.restarting: dict[int, float] = {}  # node -> when to try again (key refused)
+        self.log: list[dict[str, Any]] = []
+        self.refused = 0
+        self.samples: list[tuple[int, str, int, int]] = []
+
+    def config(self, resume: bool) -> dict[str, Any]:
+        a = self.args
+        return {
+            "num-server-rounds": a.rounds,
+            "local-steps": a.local_steps,
+            "model": a.model,
+            "min-nodes": a.nodes,
+            "fraction-train": a.fraction_train,
+            "timeout-mode": "expected",
+            "first-round-timeout": 120.0,
+            "round-timeout": 60.0,
+            "evaluate-every": a.evaluate_every,
+            "eval-samples": 500,
+            "seed": a.seed,
+            "output-dir": str(self.work / "out"),
+            "run-name": RUN_NAME,
+            "resume": resume,
+        }
+
+    def submit(self, resume: bool) -> None:
+        if self.run is not None and self.run.running():
+            self.run.popen.kill()
+        self.submissions += 1
+        app = app_copy(self.work / f"app-{self.submissions}")
+        self.run = self.fleet.flwr(
+            "run", str(app), self.fleet.connection, "--stream",
+            "--run-config", config_arg(self.config(resume)), name="flwr-run",
+        )  # fmt: skip
+
+    def note(self, rnd: int, what: str, **extra: Any) -> None:
+        entry = {"round": rnd, "event": what, "t_s": round(time.monotonic() - self.t0, 1), **extra}
+        self.log.append(entry)
+        print(f"soak: {entry}", file=sys.stderr, flush=True)
+
+    def apply(self, event: Event, rnd: int) -> None:
+        fleet = self.fleet
+        if event.kind in ("power", "reboot"):
+            node = event.node
+            if node in self.down or node in self.restarting:
+                self.note(rnd, f"{event.kind} node {node}: already down, skipped")
+                return
+            if event.kind == "power":
+                fleet.kill_node(node)
+            else:
+                fleet.stop_node(node)
+            self.down[node] = rnd + event.down
+            self.note(rnd, f"{event.kind} node {node}", back_after=rnd + event.down)
+        elif event.kind == "serverapp":
+            pids = [p.pid for p in fleet.members() if "flwr-serverapp" in p.cmd]
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            self.note(rnd, "serverapp killed", pids=pids, checkpoint=_checkpointed(self.run_dir))
+            self.submit(resume=True)
+        elif event.kind == "superlink":
+            fleet.kill_superlink()
+            self.note(rnd, "superlink killed", checkpoint=_checkpointed(self.run_dir))
+            fleet.start_link()
+            up = self.args.nodes - len(self.down) - len(self.restarting)
+            fleet.wait_for_nodes(up, timeout=120.0)
+            self.note(rnd, "superlink back", nodes_online=up)
+            self.submit(resume=True)
+
+    def supervise(self, rnd: int) -> None:
+        """Start downed nodes whose time has come; restart one Flower refused, later."""
+        now = time.monotonic()
+        for node, back_after in list(self.down.items()):
+            if rnd >= back_after:
+                del self.down[node]
+                self.fleet.start_node(node, self.configs[node])
+                self.note(rnd, f"node {node} started")
+        for i in range(self.args.nodes):
+            proc = self.fleet.nodes[i]
+            if i in self.down or i in self.restarting or proc.running():
+                continue
+            code = proc.popen.returncode
+            if code != REFUSED:
+                raise FleetError(f"node-{i} exited with code {code}; log:\n{proc.tail()}")
+            self.refused += 1
+            self.restarting[i] = now + RESTART_S
+        for node, when in list(self.restarting.items()):
+            if now >= when:
+                del self.restarting[node]
+                self.fleet.start_node(node, self.configs[node])
+                self.note(rnd, f"node {node} started again (key was refused)")
+
+    def go(self) -> dict[str, Any]:
+        a = self.args
+        events = plan(
+            a.rounds, a.nodes, a.node_kills, a.serverapp_kills, a.superlink_restarts, a.seed
+        )
+        pending = list(events)
+        self.t0 = time.monotonic()
+        deadline = self.t0 + a.deadline_s
+        self.submit(resume=False)
+        seen = 0
+        summary = self.run_dir / "summary.json"
+        while True:
+            assert self.run is not None
+            if summary.exists() and _checkpointed(self.run_dir) >= a.rounds:
+                break
+            if time.monotonic() > deadline:
+                raise FleetError(
+                    f"soak: round {seen} of {a.rounds} at the {a.deadline_s:.0f} s deadline"
+                )
+            link = self._latest_superlink()
+            if link is not None and not link.running():
+                raise FleetError(f"the SuperLink exited:\n{link.tail()}")
+            rows = _rows(self.metrics)
+            if len(rows) > seen:
+                seen = len(rows)
+                rnd = int(rows[-1]["round"])
+                for role, (pid, rss) in sample_rss(self.fleet).items():
+                    self.samples.append((rnd, role, pid, rss))
+                while pending and pending[0].after <= rnd:
+                    self.apply(pending.pop(0), rnd)
+            elif self.run.popen.poll() not in (None, 0):
+                raise FleetError(f"`flwr run` failed:\n{self.run.tail()}")
+            self.supervise(int(rows[-1]["round"]) if rows else 0)
+            time.sleep(0.5)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.run.popen.wait(timeout=30)
+        return {"events": [asdict(e) for e in events], "wall_s": time.monotonic() - self.t0}
+
+    def _latest_superlink(self) -> FlowerProcess | None:
+        links = [p for p in self.fleet.processes if p.name == "superlink"]
+        return links[-1] if links else None
+
+
+def summarize(soak: Soak, rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    rounds = [int(r["round"]) for r in rows]
+    per_process = growth(soak.samples, args.warmup_rounds, args.min_span)
+    judged = [p for p in per_process if p["judged"]]
+    worst = max(judged, key=lambda p: p["growth"]) if judged else None
+    by_role: dict[str, float] = {}
+    for p in judged:
+        role = p["role"].split("/")[-1]
+        by_role[role] = max(by_role.get(role, -1.0), p["growth"])
+    return {
+        "rounds_on_record": len(rounds),
+        "rounds_exactly_once": rounds == list(range(1, args.rounds + 1)),
+        "repeated": sorted({r for r in rounds if rounds.count(r) > 1}),
+        "lost": sorted(set(range(1, args.rounds + 1)) - set(rounds)),
+        "empty_rounds": [r["round"] for r in rows if not r.get("participants")],
+        "participants_per_round": statistics.mean(len(r.get("participants", [])) for r in rows)
+        if rows
+        else 0,
+        "missing_per_round": statistics.mean(len(r.get("missing", [])) for r in rows)
+        if rows
+        else 0,
+        "final_accuracy": rows[-1].get("test_accuracy") if rows else None,
+        "round_s_median": round(
+            statistics.median(
+                b["wall_s"] - a["wall_s"] for a, b in zip(rows, rows[1:], strict=False)
+            ),
+            2,
+        )
+        if len(rows) > 1
+        else None,
+        "processes_judged": len(judged),
+        "rss_growth_max": worst["growth"] if worst else None,
+        "rss_growth_worst": worst,
+        "rss_growth_max_by_kind": by_role,
+        "rss_growth_ok": bool(judged) and all(p["growth"] < GROWTH_TARGET for p in judged),
+        "per_process": per_process,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--nodes", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--profiles", default="fast,wifi-edge,fast,cellular", help="cycled over nodes")
+    ap.add_argument("--node-kills", type=int, default=30)
+    ap.add_argument("--serverapp-kills", type=int, default=1)
+    ap.add_argument("--superlink-restarts", type=int, default=1)
+    ap.add_argument("--fraction-train", type=float, default=0.5)
+    ap.add_argument("--local-steps", type=int, default=2)
+    ap.add_argument("--model", default="linear")
+    ap.add_argument("--evaluate-every", type=int, default=10)
+    ap.add_argument("--warmup-rounds", type=int, default=50)
+    ap.add_argument("--min-span", type=int, default=100, help="rounds a judged process spans")
+    ap.add_argument("--deadline-s", type=float, default=0.0, help="0: 30 s a round + 10 min")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    profiles = [p for p in args.profiles.split(",") if p]
+    bad = [p for p in profiles if p not in PROFILES]
+    if bad or not profiles:
+        ap.error(f"--profiles: unknown {bad}; valid: {', '.join(PROFILES)}")
+    if args.nodes < 2 or args.rounds < 4:
+        ap.error("--nodes must be at least 2 and --rounds at least 4")
+    if not 0.0 < args.fraction_train <= 1.0:
+        ap.error("--fraction-train must be in (0, 1]")
+    args.deadline_s = args.deadline_s or 30.0 * args.rounds + 600.0
+    why = unavailable()
+    if why:
+        print(f"soak: {why}", file=sys.stderr)
+        return 2
+    node_profiles = [profiles[i % len(profiles)] for i in range(args.nodes)]
+    work = Path(tempfile.mkdtemp(prefix="soak-"))
+    t0 = time.monotonic()
+    with running_fleet(
+        work / "fleet",
+        node_profiles,
+        node_configs(args.nodes),
+        database=work / "fleet" / "state.db",
+    ) as fleet:
+        fleet_up_s = round(time.monotonic() - t0, 1)
+        soak = Soak(fleet, work, args)
+        outcome = soak.go()
+    leftovers = fleet.leftovers()
+    rows = _rows(soak.metrics)
+    summary = json.loads((soak.run_dir / "summary.json").read_text())
+    sizes = {
+        k: getattr(args, k)
+        for k in (
+            "nodes", "rounds", "node_kills", "serverapp_kills", "superlink_restarts",
+            "fraction_train", "local_steps", "model", "evaluate_every", "warmup_rounds",
+            "min_span", "seed",
+        )
+    }  # fmt: skip
+    line = {
+        "benchmark": "soak",
+        "sizes": {**sizes, "profiles": node_profiles},
+        "fleet_up_s": fleet_up_s,
+        **summarize(soak, rows, args),
+        "rounds_run": summary.get("rounds_run"),
+        "submissions": soak.submissions,
+        "node_restarts": sum(1 for e in soak.log if e["event"].startswith("node ")),
+        "keys_refused": soak.refused,
+        "events": soak.log,
+        "leftovers": leftovers,
+        "wall_s": round(time.monotonic() - t0, 1),
+        "soak_s": round(outcome["wall_s"], 1),
+    }
+    print(dumps(line))
+    ok = line["rounds_exactly_once"] and not leftovers and line["rss_growth_ok"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
