@@ -9,8 +9,9 @@ and said in the commit.
 
 They run on Flower's Simulation Engine (Ray), as ``make demo`` does: selection orders
 devices by stable device ids and the loop aggregates in device order, so a seeded run is
-repeatable on one machine. Accuracy is a count over the test set, compared exactly; the
-loss is a float sum over batches and is left out.
+repeatable on one machine. Across machines the CPU's kernels change the low bits of the
+updates, so the central accuracy is compared within a tolerance (per round and for the run's
+mean; every other column exactly); the loss is a float sum over batches and is left out.
 """
 
 from __future__ import annotations
@@ -64,6 +65,9 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 
+ACC_ROUND_TOLERANCE = 0.12  # one round's test accuracy, between machines
+ACC_MEAN_TOLERANCE = 0.02  # the run's mean test accuracy
+
 # The columns pinned, as metrics.jsonl names them (absent in a row = None).
 COLUMNS = (
     "round",
@@ -114,4 +118,21 @@ def test_rows_match_the_recorded_ones(name: str, tmp_path: Path) -> None:
     expected = json.loads(path.read_text())["rows"]
     assert [r["round"] for r in rows] == [r["round"] for r in expected]
     for got, want in zip(rows, expected, strict=True):
-        assert got == want, f"{name}: round {want['round']} differs"
+        exact = {k: v for k, v in got.items() if k != "test_accuracy"}
+        assert exact == {k: v for k, v in want.items() if k != "test_accuracy"}, (
+            f"{name}: round {want['round']} differs"
+        )
+    # Accuracy is pinned loosely: the kernels torch and numpy pick depend on the CPU, so the
+    # low bits of every update differ between machines, and 30 rounds with session resets
+    # grow that to whole points (recorded on one machine, read on an AMD EPYC: round 7 0.312
+    # vs 0.315, at most 0.099 apart in one round, means 0.335 vs 0.331). Every discrete column
+    # above stays exact; a model that learns differently moves the mean.
+    acc = [(g["test_accuracy"], w["test_accuracy"]) for g, w in zip(rows, expected, strict=True)]
+    pairs = [(g, w) for g, w in acc if g is not None or w is not None]
+    assert all(g is not None and w is not None for g, w in pairs), (
+        f"{name}: evaluated rounds differ"
+    )
+    assert max((abs(g - w) for g, w in pairs), default=0.0) <= ACC_ROUND_TOLERANCE, name
+    if pairs:
+        mean_gap = abs(sum(g - w for g, w in pairs)) / len(pairs)
+        assert mean_gap <= ACC_MEAN_TOLERANCE, f"{name}: mean accuracy moved by {mean_gap:.3f}"
