@@ -11,7 +11,8 @@ seeded plan fixed before the fleet starts:
   SuperNode cleanly); each stays down 1-5 rounds, then this script plays the board's
   supervisor (systemd ``Restart=``): it starts the node again with the same key and data, and
   again every ``RESTART_S`` while Flower refuses the key (a node that lost power is let in
-  only once the SuperLink has marked it offline, up to 60 s: exit code 305);
+  only once the SuperLink has marked it offline, up to 60 s: the SuperNode logs ``Exit Code:
+  305`` and exits with status 1);
 - ``--serverapp-kills`` times the ``flwr-serverapp`` process is killed (SIGKILL) and the run
   submitted again with ``resume = true``;
 - ``--superlink-restarts`` times the server host goes (SuperLink, SuperExec, ServerApp:
@@ -31,8 +32,8 @@ RSS growth under 5 % for every judged process. Prints one JSON line; progress on
 only (network namespaces)::
 
     python benchmarks/soak.py                                   # 24 nodes, 300 rounds
-    python benchmarks/soak.py --nodes 6 --rounds 40 --node-kills 3 --warmup-rounds 10 \\
-        --min-span 15                                           # CI's profile (tests/test_soak.py)
+    python benchmarks/soak.py --nodes 4 --rounds 20 --node-kills 4 --warmup-rounds 2 \\
+        --min-span 6                                            # smoke: 5 minutes
 """
 
 from __future__ import annotations
@@ -64,11 +65,14 @@ from linkfleet import PROFILES, LinkFleet, node_configs, running_fleet, unavaila
 
 from edgefleet.processes import FleetError, FlowerProcess, config_arg  # noqa: E402
 from edgefleet.server.checkpoint import FILENAME, CheckpointError, load_checkpoint  # noqa: E402
+from edgefleet.server.results import read_rows  # noqa: E402
 from edgefleet.simulation.runner import app_copy  # noqa: E402
 
 RUN_NAME = "soak"
 RESTART_S = 10.0  # a supervisor's pause between restarts (systemd RestartSec=10)
-REFUSED = 305  # flower-supernode's exit code when its key is still active at the SuperLink
+# What flower-supernode logs when its key is still active at the SuperLink; its exit status is
+# 1, as for every error (Flower's flwr_exit prints the code and exits with 1).
+REFUSED = "Exit Code: 305"
 WINDOW = 5  # samples in each median of the growth figure
 SETTLE = 10  # rounds a process runs before its memory counts (imports, first allocations)
 GROWTH_TARGET = 0.05
@@ -118,13 +122,8 @@ def plan(
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):  # a line being written
-            out.append(json.loads(line))
-    return out
+    """The rows so far (``read_rows`` leaves out a last line still being written)."""
+    return read_rows(path) if path.exists() else []
 
 
 def _checkpointed(run_dir: Path) -> int:
@@ -219,6 +218,10 @@ class Soak:
         self.log: list[dict[str, Any]] = []
         self.refused = 0
         self.samples: list[tuple[int, str, int, int]] = []
+        # When each round's row was first seen: the rows' own ``wall_s`` counts from the
+        # start of each ServerApp process, so it starts over at every resume.
+        self.seen_at: dict[int, float] = {}
+        self.t0 = time.monotonic()
 
     def config(self, resume: bool) -> dict[str, Any]:
         a = self.args
@@ -279,9 +282,21 @@ class Soak:
             self.note(rnd, "superlink killed", checkpoint=_checkpointed(self.run_dir))
             fleet.start_link()
             up = self.args.nodes - len(self.down) - len(self.restarting)
-            fleet.wait_for_nodes(up, timeout=120.0)
+            self.wait_online(up, timeout=120.0)
             self.note(rnd, "superlink back", nodes_online=up)
             self.submit(resume=True)
+
+    def wait_online(self, count: int, timeout: float) -> None:
+        """Until ``count`` nodes are online. Not ``fleet.wait_for_nodes``: it fails on any
+        node that has exited, and here the nodes that are down were put down on purpose."""
+        deadline = time.monotonic() + timeout
+        while (online := len(self.fleet.online_nodes())) < count:
+            link = self._latest_superlink()
+            if link is not None and not link.running():
+                raise FleetError(f"the SuperLink exited:\n{link.tail()}")
+            if time.monotonic() > deadline:
+                raise FleetError(f"{online} of {count} nodes online after {timeout:.0f} s")
+            time.sleep(1.0)
 
     def supervise(self, rnd: int) -> None:
         """Start downed nodes whose time has come; restart one Flower refused, later."""
@@ -295,8 +310,8 @@ class Soak:
             proc = self.fleet.nodes[i]
             if i in self.down or i in self.restarting or proc.running():
                 continue
-            code = proc.popen.returncode
-            if code != REFUSED:
+            if REFUSED not in proc.tail(80):
+                code = proc.popen.returncode
                 raise FleetError(f"node-{i} exited with code {code}; log:\n{proc.tail()}")
             self.refused += 1
             self.restarting[i] = now + RESTART_S
@@ -332,6 +347,8 @@ class Soak:
             if len(rows) > seen:
                 seen = len(rows)
                 rnd = int(rows[-1]["round"])
+                for row in rows:
+                    self.seen_at.setdefault(int(row["round"]), time.monotonic())
                 for role, (pid, rss) in sample_rss(self.fleet).items():
                     self.samples.append((rnd, role, pid, rss))
                 while pending and pending[0].after <= rnd:
@@ -342,7 +359,7 @@ class Soak:
             time.sleep(0.5)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.run.popen.wait(timeout=30)
-        return {"events": [asdict(e) for e in events], "wall_s": time.monotonic() - self.t0}
+        return {"planned": [asdict(e) for e in events], "wall_s": time.monotonic() - self.t0}
 
     def _latest_superlink(self) -> FlowerProcess | None:
         links = [p for p in self.fleet.processes if p.name == "superlink"]
@@ -351,6 +368,8 @@ class Soak:
 
 def summarize(soak: Soak, rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     rounds = [int(r["round"]) for r in rows]
+    seen = sorted(soak.seen_at.values())
+    gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
     per_process = growth(soak.samples, args.warmup_rounds, args.min_span)
     judged = [p for p in per_process if p["judged"]]
     worst = max(judged, key=lambda p: p["growth"]) if judged else None
@@ -371,14 +390,9 @@ def summarize(soak: Soak, rows: list[dict[str, Any]], args: argparse.Namespace) 
         if rows
         else 0,
         "final_accuracy": rows[-1].get("test_accuracy") if rows else None,
-        "round_s_median": round(
-            statistics.median(
-                b["wall_s"] - a["wall_s"] for a, b in zip(rows, rows[1:], strict=False)
-            ),
-            2,
-        )
-        if len(rows) > 1
-        else None,
+        # Between rows as this script saw them appear (restarts included): the rows' own
+        # ``wall_s`` starts over with each ServerApp process.
+        "round_s_median": round(statistics.median(gaps), 2) if gaps else None,
         "processes_judged": len(judged),
         "rss_growth_max": worst["growth"] if worst else None,
         "rss_growth_worst": worst,
@@ -450,6 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         "submissions": soak.submissions,
         "node_restarts": sum(1 for e in soak.log if e["event"].startswith("node ")),
         "keys_refused": soak.refused,
+        "planned": outcome["planned"],
         "events": soak.log,
         "leftovers": leftovers,
         "wall_s": round(time.monotonic() - t0, 1),

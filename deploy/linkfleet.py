@@ -398,8 +398,9 @@ class LinkFleet(FlowerFleet):
     def kill_node(self, i: int) -> None:
         """SIGKILL node ``i`` and everything in its namespace (its worker, ClientApps): a
         board losing power. Its namespace and link stay. Flower 1.42 refuses the same key
-        again (activation 412, the SuperNode exits with code 305) until the SuperLink has
-        marked the node offline: up to 2 x 30 s after its last heartbeat."""
+        again (activation 412: the SuperNode logs ``Exit Code: 305`` and exits with status 1)
+        until the SuperLink has marked the node offline: up to 2 x 30 s after its last
+        heartbeat."""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.nodes[i].pid, signal.SIGKILL)
         _kill_netns_processes(self.node_ns[i])
