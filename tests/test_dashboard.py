@@ -155,6 +155,28 @@ def test_a_partly_written_last_line_is_left_out(run_dir: Path) -> None:
     assert families["edgefleet_rounds"].samples[0].value == 3
 
 
+def test_answers_change_with_the_files_bytes_not_their_times(run_dir: Path) -> None:
+    # What the app made of the files is kept while their bytes are the same; a rewrite within
+    # one clock tick, at the same size, is still a change.
+    c = client(run_dir)
+    path = run_dir / "fleet.json"
+    before = c.get("/api/fleet").json()
+    assert c.get("/metrics").text == c.get("/metrics").text
+    stat = path.stat()
+    text = path.read_text()
+    assert '"battery": 7.0' in text
+    path.write_text(text.replace('"battery": 7.0', '"battery": 8.0'))  # same length
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert path.stat().st_size == stat.st_size
+    after = c.get("/api/fleet").json()
+    assert before["devices"][0]["battery"] == 7.0 and after["devices"][0]["battery"] == 8.0
+    assert 'edgefleet_device_battery{device="0"} 8.0' in c.get("/metrics").text
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps(row(4)) + "\n")
+    assert [r["round"] for r in c.get("/api/rounds").json()] == [1, 2, 3, 4]
+    assert "edgefleet_rounds_total 4.0" in c.get("/metrics").text
+
+
 def test_with_a_token_every_request_needs_it(run_dir: Path) -> None:
     c = client(run_dir, token="s3cret")
     for path in ("/", "/api/fleet", "/api/rounds", "/events", "/metrics", "/static/dashboard.js"):
@@ -377,9 +399,9 @@ PAGE_STATE = """JSON.stringify({
 })"""
 
 
-def test_the_page_in_a_real_browser_updates_without_a_reload(
-    served: Dashboard, run_dir: Path, tmp_path: Path
-) -> None:
+@contextlib.contextmanager
+def _browser(tmp_path: Path, url: str) -> Iterator[_DevTools]:
+    """A headless Chromium with one page open at ``url``, ended on leaving."""
     _need("chromium")
     pytest.importorskip("websockets", reason="the DevTools client needs websockets")
     from websockets.sync.client import connect
@@ -398,7 +420,21 @@ def test_the_page_in_a_real_browser_updates_without_a_reload(
         page = next(t for t in targets if t["type"] == "page")
         ws = stack.enter_context(connect(page["webSocketDebuggerUrl"], max_size=2**26))
         tools = _DevTools(ws)
-        tools.call("Page.navigate", url=f"{served.url}?token=s3cret")
+        tools.call("Page.navigate", url=url)
+        yield tools
+    finally:
+        stack.close()
+        browser.terminate()
+        try:
+            browser.wait(10)
+        except subprocess.TimeoutExpired:
+            browser.kill()
+
+
+def test_the_page_in_a_real_browser_updates_without_a_reload(
+    served: Dashboard, run_dir: Path, tmp_path: Path
+) -> None:
+    with _browser(tmp_path, f"{served.url}?token=s3cret") as tools:
 
         def state() -> dict[str, Any] | None:
             text = tools.js(PAGE_STATE)
@@ -432,13 +468,64 @@ def test_the_page_in_a_real_browser_updates_without_a_reload(
         shot = tools.call("Page.captureScreenshot", format="png")["data"]
         (tmp_path / "dashboard.png").write_bytes(base64.b64decode(shot))
         assert second["ready"] and (tmp_path / "dashboard.png").stat().st_size > 10_000
-    finally:
-        stack.close()
-        browser.terminate()
-        try:
-            browser.wait(10)
-        except subprocess.TimeoutExpired:
-            browser.kill()
+
+
+TABLE_STATE = """JSON.stringify({
+  ready: document.body.dataset.ready || null,
+  ids: [...document.querySelectorAll('#fleet tbody tr')].map(tr => tr.dataset.device),
+  pinned: [...document.querySelectorAll('#fleet tbody tr.pinned')].map(tr => tr.dataset.device),
+  info: document.getElementById('page-info').textContent,
+  battery: document.querySelectorAll('#chart-battery .u-series').length,
+})"""
+
+
+def test_a_large_fleet_is_shown_a_page_at_a_time(
+    served: Dashboard, run_dir: Path, tmp_path: Path
+) -> None:
+    batteries = [float(i % 10) for i in range(249)]  # with the hostile device: 250
+    atomic_write_text(run_dir / "fleet.json", json.dumps(fleet(3, batteries)))
+    with _browser(tmp_path, f"{served.url}?token=s3cret") as tools:
+
+        def table() -> dict[str, Any]:
+            text = tools.js(TABLE_STATE)  # None until the page's elements are there
+            return dict(json.loads(text)) if isinstance(text, str) else {}
+
+        def act(js: str, what: str, check: Any) -> dict[str, Any]:
+            tools.js(js)
+            return dict(_until(what, lambda: (t := table()) and check(t) and t))
+
+        first = _until("the page", lambda: (t := table()) and t.get("ready") and t)
+        # sorted by device id, naturally ("<img..." first): 0, 1, ..., 98 on the first page
+        assert first["ids"] == [HOSTILE_ID] + [str(i) for i in range(99)]
+        assert first["info"] == "rows 1–100 of 250"
+        nxt = act("document.getElementById('page-next').click()", "page 2",
+                  lambda t: t["info"] == "rows 101–200 of 250")  # fmt: skip
+        assert nxt["ids"] == [str(i) for i in range(99, 199)]
+        last = act("document.getElementById('page-next').click()", "page 3",
+                   lambda t: t["info"] == "rows 201–250 of 250")  # fmt: skip
+        assert last["ids"] == [str(i) for i in range(199, 249)]
+        every = act(
+            "{ const s = document.getElementById('page-size'); s.value = '0';"
+            " s.dispatchEvent(new Event('change')); }",
+            "all rows",
+            lambda t: len(t["ids"]) == 250,
+        )
+        assert every["info"] == "rows 1–250 of 250"
+        # A click on a row (one listener for the table) pins it to the battery chart.
+        before = every["battery"]
+        pinned = act(
+            "document.querySelector('#fleet tbody tr[data-device=\"7\"] td').click()",
+            "a pinned row",
+            lambda t: t["pinned"] == ["7"],
+        )
+        assert pinned["battery"] == before + 1
+        # A click on a column header sorts by it: battery ascending puts the 0.0s first.
+        ordered = act(
+            "document.querySelector('#fleet thead th[data-col=battery]').click()",
+            "sorted by battery",
+            lambda t: t["ids"][0] == "0",
+        )
+        assert ordered["ids"][:3] == ["0", "10", "20"]
 
 
 # --- a real Prometheus ----------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """The dashboard's web app (Starlette) and how it is served (uvicorn).
 
-It reads the run folder on every request and keeps nothing: ``/`` the page,
+It reads the run folder on every request: ``/`` the page,
 ``/api/fleet`` (``fleet.json``), ``/api/rounds`` (``metrics.jsonl``'s rows),
 ``/api/summary`` (``summary.json`` once the run has ended), ``/events`` (server-sent events:
 one each time either file changes, so the page refreshes itself), ``/metrics`` (Prometheus).
+What it answers is made again only when the files' bytes change (a page open on a fleet of
+1,000 devices, and Prometheus, ask every few seconds; a round lands far less often), and made
+in a worker thread, so that one slow render never holds up the event streams.
 
 The page shows device ids and rejection reasons, which devices chose: it is bound to
 127.0.0.1 unless a token is given (:func:`check_bind`), and with a token every request must
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware
 from starlette.requests import Request
@@ -42,7 +46,15 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from edgefleet.dashboard import metrics
-from edgefleet.dashboard.data import latest_run, read_fleet, read_rounds, signature
+from edgefleet.dashboard.data import (
+    FLEET,
+    ROUNDS,
+    ContentCache,
+    latest_run,
+    parse_fleet,
+    parse_rounds,
+    signature,
+)
 
 STATIC = Path(__file__).parent / "static"
 TOKEN_ENV = "EDGEFLEET_DASHBOARD_TOKEN"
@@ -95,6 +107,7 @@ def create_app(
     request. ``events_max_s`` ends each event stream after that long (the browser reconnects
     by itself), so that a stopping server never waits on it long."""
     base = Path(run_dir)
+    static = STATIC  # bound now: a benchmark serves an older page beside this one (patched)
 
     def folder() -> Path | None:
         return latest_run(base) if latest else base
@@ -104,13 +117,24 @@ def create_app(
         return folder() or base
 
     async def page(request: Request) -> Response:
-        return FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+        return FileResponse(static / "index.html", headers={"Cache-Control": "no-store"})
+
+    cache = ContentCache()
+
+    def json_body(raw: bytes | None, parse: Callable[[bytes | None], Any]) -> bytes:
+        return JSONResponse(parse(raw)).body
 
     async def fleet(request: Request) -> Response:
-        return _json(read_fleet(current()))
+        body = await run_in_threadpool(
+            cache.get, "fleet", current(), (FLEET,), lambda raw: json_body(raw, parse_fleet)
+        )
+        return _json_bytes(body)
 
     async def rounds(request: Request) -> Response:
-        return _json(read_rounds(current()))
+        body = await run_in_threadpool(
+            cache.get, "rounds", current(), (ROUNDS,), lambda raw: json_body(raw, parse_rounds)
+        )
+        return _json_bytes(body)
 
     async def summary(request: Request) -> Response:
         run_dir = folder()
@@ -127,7 +151,14 @@ def create_app(
         return _json({"run": run_dir.name, "summary": data})
 
     async def exposition(request: Request) -> Response:
-        return Response(metrics.render(current()), media_type=metrics.CONTENT_TYPE)
+        body = await run_in_threadpool(
+            cache.get,
+            "metrics",
+            current(),
+            (FLEET, ROUNDS),
+            lambda f, r: metrics.render_data(parse_fleet(f), parse_rounds(r)),
+        )
+        return Response(body, media_type=metrics.CONTENT_TYPE)
 
     async def events(request: Request) -> Response:
         async def stream() -> AsyncIterator[str]:
@@ -161,7 +192,7 @@ def create_app(
         Route("/api/summary", summary),
         Route("/events", events),
         Route("/metrics", exposition),
-        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        Mount("/static", StaticFiles(directory=static), name="static"),
     ]
     guard = _Guard(token or None)
     return Starlette(routes=routes, middleware=[Middleware(BaseHTTPMiddleware, dispatch=guard)])
@@ -169,6 +200,10 @@ def create_app(
 
 def _json(data: Any) -> Response:
     return JSONResponse(data, headers={"Cache-Control": "no-store"})
+
+
+def _json_bytes(body: bytes) -> Response:
+    return Response(body, media_type="application/json", headers={"Cache-Control": "no-store"})
 
 
 class _Guard:

@@ -1,29 +1,49 @@
 """Reading a run folder as the dashboard sees it: ``fleet.json`` and ``metrics.jsonl``.
 
-Both are read afresh on every request, so the dashboard keeps no state: it shows a live run
-(the server rewrites ``fleet.json`` atomically after every round and appends a row to
-``metrics.jsonl``) or a finished one the same way. A file that is absent or not yet whole (the
-last line of ``metrics.jsonl`` while the server appends it) reads as nothing rather than as an
-error: the next refresh has it.
+Both are read afresh on every request, so the dashboard shows a live run (the server
+rewrites ``fleet.json`` atomically after every round and appends a row to ``metrics.jsonl``)
+or a finished one the same way. A file that is absent or not yet whole (the last line of
+``metrics.jsonl`` while the server appends it) reads as nothing rather than as an error: the
+next refresh has it. What is made of the files (:class:`ContentCache`) is made again only when
+their bytes change: at 1,000 devices parsing and rendering cost far more than reading.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 FLEET = "fleet.json"
 ROUNDS = "metrics.jsonl"
+T = TypeVar("T")
+
+
+def read_bytes(run_dir: Path, name: str) -> bytes | None:
+    """A run file's bytes, or None while it does not exist (or cannot be read)."""
+    try:
+        return (Path(run_dir) / name).read_bytes()
+    except OSError:
+        return None
 
 
 def read_fleet(run_dir: Path) -> dict[str, Any]:
     """``fleet.json`` as a dict (``{}`` while there is none, or it is not a JSON object)."""
+    return parse_fleet(read_bytes(run_dir, FLEET))
+
+
+def parse_fleet(raw: bytes | None) -> dict[str, Any]:
+    """:func:`read_fleet` of a file's bytes."""
+    if raw is None:
+        return {}
     try:
-        data = json.loads((Path(run_dir) / FLEET).read_text())
-    except (OSError, ValueError):
+        data = json.loads(raw)
+    except ValueError:
         return {}
     if not isinstance(data, dict):
         return {}
@@ -36,12 +56,15 @@ def read_fleet(run_dir: Path) -> dict[str, Any]:
 def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
     """Every whole row of ``metrics.jsonl``, in file order: a line that does not parse (the
     last one, while the server is writing it) is left out."""
-    try:
-        text = (Path(run_dir) / ROUNDS).read_text()
-    except OSError:
+    return parse_rounds(read_bytes(run_dir, ROUNDS))
+
+
+def parse_rounds(raw: bytes | None) -> list[dict[str, Any]]:
+    """:func:`read_rounds` of a file's bytes."""
+    if raw is None:
         return []
     rows = []
-    for line in text.splitlines():
+    for line in raw.splitlines():
         try:
             row = json.loads(line)
         except ValueError:
@@ -49,6 +72,35 @@ def read_rounds(run_dir: Path) -> list[dict[str, Any]]:
         if isinstance(row, dict):
             rows.append(row)
     return rows
+
+
+class ContentCache:
+    """For each use (a name), the last value made of a run folder's files, kept while those
+    files hold the same bytes. Keyed by a digest of the exact contents, not by modification
+    time: a file rewritten within one clock tick at the same size is still seen to change.
+    One value per use, so what is kept is bounded by the number of endpoints."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: dict[str, tuple[tuple[str, ...], Any]] = {}
+
+    def get(
+        self, use: str, run_dir: Path, names: tuple[str, ...], make: Callable[..., T]
+    ) -> T:
+        """``make(*bytes_of_names)``, or the value it gave for these exact bytes before."""
+        raws = [read_bytes(run_dir, name) for name in names]
+        key = (str(run_dir),) + tuple(
+            "-" if raw is None else hashlib.blake2b(raw, digest_size=20).hexdigest()
+            for raw in raws
+        )
+        with self._lock:
+            hit = self._values.get(use)
+        if hit is not None and hit[0] == key:
+            return hit[1]  # type: ignore[no-any-return]
+        value = make(*raws)
+        with self._lock:
+            self._values[use] = (key, value)
+        return value
 
 
 def signature(run_dir: Path) -> str:

@@ -1,9 +1,10 @@
 """``/metrics``: the run folder in Prometheus' text exposition format.
 
-Every scrape builds a fresh :class:`~prometheus_client.CollectorRegistry` holding one
+Each exposition is built in a fresh :class:`~prometheus_client.CollectorRegistry` holding one
 :class:`RunCollector` over the run folder's files, so the exporter has no state of its own
 (no global registry, nothing to reset when a run is resumed or replaced): what Prometheus
-reads is what ``fleet.json`` and ``metrics.jsonl`` say at that moment.
+reads is what ``fleet.json`` and ``metrics.jsonl`` say at that moment. (The dashboard keeps the
+last exposition while both files hold the same bytes: see ``app.py``.)
 
 Per device (label ``device``): battery, online, last round seen, participations, declines,
 last round trained, and any other numeric field the server adds to a device's entry
@@ -55,17 +56,15 @@ def reason_kind(reason: str) -> str:
 
 
 class RunCollector(Collector):
-    """The metrics of one run folder, read when collected."""
+    """The metrics of one run folder's ``fleet.json`` and rows, as read for one scrape."""
 
-    def __init__(self, run_dir: Path) -> None:
-        self.run_dir = Path(run_dir)
+    def __init__(self, fleet: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+        self.fleet, self.rows = fleet, rows
 
     def collect(self) -> Iterator[Metric]:
-        fleet = read_fleet(self.run_dir)
-        rows = read_rounds(self.run_dir)
-        yield from self._devices(fleet.get("devices", []))
-        yield from self._counters(rows)
-        yield from self._run(fleet, rows)
+        yield from self._devices(self.fleet.get("devices", []))
+        yield from self._counters(self.rows)
+        yield from self._run(self.fleet, self.rows)
 
     def _devices(self, devices: list[dict[str, Any]]) -> Iterator[Metric]:
         families = {
@@ -198,6 +197,11 @@ def _numeric_fields(device: dict[str, Any]) -> Iterator[tuple[str, float]]:
 
 def render(run_dir: Path) -> bytes:
     """The exposition of ``run_dir`` now, from a registry made for this scrape."""
+    return render_data(read_fleet(run_dir), read_rounds(run_dir))
+
+
+def render_data(fleet: dict[str, Any], rows: list[dict[str, Any]]) -> bytes:
+    """The exposition of a run's parsed ``fleet.json`` and rows."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(run_dir))
+    registry.register(RunCollector(fleet, rows))
     return generate_latest(registry)

@@ -8,8 +8,11 @@ const KNOWN = ["device", "node", "online", "battery", "participations", "last_tr
 const LABELS = { device: "device", node: "node", online: "online", battery: "battery", participations: "participations", last_trained: "last trained", last_seen: "last seen", declines: "declines", rejections: "last rejections (round: reason)" };
 const MAX_TEXT = 200;
 const MAX_PINNED = 6;
+// The fleet table shows one page of rows: at 1,000 devices and 16 columns, building and laying
+// out every cell on each refresh took most of the page's first render.
+const PAGE_SIZES = [100, 500, 0]; // 0: all
 
-const state = { fleet: {}, rows: [], summary: {}, sort: { key: "device", dir: 1 }, pinned: new Set(), batterySeen: new Map(), charts: {}, filter: "" };
+const state = { fleet: {}, rows: [], summary: {}, sort: { key: "device", dir: 1 }, pinned: new Set(), batterySeen: new Map(), charts: {}, filter: "", page: 0, pageSize: 100, cols: [] };
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -85,9 +88,19 @@ function batteryHistory() {
 
 // --- charts ---------------------------------------------------------------------------------
 
-function chart(id, series, data, opts) {
+// Reading an element's width makes the browser lay out the page as it stands: read the four
+// charts' widths once, before anything is drawn, not once per chart after the tables are built.
+function chartWidths() {
+  const widths = {};
+  for (const id of ["chart-accuracy", "chart-loss", "chart-stopping", "chart-battery"]) {
+    if (!state.charts[id]) widths[id] = Math.max(300, document.getElementById(id).clientWidth || 500);
+  }
+  return widths;
+}
+
+function chart(id, series, data, opts, widths) {
   const box = document.getElementById(id);
-  const width = Math.max(300, box.clientWidth || 500);
+  const width = widths[id] || 500;
   const shape = series.map((s) => s.label).join("|");
   const old = state.charts[id];
   if (old && old.shape === shape) { old.plot.setData(data); return; }
@@ -137,18 +150,19 @@ function caption(id, series, data) {
 }
 
 function drawCharts() {
+  const widths = chartWidths();
   const rows = state.rows.filter((r) => num(r.round) !== null);
   const fed = (k) => (r) => (r.federated ? r.federated[k] : null);
   let acc = columnSeries(rows, [["test_accuracy", (r) => r.test_accuracy], ["test_balanced_accuracy", (r) => r.test_balanced_accuracy], ["session_accuracy", (r) => r.session_accuracy]].concat(federatedKeys(rows, "acc").map((k) => ["federated " + k, fed(k)])));
-  chart("chart-accuracy", acc.series, acc.data, { yLabel: "accuracy" });
+  chart("chart-accuracy", acc.series, acc.data, { yLabel: "accuracy" }, widths);
   caption("accuracy-last", acc.series, acc.data);
   let loss = columnSeries(rows, [["test_loss", (r) => r.test_loss], ["train_loss", (r) => r.train_loss]].concat(federatedKeys(rows, "loss").map((k) => ["federated " + k, fed(k)])));
-  chart("chart-loss", loss.series, loss.data, { yLabel: "loss" });
+  chart("chart-loss", loss.series, loss.data, { yLabel: "loss" }, widths);
   caption("loss-last", loss.series, loss.data);
 
   const tau = num(state.fleet.stopping_tau);
   const stop = columnSeries(rows, [["task_vector_growth", (r) => r.task_vector_growth], ["tau", () => tau, { dash: [6, 4] }]]);
-  chart("chart-stopping", stop.series, stop.data, { yLabel: "relative growth" });
+  chart("chart-stopping", stop.series, stop.data, { yLabel: "relative growth" }, widths);
   const growth = num(state.fleet.task_vector_growth);
   const box = document.getElementById("stopping-last");
   box.textContent = stop.series.length ? "last growth " + fmt(growth !== null ? growth : (lastPoint(stop.data, 1) || [0, null])[1], 5) + (tau !== null ? ", tau " + fmt(tau, 5) : "") : "(stopping.mode off: no signal)";
@@ -163,21 +177,20 @@ function drawCharts() {
     bSeries.push({ label: "device " + short(d) });
     bData.push(hist.points.map((p) => num(p[1][d])));
   }
-  chart("chart-battery", bSeries, bData, { yLabel: "battery" });
+  chart("chart-battery", bSeries, bData, { yLabel: "battery" }, widths);
 }
 
 // --- tables ---------------------------------------------------------------------------------
 
 function drawFleet() {
   const devices = (state.fleet.devices || []).map(flatDevice);
-  const extras = extraColumns(devices);
-  const cols = KNOWN.concat(extras);
+  const cols = KNOWN.concat(extraColumns(devices));
   const head = document.querySelector("#fleet thead tr");
   head.textContent = "";
   for (const c of cols) {
     const th = el("th", LABELS[c] || c.replace(/_/g, " "));
+    th.dataset.col = c;
     if (state.sort.key === c) th.className = state.sort.dir > 0 ? "sorted-asc" : "sorted-desc";
-    th.addEventListener("click", () => { state.sort = { key: c, dir: state.sort.key === c ? -state.sort.dir : 1 }; drawFleet(); });
     head.appendChild(th);
   }
   const f = state.filter.toLowerCase();
@@ -192,17 +205,16 @@ function drawFleet() {
     if (typeof x === "boolean" && typeof y === "boolean") return dir * (Number(x) - Number(y));
     return dir * naturalCompare(fmt(x), fmt(y));
   });
+  const size = state.pageSize || Math.max(1, shown.length);
+  const pages = Math.max(1, Math.ceil(shown.length / size));
+  state.page = Math.min(Math.max(0, state.page), pages - 1);
+  const first = state.page * size;
   const body = document.createDocumentFragment();
-  for (const d of shown) {
+  for (const d of shown.slice(first, first + size)) {
     const tr = el("tr");
     const id = String(d.device);
     tr.dataset.device = id;
     if (state.pinned.has(id)) tr.className = "pinned";
-    tr.addEventListener("click", () => {
-      if (state.pinned.has(id)) state.pinned.delete(id);
-      else if (state.pinned.size < MAX_PINNED) state.pinned.add(id);
-      drawFleet(); drawCharts();
-    });
     for (const c of cols) {
       const v = d[c];
       const td = el("td");
@@ -223,6 +235,42 @@ function drawFleet() {
   tbody.appendChild(body);
   const online = devices.filter((d) => d.online === true).length;
   document.getElementById("fleet-count").textContent = devices.length + " devices, " + online + " online" + (shown.length !== devices.length ? ", " + shown.length + " shown" : "");
+  const last = Math.min(shown.length, first + size);
+  document.getElementById("page-info").textContent = shown.length ? "rows " + (first + 1) + "–" + last + " of " + shown.length : "no rows";
+  document.getElementById("page-prev").disabled = state.page === 0;
+  document.getElementById("page-next").disabled = state.page >= pages - 1;
+}
+
+// One listener for each part of the table, not one per row: the rows are rebuilt on every
+// refresh, and a listener per row was that many closures to make and collect each time.
+function fleetControls() {
+  document.querySelector("#fleet thead").addEventListener("click", (e) => {
+    const th = e.target.closest("th");
+    if (!th || th.dataset.col === undefined) return;
+    const c = th.dataset.col;
+    state.sort = { key: c, dir: state.sort.key === c ? -state.sort.dir : 1 };
+    state.page = 0;
+    drawFleet();
+  });
+  document.querySelector("#fleet tbody").addEventListener("click", (e) => {
+    const tr = e.target.closest("tr");
+    if (!tr || tr.dataset.device === undefined) return;
+    const id = tr.dataset.device;
+    if (state.pinned.has(id)) state.pinned.delete(id);
+    else if (state.pinned.size < MAX_PINNED) state.pinned.add(id);
+    drawFleet(); drawCharts();
+  });
+  document.getElementById("filter").addEventListener("input", (e) => { state.filter = e.target.value; state.page = 0; drawFleet(); });
+  const sizes = document.getElementById("page-size");
+  for (const n of PAGE_SIZES) {
+    const o = el("option", n ? String(n) : "all");
+    o.value = String(n);
+    sizes.appendChild(o);
+  }
+  sizes.value = String(state.pageSize);
+  sizes.addEventListener("change", () => { state.pageSize = Number(sizes.value); state.page = 0; drawFleet(); });
+  document.getElementById("page-prev").addEventListener("click", () => { state.page--; drawFleet(); });
+  document.getElementById("page-next").addEventListener("click", () => { state.page++; drawFleet(); });
 }
 
 function drawReasons() {
@@ -324,7 +372,8 @@ async function refresh() {
       const [fleet, rows, summary] = await Promise.all([getJSON("api/fleet"), getJSON("api/rounds"), getJSON("api/summary")]);
       state.fleet = fleet; state.rows = Array.isArray(rows) ? rows : []; state.summary = summary;
       noteBatteries(fleet);
-      drawSummary(); drawFleet(); drawReasons(); drawSessions(); drawCharts();
+      // The charts first: they read the layout (their widths) before the tables change it.
+      drawSummary(); drawCharts(); drawFleet(); drawReasons(); drawSessions();
       document.getElementById("footer").textContent = "updated " + new Date().toLocaleTimeString() + " (refreshes by itself when a round lands)";
       document.body.dataset.ready = "1";
     } catch (err) {
@@ -347,7 +396,7 @@ function listen() {
   events.onopen = () => { if (poll) { clearInterval(poll); poll = null; } };
 }
 
-document.getElementById("filter").addEventListener("input", (e) => { state.filter = e.target.value; drawFleet(); });
+fleetControls();
 let resizeTimer = null;
 window.addEventListener("resize", () => { clearTimeout(resizeTimer); resizeTimer = setTimeout(() => { for (const k of Object.keys(state.charts)) { state.charts[k].plot.destroy(); delete state.charts[k]; } drawCharts(); }, 200); });
 refresh().then(listen);
