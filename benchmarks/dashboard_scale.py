@@ -129,8 +129,8 @@ def static_of(rev: str, into: Path) -> Path:
 
 def page_render_s(urls: list[str], repeats: int, profile: Path) -> list[float] | None:
     """For each page, seconds from navigation to its first full render, median over
-    ``repeats`` after one untimed load of each; the pages are loaded in turn, so that a change in the machine's load falls
-    on each alike."""
+    ``repeats`` after one untimed load of each; the pages are loaded in turn, so that a change
+    in the machine's load falls on each alike."""
     try:
         from websockets.sync.client import connect
     except ImportError:

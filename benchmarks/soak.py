@@ -64,7 +64,7 @@ from _provenance import dumps  # noqa: E402
 from linkfleet import PROFILES, LinkFleet, node_configs, running_fleet, unavailable  # noqa: E402
 
 from edgefleet.processes import FleetError, FlowerProcess, config_arg  # noqa: E402
-from edgefleet.server.checkpoint import FILENAME, CheckpointError, load_checkpoint  # noqa: E402
+from edgefleet.server.checkpoint import checkpointed_round  # noqa: E402
 from edgefleet.server.results import read_rows  # noqa: E402
 from edgefleet.simulation.runner import app_copy  # noqa: E402
 
@@ -124,13 +124,6 @@ def plan(
 def _rows(path: Path) -> list[dict[str, Any]]:
     """The rows so far (``read_rows`` leaves out a last line still being written)."""
     return read_rows(path) if path.exists() else []
-
-
-def _checkpointed(run_dir: Path) -> int:
-    try:
-        return load_checkpoint(run_dir / FILENAME).round
-    except CheckpointError:
-        return 0
 
 
 def _kind(cmd: str) -> str:
@@ -275,11 +268,13 @@ class Soak:
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-            self.note(rnd, "serverapp killed", pids=pids, checkpoint=_checkpointed(self.run_dir))
+            self.note(
+                rnd, "serverapp killed", pids=pids, checkpoint=checkpointed_round(self.run_dir)
+            )
             self.submit(resume=True)
         elif event.kind == "superlink":
             fleet.kill_superlink()
-            self.note(rnd, "superlink killed", checkpoint=_checkpointed(self.run_dir))
+            self.note(rnd, "superlink killed", checkpoint=checkpointed_round(self.run_dir))
             fleet.start_link()
             up = self.args.nodes - len(self.down) - len(self.restarting)
             self.wait_online(up, timeout=120.0)
@@ -334,7 +329,7 @@ class Soak:
         summary = self.run_dir / "summary.json"
         while True:
             assert self.run is not None
-            if summary.exists() and _checkpointed(self.run_dir) >= a.rounds:
+            if summary.exists() and checkpointed_round(self.run_dir) >= a.rounds:
                 break
             if time.monotonic() > deadline:
                 raise FleetError(
@@ -377,8 +372,28 @@ def summarize(soak: Soak, rows: list[dict[str, Any]], args: argparse.Namespace) 
     for p in judged:
         role = p["role"].split("/")[-1]
         by_role[role] = max(by_role.get(role, -1.0), p["growth"])
+    # Each node restarted by the supervisor: the first round after it in which its device
+    # (device-id = the node's index) trained again, None if it never did.
+    rejoined = []
+    for event in soak.log:
+        words = event["event"].split()
+        if len(words) == 3 and words[0] == "node" and words[2] == "started":
+            later = [
+                int(r["round"])
+                for r in rows
+                if int(r["round"]) > event["round"] and words[1] in r.get("participants", [])
+            ]
+            rejoined.append(
+                {
+                    "node": int(words[1]),
+                    "started_after": event["round"],
+                    "trained": min(later, default=None),
+                }
+            )
     return {
         "rounds_on_record": len(rounds),
+        "restarted_nodes_trained_again": sum(1 for r in rejoined if r["trained"] is not None),
+        "rejoined": rejoined,
         "rounds_exactly_once": rounds == list(range(1, args.rounds + 1)),
         "repeated": sorted({r for r in rounds if rounds.count(r) > 1}),
         "lost": sorted(set(range(1, args.rounds + 1)) - set(rounds)),

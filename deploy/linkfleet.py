@@ -57,6 +57,7 @@ from edgefleet.processes import (  # noqa: E402
     FlowerFleet,
     FlowerProcess,
     config_arg,
+    pid_alive,
 )
 
 PREFIX = "edgefleet-link-"
@@ -145,16 +146,6 @@ def unavailable() -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _netns_names() -> list[str]:
     out = _run("ip", "netns", "list").stdout
     return [line.split()[0] for line in out.splitlines() if line.strip()]
@@ -177,7 +168,7 @@ def cleanup_stale(prefix_re: re.Pattern[str] = _STALE) -> list[str]:
     gone = []
     for ns in _netns_names():
         match = prefix_re.match(ns)
-        if match and not _pid_alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             _kill_netns_processes(ns)
             _run("ip", "netns", "del", ns, check=False)
             gone.append(ns)

@@ -236,7 +236,8 @@ class ServerConfig:
         "min-nodes",
         2,
         _at_least(1),
-        "nodes to wait for before round 1 (at most `node-wait-timeout` s, then go on)",
+        "nodes to wait for before round 1 (at most `node-wait-timeout` s, then go on; a "
+        "resumed run goes on once none has joined for 15 s)",
     )
     round_timeout: float = key(
         "round-timeout",

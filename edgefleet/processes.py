@@ -65,6 +65,17 @@ class FleetError(RuntimeError):
     """A Flower process died, or something did not happen before its deadline."""
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one of another user's counts: it is alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now."""
     return free_ports(1)[0]

@@ -11,6 +11,7 @@ import random
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -510,3 +511,45 @@ def test_serverapp_extends_a_finished_run_only_when_told(tmp_path: Path) -> None
     summary = json.loads((tmp_path / "main" / "summary.json").read_text())
     assert summary["rounds_run"] == 3
     assert load_checkpoint(tmp_path / "main" / FILENAME).round == 3
+
+
+class _Fleet:
+    """A grid whose online nodes follow a schedule on a fake clock."""
+
+    def __init__(self, schedule: list[tuple[float, int]]) -> None:
+        self.now = 0.0
+        self.schedule = schedule  # (from time t, n nodes online)
+
+    def get_node_ids(self) -> list[int]:
+        n = max((k for t, k in self.schedule if t <= self.now), default=0)
+        return list(range(n))
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+    def wait(self, wanted: int, timeout: float, settle: float | None = None) -> int:
+        from edgefleet.server.app import wait_for_nodes
+
+        grid: Any = self
+        return wait_for_nodes(
+            grid, wanted, timeout, settle, clock=lambda: self.now, sleep=self.sleep
+        )
+
+
+def test_a_resumed_run_goes_on_once_the_fleet_stops_growing() -> None:
+    from edgefleet.server.app import RESUME_SETTLE_S
+
+    # 3 of 4 nodes come back after a restart, one by one; the fourth is away for good.
+    schedule = [(0.0, 1), (4.0, 2), (9.0, 3)]
+    fleet = _Fleet(schedule)
+    assert fleet.wait(4, 120.0, RESUME_SETTLE_S) == 3
+    assert 9.0 + RESUME_SETTLE_S <= fleet.now < 9.0 + RESUME_SETTLE_S + 1.5
+    # A new run waits for min-nodes the whole node-wait-timeout.
+    fleet = _Fleet(schedule)
+    assert fleet.wait(4, 120.0) == 3 and fleet.now >= 120.0
+    # The whole fleet back: no settling needed.
+    fleet = _Fleet(schedule + [(12.0, 4)])
+    assert fleet.wait(4, 120.0, RESUME_SETTLE_S) == 4 and fleet.now < 13.5
+    # Nobody at all: settling never starts, and the wait ends in the error.
+    with pytest.raises(RuntimeError, match="no node came online"):
+        _Fleet([]).wait(4, 30.0, RESUME_SETTLE_S)

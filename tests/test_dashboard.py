@@ -177,6 +177,43 @@ def test_answers_change_with_the_files_bytes_not_their_times(run_dir: Path) -> N
     assert "edgefleet_rounds_total 4.0" in c.get("/metrics").text
 
 
+def test_battery_history_from_batteries_jsonl(run_dir: Path) -> None:
+    lines = [
+        {"round": 1, "batteries": {"0": 8.0, "1": 4.0}},
+        {"round": 2, "batteries": {"0": 6.0, "1": 2.0, "x": "full"}},  # a string: left out
+        {"round": 2, "batteries": {"0": 7.0, "1": 3.0}},  # round 2 again (a resume): last wins
+        {"round": 3, "batteries": {"1": 5.0}},
+    ]
+    text = "".join(json.dumps(x) + "\n" for x in lines) + '{"round": 4, "batt'  # cut short
+    (run_dir / "batteries.jsonl").write_text(text)
+    c = client(run_dir)
+    got = c.get("/api/batteries?device=1&device=0&device=nobody").json()
+    assert got["rounds"] == [1, 2, 3]
+    assert got["mean"] == [6.0, 5.0, 5.0] and got["min"] == [4.0, 3.0, 5.0]
+    assert got["max"] == [8.0, 7.0, 5.0]
+    assert got["devices"] == {"1": [4.0, 3.0, 5.0], "0": [8.0, 7.0, None], "nobody": [None] * 3}
+    many = "&".join(f"device={i}" for i in range(20))
+    assert len(c.get(f"/api/batteries?{many}").json()["devices"]) == 6  # bounded
+    (run_dir / "batteries.jsonl").unlink()
+    assert c.get("/api/batteries").json() == {
+        "rounds": [], "mean": [], "min": [], "max": [], "devices": {}
+    }  # fmt: skip
+
+
+def test_the_fleet_writer_appends_each_rounds_batteries(tmp_path: Path) -> None:
+    from edgefleet.dashboard import data
+    from edgefleet.server import fleet as fleet_module
+
+    assert data.BATTERIES == fleet_module.BATTERIES
+    snap = fleet(3, [7.0, 3.25, 0.0])
+    snap["devices"].append(device("no-battery", None))
+    assert fleet_module.batteries_line(snap) == {
+        "round": 3, "batteries": {"0": 7.0, "1": 3.25, "2": 0.0, HOSTILE_ID: 1.5}
+    }  # fmt: skip
+    snap["devices"] = [device("a", None), device("b", float("nan"))]
+    assert fleet_module.batteries_line(snap) is None  # energy off: no line
+
+
 def test_with_a_token_every_request_needs_it(run_dir: Path) -> None:
     c = client(run_dir, token="s3cret")
     for path in ("/", "/api/fleet", "/api/rounds", "/events", "/metrics", "/static/dashboard.js"):
@@ -476,6 +513,7 @@ TABLE_STATE = """JSON.stringify({
   pinned: [...document.querySelectorAll('#fleet tbody tr.pinned')].map(tr => tr.dataset.device),
   info: document.getElementById('page-info').textContent,
   battery: document.querySelectorAll('#chart-battery .u-series').length,
+  source: document.getElementById('battery-source').textContent,
 })"""
 
 
@@ -484,6 +522,8 @@ def test_a_large_fleet_is_shown_a_page_at_a_time(
 ) -> None:
     batteries = [float(i % 10) for i in range(249)]  # with the hostile device: 250
     atomic_write_text(run_dir / "fleet.json", json.dumps(fleet(3, batteries)))
+    history = [{"round": r, "batteries": {"7": 9.0 - r, "8": 1.0}} for r in (1, 2, 3)]
+    (run_dir / "batteries.jsonl").write_text("".join(json.dumps(x) + "\n" for x in history))
     with _browser(tmp_path, f"{served.url}?token=s3cret") as tools:
 
         def table() -> dict[str, Any]:
@@ -516,9 +556,10 @@ def test_a_large_fleet_is_shown_a_page_at_a_time(
         pinned = act(
             "document.querySelector('#fleet tbody tr[data-device=\"7\"] td').click()",
             "a pinned row",
-            lambda t: t["pinned"] == ["7"],
+            lambda t: t["pinned"] == ["7"] and t["battery"] == before + 1,
         )
         assert pinned["battery"] == before + 1
+        assert pinned["source"] == "from batteries.jsonl (3 rounds)"
         # A click on a column header sorts by it: battery ascending puts the 0.0s first.
         ordered = act(
             "document.querySelector('#fleet thead th[data-col=battery]').click()",

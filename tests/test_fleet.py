@@ -12,7 +12,7 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from edgefleet.server.fleet import FILENAME, FleetWriter
+from edgefleet.server.fleet import BATTERIES, FILENAME, FleetWriter
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.loop import RoundLoop
 from tests.fakes import FakeGrid, no_eval, rec
@@ -60,3 +60,10 @@ def test_the_snapshot_holds_every_device_and_no_unchecked_value(tmp_path: Path, 
     assert by_id["2"]["declines"] == 2 and by_id["2"]["participations"] == 0
     assert all(d["online"] and d["node"] in (1, 2, 3) for d in fleet["devices"])
     assert fleet["declined"] == ["2"]
+    # The batteries' history: a line per round, only values that passed screening.
+    history = [json.loads(x) for x in (tmp_path / BATTERIES).read_text().splitlines()]
+    assert [h["round"] for h in history] == [1, 2]
+    assert all(h["batteries"]["0"] == 3.5 and "1" not in h["batteries"] for h in history)
+    assert history[-1]["batteries"] == {
+        d: b["battery"] for d, b in by_id.items() if b["battery"] is not None
+    }

@@ -34,20 +34,13 @@ from typing import Any
 
 import pytest
 
-from edgefleet.server.checkpoint import FILENAME, CheckpointError, load_checkpoint
+from edgefleet.server.checkpoint import checkpointed_round
 from tests.flower_runs import metrics_rows, submit
 from tests.test_links import lf, needs_netns
 
 RUN_NAME = "restarts"
 NUM_ROUNDS = 4
 DEADLINE = 540.0  # seconds from the start; 3-5 minutes on a 2-core machine at load 4-8
-
-
-def _checkpointed(run_dir: Path) -> int:
-    try:
-        return load_checkpoint(run_dir / FILENAME).round
-    except CheckpointError:
-        return 0
 
 
 def _wait(what: str, cond: Any, fleet: Any, t0: float) -> None:
@@ -93,7 +86,7 @@ def test_serverapp_and_superlink_restarts_lose_no_round(tmp_path: Path) -> None:
         for sub in ("s1", "s2", "s3"):
             (tmp_path / sub).mkdir()
         first = submit(fleet, tmp_path / "s1", run_config)
-        _wait("round 1 checkpointed", lambda: _checkpointed(run_dir) >= 1, fleet, t0)
+        _wait("round 1 checkpointed", lambda: checkpointed_round(run_dir) >= 1, fleet, t0)
 
         # 1. The ServerApp process dies alone.
         serverapps = [p.pid for p in fleet.members() if "flwr-serverapp" in p.cmd]
@@ -101,17 +94,17 @@ def test_serverapp_and_superlink_restarts_lose_no_round(tmp_path: Path) -> None:
         for pid in serverapps:
             os.kill(pid, signal.SIGKILL)
         first.popen.kill()
-        done_1 = _checkpointed(run_dir)
+        done_1 = checkpointed_round(run_dir)
         assert done_1 < NUM_ROUNDS and not (run_dir / "summary.json").exists()
         rows_1 = metrics_rows(metrics)[:done_1]
         second = submit(fleet, tmp_path / "s2", {**run_config, "resume": True})
-        _wait("round 2 after the resume", lambda: _checkpointed(run_dir) >= 2, fleet, t0)
+        _wait("round 2 after the resume", lambda: checkpointed_round(run_dir) >= 2, fleet, t0)
 
         # 2. The server host goes: SuperLink, SuperExec, ServerApp.
         runs_before = {r["run-id"] for r in _runs(fleet)}
         fleet.kill_superlink()
         second.popen.kill()
-        done_2 = _checkpointed(run_dir)
+        done_2 = checkpointed_round(run_dir)
         rows_2 = metrics_rows(metrics)[:done_2]
         t_kill = time.monotonic() - t0
         fleet.start_link()  # same port, same --database

@@ -492,6 +492,8 @@ def worker_main(argv: Sequence[str]) -> int:
     return 0
 
 
+# edgefleet.processes.pid_alive, copied: this module runs on boards that have flwr and the
+# standard library only (deploy/pi/worker.py links here).
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

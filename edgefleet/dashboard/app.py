@@ -2,7 +2,9 @@
 
 It reads the run folder on every request: ``/`` the page,
 ``/api/fleet`` (``fleet.json``), ``/api/rounds`` (``metrics.jsonl``'s rows),
-``/api/summary`` (``summary.json`` once the run has ended), ``/events`` (server-sent events:
+``/api/summary`` (``summary.json`` once the run has ended), ``/api/batteries`` (the batteries'
+history, ``batteries.jsonl``: the fleet's mean, lowest and highest per round, and the series of
+the devices named by ``?device=``, six at most), ``/events`` (server-sent events:
 one each time either file changes, so the page refreshes itself), ``/metrics`` (Prometheus).
 What it answers is made again only when the files' bytes change (a page open on a fleet of
 1,000 devices, and Prometheus, ask every few seconds; a round lands far less often), and made
@@ -47,10 +49,13 @@ from starlette.staticfiles import StaticFiles
 
 from edgefleet.dashboard import metrics
 from edgefleet.dashboard.data import (
+    BATTERIES,
     FLEET,
     ROUNDS,
     ContentCache,
+    battery_stats,
     latest_run,
+    parse_batteries,
     parse_fleet,
     parse_rounds,
     signature,
@@ -61,6 +66,7 @@ TOKEN_ENV = "EDGEFLEET_DASHBOARD_TOKEN"
 COOKIE = "edgefleet_dashboard"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8050
+MAX_DEVICE_SERIES = 6  # devices whose own battery series one request may ask for
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
 # Scripts and styles from the package only: a string that slipped into the page as markup
 # would still not run.
@@ -122,7 +128,7 @@ def create_app(
     cache = ContentCache()
 
     def json_body(raw: bytes | None, parse: Callable[[bytes | None], Any]) -> bytes:
-        return JSONResponse(parse(raw)).body
+        return bytes(JSONResponse(parse(raw)).body)
 
     async def fleet(request: Request) -> Response:
         body = await run_in_threadpool(
@@ -135,6 +141,18 @@ def create_app(
             cache.get, "rounds", current(), (ROUNDS,), lambda raw: json_body(raw, parse_rounds)
         )
         return _json_bytes(body)
+
+    def battery_history(raw: bytes | None) -> tuple[dict[int, dict[str, float]], Any]:
+        by_round = parse_batteries(raw)
+        return by_round, battery_stats(by_round)
+
+    async def batteries(request: Request) -> Response:
+        by_round, stats = await run_in_threadpool(
+            cache.get, "batteries", current(), (BATTERIES,), battery_history
+        )
+        asked = list(dict.fromkeys(request.query_params.getlist("device")))[:MAX_DEVICE_SERIES]
+        devices = {d: [levels.get(d) for levels in by_round.values()] for d in asked}
+        return _json({**stats, "devices": devices})
 
     async def summary(request: Request) -> Response:
         run_dir = folder()
@@ -190,6 +208,7 @@ def create_app(
         Route("/api/fleet", fleet),
         Route("/api/rounds", rounds),
         Route("/api/summary", summary),
+        Route("/api/batteries", batteries),
         Route("/events", events),
         Route("/metrics", exposition),
         Mount("/static", StaticFiles(directory=static), name="static"),

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 FLEET = "fleet.json"
 ROUNDS = "metrics.jsonl"
+BATTERIES = "batteries.jsonl"  # edgefleet.server.fleet.BATTERIES; not imported: no torch here
 T = TypeVar("T")
 
 
@@ -74,6 +75,31 @@ def parse_rounds(raw: bytes | None) -> list[dict[str, Any]]:
     return rows
 
 
+def parse_batteries(raw: bytes | None) -> dict[int, dict[str, float]]:
+    """``batteries.jsonl``'s bytes as ``{round: {device: level}}``, rounds in order; of a
+    round run twice (a resume), the last line; lines that do not parse, and values that are
+    not finite numbers, left out."""
+    by_round: dict[int, dict[str, float]] = {}
+    for row in parse_rounds(raw):
+        rnd, levels = row.get("round"), row.get("batteries")
+        if isinstance(rnd, bool) or not isinstance(rnd, int) or not isinstance(levels, dict):
+            continue
+        by_round[rnd] = {str(k): v for k, x in levels.items() if (v := number(x)) is not None}
+    return dict(sorted(by_round.items()))
+
+
+def battery_stats(by_round: dict[int, dict[str, float]]) -> dict[str, list[Any]]:
+    """Per round: the fleet's mean, lowest and highest battery."""
+    stats: dict[str, list[Any]] = {"rounds": [], "mean": [], "min": [], "max": []}
+    for rnd, levels in by_round.items():
+        values = list(levels.values())
+        stats["rounds"].append(rnd)
+        stats["mean"].append(sum(values) / len(values) if values else None)
+        stats["min"].append(min(values, default=None))
+        stats["max"].append(max(values, default=None))
+    return stats
+
+
 class ContentCache:
     """For each use (a name), the last value made of a run folder's files, kept while those
     files hold the same bytes. Keyed by a digest of the exact contents, not by modification
@@ -84,19 +110,16 @@ class ContentCache:
         self._lock = threading.Lock()
         self._values: dict[str, tuple[tuple[str, ...], Any]] = {}
 
-    def get(
-        self, use: str, run_dir: Path, names: tuple[str, ...], make: Callable[..., T]
-    ) -> T:
+    def get(self, use: str, run_dir: Path, names: tuple[str, ...], make: Callable[..., T]) -> T:
         """``make(*bytes_of_names)``, or the value it gave for these exact bytes before."""
         raws = [read_bytes(run_dir, name) for name in names]
         key = (str(run_dir),) + tuple(
-            "-" if raw is None else hashlib.blake2b(raw, digest_size=20).hexdigest()
-            for raw in raws
+            "-" if raw is None else hashlib.blake2b(raw, digest_size=20).hexdigest() for raw in raws
         )
         with self._lock:
             hit = self._values.get(use)
         if hit is not None and hit[0] == key:
-            return hit[1]  # type: ignore[no-any-return]
+            return hit[1]
         value = make(*raws)
         with self._lock:
             self._values[use] = (key, value)
@@ -104,9 +127,9 @@ class ContentCache:
 
 
 def signature(run_dir: Path) -> str:
-    """Changes whenever either file does (what the page's event stream watches)."""
+    """Changes whenever a run file does (what the page's event stream watches)."""
     parts = []
-    for name in (FLEET, ROUNDS):
+    for name in (FLEET, ROUNDS, BATTERIES):
         try:
             st = (Path(run_dir) / name).stat()
             parts.append(f"{st.st_mtime_ns}:{st.st_size}")

@@ -295,17 +295,39 @@ def fleet_census(loop: RoundLoop, cfg: RunConfig, first_round: int) -> None:
         query.ask(loop.grid, sorted(loop.grid.online()), first_round)  # type: ignore[arg-type]
 
 
-def wait_for_nodes(grid: Grid, wanted: int, timeout: float) -> int:
+# A resumed run goes on once the fleet has stopped growing for this long: nodes reconnecting
+# to a restarted SuperLink come back within seconds, a board that lost power may be away for
+# hours, and the run should not wait node-wait-timeout for it at every restart.
+RESUME_SETTLE_S = 15.0
+
+
+def wait_for_nodes(
+    grid: Grid,
+    wanted: int,
+    timeout: float,
+    settle: float | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
     """Wait up to ``timeout`` s for ``wanted`` nodes; go on with whoever is there after that.
+    With ``settle`` (a resumed run), go on sooner: once at least one node is online and their
+    number has not changed for ``settle`` s.
 
     FedAvg's own wait (``min_available_nodes``) has no timeout and hangs a server whose
     fleet is short of nodes.
     """
-    deadline = time.monotonic() + timeout
+    start = clock()
+    deadline = start + timeout
     pause = 0.1  # the Simulation Engine registers its nodes within a moment of starting
-    while (n := len(list(grid.get_node_ids()))) < wanted and time.monotonic() < deadline:
+    last, since = -1, start
+    while (n := len(list(grid.get_node_ids()))) < wanted and clock() < deadline:
+        if n != last:
+            last, since = n, clock()
+        elif settle is not None and n > 0 and clock() - since >= settle:
+            log(INFO, "Resuming with %d of %d nodes: none joined in %.0f s", n, wanted, settle)
+            return n
         log(INFO, "Waiting for nodes: %d of %d online", n, wanted)
-        time.sleep(pause)
+        sleep(pause)
         pause = min(1.0, pause * 2)
     if n < wanted:
         log(WARNING, "Only %d of %d nodes online after %.0f s; going on", n, wanted, timeout)
@@ -413,7 +435,8 @@ def main(grid: Grid, context: Context) -> None:
     writer = MetricsWriter(run_dir)
     log(INFO, "EdgeFleet strategy:")
     strategy.summary()
-    wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout)
+    settle = RESUME_SETTLE_S if ckpt is not None else None
+    wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout, settle)
     fast_grid(grid)
     checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
     tau = cfg.stopping.tau if cfg.stopping.mode in ("data-free", "observe") else None

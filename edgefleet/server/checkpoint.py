@@ -257,6 +257,15 @@ def load_checkpoint(path: Path) -> Checkpoint:
     return loads(data, f"checkpoint {path}")
 
 
+def checkpointed_round(run_dir: Path) -> int:
+    """The last round ``run_dir``'s checkpoint covers, 0 while it has none (or none that
+    reads): for watching a run from outside it."""
+    try:
+        return load_checkpoint(Path(run_dir) / FILENAME).round
+    except CheckpointError:
+        return 0
+
+
 # -- writing and resuming -------------------------------------------------------------------
 
 

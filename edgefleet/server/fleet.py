@@ -1,4 +1,5 @@
-"""The live fleet snapshot: ``fleet.json`` in the run folder, rewritten after every round.
+"""The live fleet snapshot: ``fleet.json`` in the run folder, rewritten after every round;
+and the batteries' history, ``batteries.jsonl``, a line per round appended beside it.
 
 A live run is observable from its run folder alone: ``metrics.jsonl`` (a row per round),
 ``fleet.json`` (the fleet as the server sees it now) and the checkpoint. The snapshot is the
@@ -9,6 +10,11 @@ declines and rejections with their reasons) plus the run's state
 atomically (a reader never sees half a file), so a dashboard or an exporter can poll it
 without ever slowing or breaking a round. Format: ``FORMAT``; every value comes from the
 server's own checked state, so nothing a device sent reaches it unchecked.
+
+``batteries.jsonl`` holds ``{"round": r, "batteries": {device: level}}`` for each round in
+which some device's battery is known (energy on): the battery chart's history, which
+``metrics.jsonl`` leaves out to keep its rows small at a thousand devices. A resumed run
+appends the rounds it runs again; a reader keeps the last line of each round.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from edgefleet.strategies.context import SelectionRow, SessionRow, StoppingRow
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 
 FILENAME = "fleet.json"
+BATTERIES = "batteries.jsonl"
 FORMAT = 1
 
 
@@ -53,13 +60,31 @@ def snapshot(result: RoundResult, stopping_tau: float | None = None) -> dict[str
     }
 
 
+def batteries_line(fleet: dict[str, Any]) -> dict[str, Any] | None:
+    """A snapshot's batteries as a ``batteries.jsonl`` line (None when no battery is known)."""
+    levels = {
+        str(d["device"]): level
+        for d in fleet["devices"]
+        if (level := _finite(d.get("battery"))) is not None
+    }
+    return {"round": fleet["round"], "batteries": levels} if levels else None
+
+
 class FleetWriter(RoundCallback):
-    """Round callback: rewrite ``run_dir/fleet.json`` after every round."""
+    """Round callback: rewrite ``run_dir/fleet.json`` after every round, and append the
+    round's batteries to ``run_dir/batteries.jsonl``."""
 
     def __init__(self, run_dir: Path, stopping_tau: float | None = None) -> None:
         self.path = Path(run_dir) / FILENAME
+        self.batteries = Path(run_dir) / BATTERIES
         self.stopping_tau = stopping_tau
 
     def after_round(self, result: RoundResult) -> str | None:
-        atomic_write_text(self.path, json.dumps(snapshot(result, self.stopping_tau)) + "\n")
+        fleet = snapshot(result, self.stopping_tau)
+        atomic_write_text(self.path, json.dumps(fleet) + "\n")
+        line = batteries_line(fleet)
+        if line is not None:
+            # One write of one whole line: a reader drops a last line cut short by a crash.
+            with self.batteries.open("a") as f:
+                f.write(json.dumps(line) + "\n")
         return None

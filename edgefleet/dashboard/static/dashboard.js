@@ -12,7 +12,7 @@ const MAX_PINNED = 6;
 // out every cell on each refresh took most of the page's first render.
 const PAGE_SIZES = [100, 500, 0]; // 0: all
 
-const state = { fleet: {}, rows: [], summary: {}, sort: { key: "device", dir: 1 }, pinned: new Set(), batterySeen: new Map(), charts: {}, filter: "", page: 0, pageSize: 100, cols: [] };
+const state = { fleet: {}, rows: [], summary: {}, batteries: null, sort: { key: "device", dir: 1 }, pinned: new Set(), batterySeen: new Map(), charts: {}, filter: "", page: 0, pageSize: 100, cols: [] };
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -78,12 +78,29 @@ function noteBatteries(fleet) {
 }
 
 function batteryHistory() {
-  // Rows carry a per-device battery only if the server writes one ("batteries": {device: level});
-  // otherwise: the fleet.json snapshots this page has seen since it was opened.
-  const fromRows = state.rows.filter((r) => r.batteries && typeof r.batteries === "object");
-  if (fromRows.length) return { source: "from metrics.jsonl", points: fromRows.map((r) => [r.round, r.batteries]) };
+  // batteries.jsonl, as /api/batteries summarizes it; for a run folder without one (written
+  // before it existed): the fleet.json snapshots this page has seen since it was opened.
+  const b = state.batteries;
+  if (b && Array.isArray(b.rounds) && b.rounds.length) {
+    return { source: "from batteries.jsonl (" + b.rounds.length + " rounds)", rounds: b.rounds, mean: b.mean, min: b.min, max: b.max, device: (d) => (b.devices && b.devices[d]) || [] };
+  }
   const points = [...state.batterySeen.entries()].sort((a, b) => a[0] - b[0]);
-  return { source: "from the fleet.json snapshots this page has seen since it opened (" + points.length + "); metrics.jsonl has no per-device battery", points };
+  const stat = (f) => points.map((p) => { const v = Object.values(p[1]).map(num).filter((x) => x !== null); return v.length ? f(v) : null; });
+  return {
+    source: "from the fleet.json snapshots this page has seen since it opened (" + points.length + "); this run folder has no batteries.jsonl",
+    rounds: points.map((p) => p[0]),
+    mean: stat((v) => v.reduce((a, b) => a + b, 0) / v.length), min: stat((v) => Math.min(...v)), max: stat((v) => Math.max(...v)),
+    device: (d) => points.map((p) => num(p[1][d])),
+  };
+}
+
+function batteriesPath() {
+  const q = [...state.pinned].sort(naturalCompare).map((d) => "device=" + encodeURIComponent(d)).join("&");
+  return "api/batteries" + (q ? "?" + q : "");
+}
+
+async function loadBatteries() {
+  try { state.batteries = await getJSON(batteriesPath()); } catch (err) { state.batteries = null; }
 }
 
 // --- charts ---------------------------------------------------------------------------------
@@ -169,13 +186,11 @@ function drawCharts() {
 
   const hist = batteryHistory();
   document.getElementById("battery-source").textContent = hist.source;
-  const xs = hist.points.map((p) => p[0]);
-  const stat = (f) => hist.points.map((p) => { const v = Object.values(p[1]).map(num).filter((x) => x !== null); return v.length ? f(v) : null; });
   const bSeries = [{ label: "mean" }, { label: "min", dash: [4, 4] }, { label: "max", dash: [4, 4] }];
-  const bData = [xs, stat((v) => v.reduce((a, b) => a + b, 0) / v.length), stat((v) => Math.min(...v)), stat((v) => Math.max(...v))];
+  const bData = [hist.rounds, hist.mean.map(num), hist.min.map(num), hist.max.map(num)];
   for (const d of [...state.pinned].sort(naturalCompare)) {
     bSeries.push({ label: "device " + short(d) });
-    bData.push(hist.points.map((p) => num(p[1][d])));
+    bData.push(hist.device(d).map(num));
   }
   chart("chart-battery", bSeries, bData, { yLabel: "battery" }, widths);
 }
@@ -258,7 +273,8 @@ function fleetControls() {
     const id = tr.dataset.device;
     if (state.pinned.has(id)) state.pinned.delete(id);
     else if (state.pinned.size < MAX_PINNED) state.pinned.add(id);
-    drawFleet(); drawCharts();
+    drawFleet();
+    loadBatteries().then(drawCharts);
   });
   document.getElementById("filter").addEventListener("input", (e) => { state.filter = e.target.value; state.page = 0; drawFleet(); });
   const sizes = document.getElementById("page-size");
@@ -369,8 +385,8 @@ async function refresh() {
   if (refreshing) { again = true; return refreshing; }
   refreshing = (async () => {
     try {
-      const [fleet, rows, summary] = await Promise.all([getJSON("api/fleet"), getJSON("api/rounds"), getJSON("api/summary")]);
-      state.fleet = fleet; state.rows = Array.isArray(rows) ? rows : []; state.summary = summary;
+      const [fleet, rows, summary, batteries] = await Promise.all([getJSON("api/fleet"), getJSON("api/rounds"), getJSON("api/summary"), getJSON(batteriesPath()).catch(() => null)]);
+      state.fleet = fleet; state.rows = Array.isArray(rows) ? rows : []; state.summary = summary; state.batteries = batteries;
       noteBatteries(fleet);
       // The charts first: they read the layout (their widths) before the tables change it.
       drawSummary(); drawCharts(); drawFleet(); drawReasons(); drawSessions();
