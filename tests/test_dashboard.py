@@ -214,6 +214,25 @@ def test_the_fleet_writer_appends_each_rounds_batteries(tmp_path: Path) -> None:
     assert fleet_module.batteries_line(snap) is None  # energy off: no line
 
 
+def test_non_finite_numbers_in_the_run_files_read_as_null(run_dir: Path) -> None:
+    # A diverged model's loss is Infinity in metrics.jsonl (Python's json writes it); the
+    # strict JSON the page gets must not carry it, nor fail the whole endpoint over it.
+    with (run_dir / "metrics.jsonl").open("a") as f:
+        f.write('{"round": 4, "test_loss": Infinity, "train_loss": NaN, "bytes_up": 1e999}\n')
+    text = (run_dir / "fleet.json").read_text().replace('"battery": 7.0', '"battery": -Infinity')
+    (run_dir / "fleet.json").write_text(text)
+    c = client(run_dir)
+    rounds = c.get("/api/rounds")
+    assert rounds.status_code == 200
+    last = rounds.json()[-1]
+    assert (last["round"], last["test_loss"], last["train_loss"], last["bytes_up"]) == (
+        4, None, None, None
+    )  # fmt: skip
+    fleet_reply = c.get("/api/fleet")
+    assert fleet_reply.status_code == 200 and fleet_reply.json()["devices"][0]["battery"] is None
+    assert c.get("/metrics").status_code == 200
+
+
 def test_with_a_token_every_request_needs_it(run_dir: Path) -> None:
     c = client(run_dir, token="s3cret")
     for path in ("/", "/api/fleet", "/api/rounds", "/events", "/metrics", "/static/dashboard.js"):

@@ -25,6 +25,18 @@ BATTERIES = "batteries.jsonl"  # edgefleet.server.fleet.BATTERIES; not imported:
 T = TypeVar("T")
 
 
+def _finite_or_none(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _loads(raw: bytes) -> Any:
+    """JSON with every non-finite number (``NaN``, ``Infinity``, ``1e999``) read as None: the
+    server's rows may hold one (a diverged model's loss is ``Infinity``), and the page's JSON
+    must not (a strict encoder refuses it, and the whole endpoint with it)."""
+    return json.loads(raw, parse_constant=lambda _: None, parse_float=_finite_or_none)
+
+
 def read_bytes(run_dir: Path, name: str) -> bytes | None:
     """A run file's bytes, or None while it does not exist (or cannot be read)."""
     try:
@@ -43,7 +55,7 @@ def parse_fleet(raw: bytes | None) -> dict[str, Any]:
     if raw is None:
         return {}
     try:
-        data = json.loads(raw)
+        data = _loads(raw)
     except ValueError:
         return {}
     if not isinstance(data, dict):
@@ -67,7 +79,7 @@ def parse_rounds(raw: bytes | None) -> list[dict[str, Any]]:
     rows = []
     for line in raw.splitlines():
         try:
-            row = json.loads(line)
+            row = _loads(line)
         except ValueError:
             continue
         if isinstance(row, dict):
