@@ -31,11 +31,9 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 from _common import ROOT, emit
 
-from edgefleet.dashboard import app as dashboard_app
 from edgefleet.dashboard.app import Dashboard
 
 
@@ -213,8 +211,7 @@ def main() -> None:
         dashboards = [Dashboard(run, port=0, events_max_s=5).start()]
         if args.baseline:
             old = static_of(args.baseline, Path(tmp) / "baseline-static")
-            with mock.patch.object(dashboard_app, "STATIC", old):
-                dashboards.append(Dashboard(run, port=0, events_max_s=5).start())
+            dashboards.append(Dashboard(run, port=0, events_max_s=5, static=old).start())
         try:
             url = dashboards[0].url
             result: dict[str, Any] = {"fleet_json_bytes": (run / "fleet.json").stat().st_size}

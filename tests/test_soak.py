@@ -32,8 +32,11 @@ PROFILE = [
     "--nodes", "4", "--rounds", "16", "--node-kills", "2", "--serverapp-kills", "1",
     "--superlink-restarts", "1", "--warmup-rounds", "4", "--min-span", "8", "--seed", "3",
     "--fraction-train", "1.0",  # every online node is asked each round: no sampling luck
+    # The soak's own deadline comes first, so that it fails with its reason and takes its
+    # fleet down itself; the subprocess timeout below (a SIGKILL) is only the backstop.
+    "--deadline-s", "780",
 ]  # fmt: skip
-TIMEOUT_S = 900  # an upper bound for a loaded machine; it returns when the soak does
+TIMEOUT_S = 900  # upper bounds for a loaded machine; it returns when the soak does
 
 
 @needs_netns

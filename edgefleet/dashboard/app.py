@@ -107,13 +107,14 @@ def create_app(
     events_max_s: float = 300.0,
     poll_s: float = 1.0,
     latest: bool = False,
+    static: Path = STATIC,
 ) -> Starlette:
     """The dashboard of ``run_dir``; with ``latest``, of the run folder under ``run_dir``
     written to last (:func:`~edgefleet.dashboard.data.latest_run`), looked up on every
     request. ``events_max_s`` ends each event stream after that long (the browser reconnects
-    by itself), so that a stopping server never waits on it long."""
+    by itself), so that a stopping server never waits on it long. ``static``: the page's
+    files (``benchmarks/dashboard_scale.py --baseline`` serves an older page's)."""
     base = Path(run_dir)
-    static = STATIC  # bound now: a benchmark serves an older page beside this one (patched)
 
     def folder() -> Path | None:
         return latest_run(base) if latest else base
@@ -324,13 +325,14 @@ class Dashboard:
         *,
         events_max_s: float = 300.0,
         latest: bool = False,
+        static: Path = STATIC,
     ) -> None:
         import uvicorn
 
         check_bind(host, token)
         self.sock = bind(host, port)
         self.url = url_of(self.sock)
-        app = create_app(run_dir, token, events_max_s=events_max_s, latest=latest)
+        app = create_app(run_dir, token, events_max_s=events_max_s, latest=latest, static=static)
         config = uvicorn.Config(
             app, log_level="warning", timeout_graceful_shutdown=2, access_log=False
         )

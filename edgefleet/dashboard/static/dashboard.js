@@ -12,7 +12,7 @@ const MAX_PINNED = 6;
 // out every cell on each refresh took most of the page's first render.
 const PAGE_SIZES = [100, 500, 0]; // 0: all
 
-const state = { fleet: {}, rows: [], summary: {}, batteries: null, sort: { key: "device", dir: 1 }, pinned: new Set(), batterySeen: new Map(), charts: {}, filter: "", page: 0, pageSize: 100, cols: [] };
+const state = { fleet: {}, rows: [], summary: {}, batteries: null, sort: { key: "device", dir: 1 }, pinned: new Set(), batterySeen: new Map(), charts: {}, filter: "", page: 0, pageSize: 100 };
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
