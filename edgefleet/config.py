@@ -410,6 +410,13 @@ class EnergyConfig:
         "energy-age selection skips a device whose observed round (download + training + "
         "upload, timed by the server) exceeds this many seconds; never timed = fits (0 = off)",
     )
+    deadline_retry: int = key(
+        "selection.deadline-retry",
+        10,
+        _at_least(0),
+        "a device skipped by `selection.deadline` this many rounds in a row is selectable "
+        "again once, so its round is timed afresh (0 = never tried again)",
+    )
     source: str = key(
         "energy.source", "bernoulli", _choice(SOURCES), " ".join(f"`{s}`" for s in SOURCES)
     )

@@ -19,12 +19,14 @@ from flwr.serverapp.strategy import FedAvg
 from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.dashboard.metrics import render
 from edgefleet.strategies import timing
-from edgefleet.strategies.context import ScreeningRow
+from edgefleet.strategies.context import ScreeningRow, SelectionRow
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.registry import DeviceRegistry
+from edgefleet.strategies.selection import SelectionError
 from edgefleet.strategies.timing import LinkEstimate, RoundWait, TimingError
 from tests.fakes import FakeGrid, Rows, by_hand, no_eval, rec, train_reply
+from tests.test_ehfedsag import FakeDevice
 
 W0 = {"w": np.ones((4, 4), np.float32)}
 NEVER = math.inf
@@ -206,9 +208,47 @@ def test_energy_age_selection_skips_devices_whose_rounds_exceed_the_deadline() -
             registry.note_timing(device, seconds, 1000, None)
     selection = EnergyAgeSelection(FedAvg(), max_devices=3, slots_per_round=4, deadline=20.0)
     with by_hand(1, registry):
-        fits, skipped = selection._within_deadline(["1", "2", "0"])
+        fits, skipped, retried = selection._within_deadline(["1", "2", "0"])
     assert fits == ["2", "0"]  # age order kept; never timed = fits
-    assert skipped == ["1"]
+    assert skipped == ["1"] and retried == []
+
+
+def test_a_device_the_deadline_skipped_is_tried_again_and_comes_back_once_fast() -> None:
+    # Device 1 was timed at 50 s (a 20 s deadline); it has since moved closer to its access
+    # point and now answers at once. With deadline-retry 2 it is skipped two rounds, selected
+    # in the third (its estimate falls to 0.5 x 50 = 25 s, still over), skipped two more,
+    # selected again (12.5 s): from then on it fits and is selected like the others.
+    devices = {n: FakeDevice(n - 1, 1.0) for n in (1, 2, 3)}
+    selection = EnergyAgeSelection(
+        FedAvg(fraction_evaluate=0.0, min_available_nodes=1, min_train_nodes=1),
+        max_devices=3, slots_per_round=4, deadline=20.0, deadline_retry=2,
+    )  # fmt: skip
+    rows = Rows()
+    loop = RoundLoop(selection, FakeGrid(devices), evaluate_fn=no_eval,  # type: ignore[arg-type]
+                     callbacks=[*selection.round_callbacks(), rows])  # fmt: skip
+    for node in devices:
+        loop.registry.bind(node, str(node - 1))
+    loop.registry.note_timing("1", 50.0, 1000, None)
+    w = rec(w=np.zeros(1))
+    for rnd in range(1, 9):
+        w = loop.run(w, rnd, first_round=rnd).arrays
+    sections = [r.context.section(SelectionRow) for r in rows.results]
+    assert [s.deadline_skipped for s in sections] == [["1"], ["1"], None, ["1"], ["1"], None,
+                                                      None, None]  # fmt: skip
+    assert [s.deadline_retried for s in sections] == [None, None, ["1"], None, None, ["1"],
+                                                      None, None]  # fmt: skip
+    assert [sorted(s.selected) for s in sections][5:] == [["0", "1", "2"]] * 3
+    link = loop.registry.link("1")
+    assert link is not None and link.round_s < 20.0
+    # The skip count is checkpointed with the ages, and a checkpoint without it loads.
+    state = selection.state_dict()
+    selection._skips["1"] = 1
+    selection.load_state_dict(state)
+    assert selection._skips == {}
+    del state["deadline_skips"]
+    selection.load_state_dict(state)
+    with pytest.raises(SelectionError, match="deadline_retry"):
+        EnergyAgeSelection(FedAvg(), max_devices=1, slots_per_round=4, deadline_retry=-1)
 
 
 def test_bad_wait_settings_name_the_choices() -> None:

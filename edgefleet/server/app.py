@@ -153,6 +153,7 @@ def build_strategy(
             first_answer_timeout=first_answer_timeout(cfg),
             order=e.order,
             deadline=e.deadline,
+            deadline_retry=e.deadline_retry,
         )
     sc = cfg.stopping
     if (sc.mode != "off" or cfg.sessions_enabled) and central is None:

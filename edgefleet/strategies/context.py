@@ -93,6 +93,8 @@ class SelectionRow:
     selected: list[str] = field(default_factory=list)  # device ids, in selection order
     # devices left out because their observed round exceeds selection.deadline
     deadline_skipped: list[str] | None = optional()
+    # slow devices selected again after selection.deadline-retry skipped rounds (re-timed)
+    deadline_retried: list[str] | None = optional()
 
 
 @dataclass

@@ -86,11 +86,21 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         first_answer_timeout: float | None = None,
         order: str = "age",
         deadline: float = 0.0,
+        deadline_retry: int = 0,
     ) -> None:
         super().__init__(inner)
         if not deadline >= 0:
             raise SelectionError(f"deadline={deadline!r} must be >= 0 (0 = no deadline)")
+        if not (isinstance(deadline_retry, int) and deadline_retry >= 0):
+            raise SelectionError(
+                f"deadline_retry={deadline_retry!r} must be a whole number of rounds >= 0 "
+                "(0 = a skipped device is never tried again)"
+            )
         self.deadline = deadline
+        self.deadline_retry = deadline_retry
+        # Consecutive rounds each device has been skipped by the deadline. Kept across rounds
+        # (and checkpointed) like the ages: it is what lets a skipped device be re-timed.
+        self._skips: dict[str, int] = {}
         if order not in SELECTION_ORDERS:
             raise SelectionError(f"order={order!r}; valid: {', '.join(SELECTION_ORDERS)}")
         self.order = order
@@ -108,6 +118,11 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             "Status queries per batch": self.batch_size or "all at once",
             "Query order": self.order,
             "Deadline": f"{self.deadline:g} s" if self.deadline else "none",
+            "Deadline retry": (
+                f"after {self.deadline_retry} skipped rounds" if self.deadline_retry else "never"
+            )
+            if self.deadline
+            else "-",
         }
 
     def slot(self, server_round: int) -> int:
@@ -153,8 +168,9 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self.ages.register(node_of)
         self.register_devices(node_of)
         order = query_order(self.ages.ages, node_of, self.rng, self.order)
+        retried: list[str] = []
         if self.deadline:
-            order, row.deadline_skipped = self._within_deadline(order)
+            order, row.deadline_skipped, retried = self._within_deadline(order)
         batch = self.batch_size or max(1, len(order))
 
         def feasible(devices: list[str]) -> dict[str, bool]:
@@ -164,6 +180,12 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             return {d: heard[node_of[d]].feasible for d in devices if node_of[d] in heard}
 
         row.selected, _ = select_in_batches(order, feasible, self.max_devices, batch)
+        # A retried device's count starts over only once it is selected (and so re-timed); one
+        # let through but not chosen (younger than M others, or without energy) stays let
+        # through next round.
+        row.deadline_retried = [d for d in retried if d in row.selected] or None
+        for device in row.deadline_retried or ():
+            self._skips.pop(device, None)
         log(
             INFO,
             "energy-age selection: %s",
@@ -181,22 +203,40 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         subset = SubsetGrid(grid, [node_of[d] for d in row.selected])
         return self.inner.configure_train(server_round, arrays, config, subset)  # type: ignore[arg-type]
 
-    def _within_deadline(self, order: list[str]) -> tuple[list[str], list[str] | None]:
+    def _within_deadline(self, order: list[str]) -> tuple[list[str], list[str] | None, list[str]]:
         """``order`` without the devices whose observed round exceeds the deadline (a device
-        never timed is assumed to fit), and those skipped (None: none). Age order is kept, so
-        among the devices that fit the oldest still go first; a skipped device keeps ageing."""
+        never timed is assumed to fit), those skipped (None: none), and those let through
+        although slow because they have been skipped ``deadline_retry`` rounds in a row.
+        Without the retry a skipped device is never timed again, so a board that moved closer
+        to its access point would stay out for good; with it, it is tried once every
+        ``deadline_retry`` rounds and its estimate follows what it does now. Age order is
+        kept, so among the devices that fit the oldest still go first; a skipped device keeps
+        ageing, so a retried one is near the front."""
         registry = current_round().registry
         fits: list[str] = []
         skipped: list[str] = []
+        retried: list[str] = []
         for device in order:
             link = registry.link(device)
             expected = None if link is None else link.expected_s()
-            (skipped if expected is not None and expected > self.deadline else fits).append(device)
+            if expected is None or expected <= self.deadline:
+                self._skips.pop(device, None)
+                fits.append(device)
+            elif self.deadline_retry and self._skips.get(device, 0) >= self.deadline_retry:
+                fits.append(device)
+                retried.append(device)
+            else:
+                self._skips[device] = self._skips.get(device, 0) + 1
+                skipped.append(device)
         if skipped:
             log(INFO, "energy-age selection: %d device(s) skipped, their rounds take longer than "
                 "the %g s deadline: %s", len(skipped), self.deadline,
                 ", ".join(skipped[:LOG_DEVICES]))  # fmt: skip
-        return fits, skipped or None
+        if retried:
+            log(INFO, "energy-age selection: %d slow device(s) tried again after %d skipped "
+                "rounds, to be re-timed: %s", len(retried), self.deadline_retry,
+                ", ".join(retried[:LOG_DEVICES]))  # fmt: skip
+        return fits, skipped or None, retried
 
     def _why_nobody(self, nodes: list[int], heard: Mapping[int, DeviceStatus]) -> str:
         """Why this round's selection is empty, for the row and the log."""
@@ -221,9 +261,12 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()
         state.update(ages=self.ages.state_dict(), rng=self.rng.bit_generator.state)
+        state["deadline_skips"] = dict(self._skips)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         self.ages.load_state_dict(state["ages"])
         self.rng.bit_generator.state = state["rng"]
+        # Absent from checkpoints written before the retry existed: nobody skipped yet.
+        self._skips = {str(k): int(v) for k, v in state.get("deadline_skips", {}).items()}

@@ -29,7 +29,8 @@ message is answered or the longest wait of those still outstanding has passed.
 
 Energy-age selection can take a deadline (``selection.deadline``): a device whose expected
 round does not fit is skipped this round, the way FedCS (Nishio and Yonetani, 2019) selects;
-a device never timed is assumed to fit.
+a device never timed is assumed to fit, and one skipped ``selection.deadline-retry`` rounds
+in a row is let through once, to be timed afresh.
 """
 
 from __future__ import annotations
