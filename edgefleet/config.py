@@ -16,11 +16,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import Field, dataclass, field, fields
+from enum import StrEnum
 from typing import Any
 
 from edgefleet.attacks.mods import KINDS as ATTACK_KINDS
 from edgefleet.attacks.mods import LIES
-from edgefleet.client.battery import SOURCES
+from edgefleet.client.battery import SOURCES, SourceKind
 from edgefleet.errors import SettingError
 from edgefleet.pruning.names import (
     BUDGETS,
@@ -41,15 +42,71 @@ from edgefleet.task.datasets import DATASETS
 from edgefleet.task.names import ACCELERATORS, MODELS
 from edgefleet.task.partition import PARTITIONS
 
-STRATEGIES: tuple[str, ...] = ("fedavg", "fedprox", "fedsag")
-SELECTIONS: tuple[str, ...] = ("all", "energy-age")
-# "observe" records both rules' signals every round and never stops (for benchmarks).
-STOPPING_MODES: tuple[str, ...] = ("off", "data-free", "validation", "observe")
-VALIDATION_SPLITS: tuple[str, ...] = ("official", "test")
-SESSION_SCHEDULES: tuple[str, ...] = ("none", "alternate")
+
+class StrategyName(StrEnum):
+    """The inner strategy (``strategy``)."""
+
+    FEDAVG = "fedavg"
+    FEDPROX = "fedprox"
+    FEDSAG = "fedsag"
+
+
+STRATEGIES: tuple[str, ...] = tuple(m.value for m in StrategyName)
+
+
+class SelectionMode(StrEnum):
+    """Who trains each round (``selection.mode``)."""
+
+    ALL = "all"
+    ENERGY_AGE = "energy-age"
+
+
+SELECTIONS: tuple[str, ...] = tuple(m.value for m in SelectionMode)
+
+
+class StoppingMode(StrEnum):
+    """When training stops (``stopping.mode``); ``observe`` records both rules' signals every
+    round and never stops (for benchmarks)."""
+
+    OFF = "off"
+    DATA_FREE = "data-free"
+    VALIDATION = "validation"
+    OBSERVE = "observe"
+
+
+STOPPING_MODES: tuple[str, ...] = tuple(m.value for m in StoppingMode)
+
+
+class ValidationSplit(StrEnum):
+    """Where the validation rule's data comes from (``stopping.validation-split``)."""
+
+    OFFICIAL = "official"
+    TEST = "test"
+
+
+VALIDATION_SPLITS: tuple[str, ...] = tuple(m.value for m in ValidationSplit)
+
+
+class SessionSchedule(StrEnum):
+    """Which devices are present in which session (``sessions.schedule``)."""
+
+    NONE = "none"
+    ALTERNATE = "alternate"
+
+
+SESSION_SCHEDULES: tuple[str, ...] = tuple(m.value for m in SessionSchedule)
 ATTACK_CHOICES: tuple[str, ...] = ("off", *ATTACK_KINDS)
-# "session-poly": the reference's polynomial decay within each session (arXiv 2410.05662).
-LR_SCHEDULES: tuple[str, ...] = ("constant", "session-poly")
+
+
+class LrSchedule(StrEnum):
+    """The learning-rate schedule (``lr-schedule``); ``session-poly``: the reference's
+    polynomial decay within each session (arXiv 2410.05662)."""
+
+    CONSTANT = "constant"
+    SESSION_POLY = "session-poly"
+
+
+LR_SCHEDULES: tuple[str, ...] = tuple(m.value for m in LrSchedule)
 
 Value = bool | int | float | str
 # A check returns None when the value is fine, else the text "must be ..." for the error.
@@ -970,7 +1027,7 @@ def attack_keys_set(raw: Mapping[str, Any]) -> list[str]:
 def _check_together(cfg: RunConfig) -> None:
     """Rules that involve more than one key."""
     s = cfg.sessions
-    if s.schedule == "alternate":
+    if s.schedule == SessionSchedule.ALTERNATE:
         if s.rounds < 1:
             raise ConfigError(
                 "run config 'sessions.rounds' = 0: must be >= 1 with sessions.schedule = "
@@ -994,7 +1051,11 @@ def _check_together(cfg: RunConfig) -> None:
             f"{e.selection!r}: the deadline is energy-age selection's; set selection.mode = "
             "'energy-age' or selection.deadline = 0"
         )
-    if e.selection == "energy-age" and e.source != "always-on" and e.capacity < e.round_cost:
+    if (
+        e.selection == SelectionMode.ENERGY_AGE
+        and e.source != SourceKind.ALWAYS_ON
+        and e.capacity < e.round_cost
+    ):
         raise ConfigError(
             f"run config 'energy.capacity' = {e.capacity}: below one round's cost "
             f"{e.round_cost:g} (energy.train-slots + 1), so no device could ever train"
@@ -1019,7 +1080,7 @@ def _check_together(cfg: RunConfig) -> None:
             "attacker claims (e.g. '100,101')"
         )
     w = cfg.warmstart
-    if cfg.train.lr_schedule == "session-poly" and not (cfg.sessions_enabled and s.rounds):
+    if cfg.train.lr_schedule == LrSchedule.SESSION_POLY and not (cfg.sessions_enabled and s.rounds):
         raise ConfigError(
             "run config 'lr-schedule' = 'session-poly': needs sessions of a known length "
             "(sessions.rounds >= 1); use 'constant' or set sessions.rounds"

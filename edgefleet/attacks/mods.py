@@ -49,6 +49,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -74,7 +75,16 @@ PARAMS: dict[str, tuple[str, ...]] = {
     "stale-poison": ("norm_scale",),
     "pruned-liar": ("lie", "seed"),
 }
-LIES: tuple[str, ...] = ("resample", "shuffle")
+
+
+class Lie(StrEnum):
+    """What a pruned device lies about the channels it kept (``attack.lie``)."""
+
+    RESAMPLE = "resample"
+    SHUFFLE = "shuffle"
+
+
+LIES: tuple[str, ...] = tuple(m.value for m in Lie)
 DATA_WRAPPERS = {
     "label-flip": "edgefleet.attacks.label_flipped(data, num_classes)",
     "backdoor": "edgefleet.attacks.backdoored(data, target, fraction, rng)",

@@ -51,6 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,17 @@ import numpy as np
 
 from edgefleet.errors import SettingError
 
-SOURCES: tuple[str, ...] = ("bernoulli", "trace", "always-on", "sysfs")
+
+class SourceKind(StrEnum):
+    """Where a battery's energy arrivals come from (``energy.source``)."""
+
+    BERNOULLI = "bernoulli"
+    TRACE = "trace"
+    ALWAYS_ON = "always-on"
+    SYSFS = "sysfs"
+
+
+SOURCES: tuple[str, ...] = tuple(m.value for m in SourceKind)
 
 # Arrays built for one advance are at most this many slots long, so a device that was away
 # for a very long time catches up in bounded memory.

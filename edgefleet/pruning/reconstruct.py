@@ -24,10 +24,19 @@ integers half to even (``edgefleet.strategies.loop.keep_dtypes``), as done here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from enum import StrEnum
 
 import numpy as np
 
-FILL_MODES: tuple[str, ...] = ("global", "zeros")
+
+class FillMode(StrEnum):
+    """What a coordinate no device kept becomes."""
+
+    GLOBAL = "global"
+    ZEROS = "zeros"
+
+
+FILL_MODES: tuple[str, ...] = tuple(m.value for m in FillMode)
 
 
 def _same_keys(

@@ -23,7 +23,17 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from edgefleet import runlock
-from edgefleet.config import ConfigError, RunConfig, attack_keys_set, parse_run_config
+from edgefleet.config import (
+    ConfigError,
+    LrSchedule,
+    RunConfig,
+    SelectionMode,
+    StoppingMode,
+    StrategyName,
+    ValidationSplit,
+    attack_keys_set,
+    parse_run_config,
+)
 from edgefleet.server.checkpoint import (
     Checkpointer,
     apply_checkpoint,
@@ -105,13 +115,13 @@ def build_strategy(
         "min_evaluate_nodes": 1,
         "min_available_nodes": 1,  # the wait for nodes is bounded in wait_for_nodes()
     }
-    energy_age = cfg.energy.selection == "energy-age"
+    energy_age = cfg.energy.selection == SelectionMode.ENERGY_AGE
     if energy_age:
         common["fraction_train"] = 1.0  # the selection wrapper has already chosen
     strategy: Strategy
-    if cfg.server.strategy == "fedprox":
+    if cfg.server.strategy == StrategyName.FEDPROX:
         strategy = FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
-    elif cfg.server.strategy == "fedsag":
+    elif cfg.server.strategy == StrategyName.FEDSAG:
         srv = cfg.server
         # Corrections weighted 1/max(|S|, M), M read from the energy-age selection around it
         # (none without one: the seed's 1/|S|), as FedSAG does in any app.
@@ -130,7 +140,7 @@ def build_strategy(
         strategy = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
     else:
         strategy = FedAvg(**common)  # type: ignore[arg-type]
-    if cfg.robust.rule != "off" and cfg.server.strategy != "fedsag":
+    if cfg.robust.rule != "off" and cfg.server.strategy != StrategyName.FEDSAG:
         # Right inside the reconstruction, which hands it the submodels' masks.
         strategy = RobustAggregation(strategy, cfg.robust.rule, **cfg.robust.params())
     p = cfg.pruning
@@ -156,12 +166,12 @@ def build_strategy(
             deadline_retry=e.deadline_retry,
         )
     sc = cfg.stopping
-    if (sc.mode != "off" or cfg.sessions_enabled) and central is None:
+    if (sc.mode != StoppingMode.OFF or cfg.sessions_enabled) and central is None:
         raise ValueError("build_strategy: stopping and sessions need the central evaluation")
     if cfg.sessions_enabled and run_dir is None:
         raise ValueError("build_strategy: sessions need the run folder for their store")
-    if sc.mode in ("data-free", "observe"):
-        enforce = sc.mode == "data-free"
+    if sc.mode in (StoppingMode.DATA_FREE, StoppingMode.OBSERVE):
+        enforce = sc.mode == StoppingMode.DATA_FREE
         keys = central.keys  # type: ignore[union-attr]
         strategy = TaskVectorStopping(
             strategy, tau=sc.tau, patience=sc.patience, norm=sc.norm, keys=keys, enforce=enforce
@@ -171,7 +181,7 @@ def build_strategy(
             strategy,
             validate=central.validate,  # type: ignore[union-attr]
             patience=sc.patience,
-            enforce=sc.mode == "validation",
+            enforce=sc.mode == StoppingMode.VALIDATION,
             rule=sc.validation_rule,
             min_delta=sc.validation_min_delta,
         )
@@ -276,7 +286,9 @@ def _sessions(
         query_timeout=query_timeout(cfg),
         first_answer_timeout=first_answer_timeout(cfg),
         lr=cfg.train.lr,
-        lr_min_ratio=cfg.train.lr_min_ratio if cfg.train.lr_schedule == "session-poly" else 1.0,
+        lr_min_ratio=cfg.train.lr_min_ratio
+        if cfg.train.lr_schedule == LrSchedule.SESSION_POLY
+        else 1.0,
         aux_lr_scale=w.aux_lr_scale,
         kl_lambda=w.kl_lambda,
         reset_after_pilot=w.reset_after_pilot,
@@ -372,7 +384,7 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     validation = test_set
     if cfg.stopping.mode in ("validation", "observe"):
         official = None
-        if cfg.stopping.validation_split == "official":
+        if cfg.stopping.validation_split == ValidationSplit.OFFICIAL:
             official = load_validation(cfg.data.dataset, cfg.data.data_dir)
         if official is not None:  # the test set stays whole, as in the stopping paper
             validation = official
@@ -440,7 +452,11 @@ def main(grid: Grid, context: Context) -> None:
     wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout, settle)
     fast_grid(grid)
     checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
-    tau = cfg.stopping.tau if cfg.stopping.mode in ("data-free", "observe") else None
+    tau = (
+        cfg.stopping.tau
+        if cfg.stopping.mode in (StoppingMode.DATA_FREE, StoppingMode.OBSERVE)
+        else None
+    )
     loop = build_loop(
         strategy,
         grid,

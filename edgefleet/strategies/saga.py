@@ -44,24 +44,60 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
 
 from edgefleet.errors import SettingError
 
-SAGA_INITS: tuple[str, ...] = ("zeros", "first-update")
+
+class SagaInit(StrEnum):
+    """A device's SAGA memory before its first upload (``saga.init``)."""
+
+    ZEROS = "zeros"
+    FIRST_UPDATE = "first-update"
+
+
+SAGA_INITS: tuple[str, ...] = tuple(m.value for m in SagaInit)
+
+
 # "saga": v = mean(m) + mean over participants of (delta - m), unbiased (the issue's form);
 # "sag": v = mean(m) after the participants' memories are replaced, i.e. the corrections
 # enter with weight 1/K instead of 1/P: biased towards stale memories, far lower variance.
-SAGA_ESTIMATORS: tuple[str, ...] = ("saga", "sag")
+class SagaEstimator(StrEnum):
+    """The variance-reduced estimator (``saga.estimator``)."""
+
+    SAGA = "saga"
+    SAG = "sag"
+
+
+SAGA_ESTIMATORS: tuple[str, ...] = tuple(m.value for m in SagaEstimator)
+
+
 # What the memory mean divides by: "stored", the devices that have a memory (the seed's
 # wording); "fleet", all K registered devices, a device that never uploaded counting as zero.
-SAGA_MEANS: tuple[str, ...] = ("stored", "fleet")
+class SagaMean(StrEnum):
+    """What the memory mean averages over (``saga.mean``)."""
+
+    STORED = "stored"
+    FLEET = "fleet"
+
+
+SAGA_MEANS: tuple[str, ...] = tuple(m.value for m in SagaMean)
+
+
 # The weight of each correction (delta - m) in the SAGA direction: "participants", 1/|S|
 # (the seed's); "channels", 1/max(|S|, M) with M the devices a round has room for (EH-FedSAG's
 # uplink channels), so a round that few devices could afford does not inflate its corrections.
-SAGA_CORRECTIONS: tuple[str, ...] = ("channels", "participants")
+class SagaCorrection(StrEnum):
+    """The corrections' weight (``saga.correction``)."""
+
+    CHANNELS = "channels"
+    PARTICIPANTS = "participants"
+
+
+SAGA_CORRECTIONS: tuple[str, ...] = tuple(m.value for m in SagaCorrection)
 
 
 class SagaError(SettingError):

@@ -63,6 +63,7 @@ from flwr.common.constant import SType
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.pruning.wire import KEPT  # NumPy only: CA-HFP's kept-channels record
+from edgefleet.strategies.registry import BindingMode
 
 DEVICE_ID = "device-id"
 ENERGY_SPENT = "energy-spent"
@@ -92,7 +93,7 @@ NORM_FACTOR = 10.0
 NORM_FLOOR = 0.5
 MIN_NORM_REPLIES = 3  # a median of fewer norms is not robust to one outlier
 NORM_HISTORY_ROUNDS = 5  # rounds of accepted norms a round with few replies may draw on
-BINDINGS: tuple[str, ...] = ("reconnect", "strict")
+BINDINGS: tuple[str, ...] = tuple(m.value for m in BindingMode)  # declared by the registry
 # Device ids are small integers on EdgeFleet's devices; anything longer than this is not an
 # id a fleet hands out, and would bloat every row it is written to.
 MAX_DEVICE_ID_DIGITS = 18

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Mapping
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
@@ -43,7 +44,14 @@ def _tie_keys(ids: list[str], salt: int) -> list[int]:
     ]
 
 
-SELECTION_ORDERS: tuple[str, ...] = ("age", "random")
+class SelectionOrder(StrEnum):
+    """Energy-age selection's query order (``selection.order``)."""
+
+    AGE = "age"
+    RANDOM = "random"
+
+
+SELECTION_ORDERS: tuple[str, ...] = tuple(m.value for m in SelectionOrder)
 
 
 def query_order(

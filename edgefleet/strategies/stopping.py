@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from logging import INFO
 from typing import Any
 
@@ -36,7 +37,15 @@ from edgefleet.strategies.base import LoopStrategy
 from edgefleet.strategies.context import StoppingRow, ValidationRow
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 
-NORMS: tuple[str, ...] = ("l2", "squared")  # run config: stopping.norm
+
+class StoppingNorm(StrEnum):
+    """The task vector's norm (``stopping.norm``)."""
+
+    L2 = "l2"
+    SQUARED = "squared"
+
+
+NORMS: tuple[str, ...] = tuple(m.value for m in StoppingNorm)
 STOP_PLATEAU = "task-vector-plateau"
 STOP_DIVERGED = "diverged"
 STOP_VALIDATION = "validation-plateau"
@@ -219,7 +228,14 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         self.in_sessions, self.holding, self.resting = state.get("flags", [False] * 3)
 
 
-VALIDATION_RULES = ("reference", "best")
+class ValidationRule(StrEnum):
+    """Which model the validation rule keeps (``stopping.validation-rule``)."""
+
+    REFERENCE = "reference"
+    BEST = "best"
+
+
+VALIDATION_RULES: tuple[str, ...] = tuple(m.value for m in ValidationRule)
 
 
 @dataclass

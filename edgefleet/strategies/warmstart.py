@@ -67,6 +67,7 @@ import os
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -75,7 +76,18 @@ import numpy as np
 from edgefleet.errors import SettingError
 from edgefleet.fileio import atomic_write, atomic_write_bytes
 
-WARMSTART_MODES: tuple[str, ...] = ("pilot", "previous", "average", "fresh", "continuous")
+
+class WarmStartMode(StrEnum):
+    """How a new session's model is built (``warmstart.mode``)."""
+
+    PILOT = "pilot"
+    PREVIOUS = "previous"
+    AVERAGE = "average"
+    FRESH = "fresh"
+    CONTINUOUS = "continuous"
+
+
+WARMSTART_MODES: tuple[str, ...] = tuple(m.value for m in WarmStartMode)
 # The reference's decay exponent for every data set and algorithm (its README).
 LR_POWER = 0.9
 

@@ -37,6 +37,7 @@ import functools
 import logging
 import os
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
@@ -45,15 +46,20 @@ from edgefleet.task.cache import DataCorruptError, cache_dir
 
 log = logging.getLogger(__name__)
 
-DATASETS: tuple[str, ...] = (
-    "mnist-5k",
-    "mnist",
-    "fashion-mnist",
-    "cifar10",
-    "pneumonia",
-    "bccd",
-    "digits",
-)
+
+class DatasetName(StrEnum):
+    """The data sets (``dataset``)."""
+
+    MNIST_5K = "mnist-5k"
+    MNIST = "mnist"
+    FASHION_MNIST = "fashion-mnist"
+    CIFAR10 = "cifar10"
+    PNEUMONIA = "pneumonia"
+    BCCD = "bccd"
+    DIGITS = "digits"
+
+
+DATASETS: tuple[str, ...] = tuple(m.value for m in DatasetName)
 # Those read from files (the others ship inside installed wheels).
 FILE_DATASETS: tuple[str, ...] = ("mnist", "fashion-mnist", "cifar10", "pneumonia", "bccd")
 

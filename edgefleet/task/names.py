@@ -1,7 +1,31 @@
 """Names of the models, kept apart from :mod:`edgefleet.task.models` so that validating a
 run config (and starting the ``edgefleet`` CLI) does not import torch (about 3 s)."""
 
-MODELS: tuple[str, ...] = ("linear", "mlp", "smallcnn", "resnet8", "resnet20")
+from enum import StrEnum
+
+
+class ModelName(StrEnum):
+    """The model architectures (``model``)."""
+
+    LINEAR = "linear"
+    MLP = "mlp"
+    SMALLCNN = "smallcnn"
+    RESNET8 = "resnet8"
+    RESNET20 = "resnet20"
+
+
+MODELS: tuple[str, ...] = tuple(m.value for m in ModelName)
 
 # Where training, evaluation and pruning scores run (edgefleet.task.accelerator).
-ACCELERATORS: tuple[str, ...] = ("auto", "cpu", "cuda", "mps")
+
+
+class Accelerator(StrEnum):
+    """Where training runs (``accelerator``)."""
+
+    AUTO = "auto"
+    CPU = "cpu"
+    CUDA = "cuda"
+    MPS = "mps"
+
+
+ACCELERATORS: tuple[str, ...] = tuple(m.value for m in Accelerator)

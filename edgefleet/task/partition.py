@@ -21,6 +21,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from functools import cache
 from importlib import metadata
 from pathlib import Path
@@ -36,7 +37,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PARTITIONS: tuple[str, ...] = ("iid", "dirichlet", "shards")
+
+class Partition(StrEnum):
+    """How the data is split over devices (``partition``)."""
+
+    IID = "iid"
+    DIRICHLET = "dirichlet"
+    SHARDS = "shards"
+
+
+PARTITIONS: tuple[str, ...] = tuple(m.value for m in Partition)
 
 PARTITION_CACHE_FOLDER = "partitions"
 _FORMAT = 1
