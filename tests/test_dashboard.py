@@ -139,6 +139,18 @@ def test_endpoints_serve_the_run_folder(run_dir: Path) -> None:
         assert c.get(f"/static/{path}").status_code == 200, path
 
 
+def test_a_64_bit_node_id_reaches_the_page_exactly(run_dir: Path) -> None:
+    # Flower's node ids are 64-bit; a JavaScript number holds 53 bits, so the page showed
+    # 6004891191586305998 (a real run's node) as 6004891191586306000. They go as strings.
+    data = fleet(3, [7.0, 3.25, 0.0])
+    data["devices"][0]["node"] = 6004891191586305998
+    data["devices"][1]["node"] = 12  # small enough: stays a number
+    (run_dir / "fleet.json").write_text(json.dumps(data))
+    got = client(run_dir).get("/api/fleet").json()["devices"]
+    assert got[0]["node"] == "6004891191586305998" and got[1]["node"] == 12
+    assert got[0]["battery"] == 7.0 and got[0]["online"] is True
+
+
 def test_a_folder_without_files_yet_reads_as_empty(tmp_path: Path) -> None:
     c = client(tmp_path)
     assert c.get("/api/fleet").json() == {}

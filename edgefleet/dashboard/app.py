@@ -129,7 +129,7 @@ def create_app(
     cache = ContentCache()
 
     def json_body(raw: bytes | None, parse: Callable[[bytes | None], Any]) -> bytes:
-        return bytes(JSONResponse(parse(raw)).body)
+        return bytes(JSONResponse(js_safe(parse(raw))).body)
 
     async def fleet(request: Request) -> Response:
         body = await run_in_threadpool(
@@ -218,8 +218,26 @@ def create_app(
     return Starlette(routes=routes, middleware=[Middleware(BaseHTTPMiddleware, dispatch=guard)])
 
 
+# The largest integer a JavaScript number holds exactly. Flower's node ids are 64-bit: sent
+# as numbers, 6004891191586305998 reached the page as 6004891191586306000.
+JS_SAFE_INT = 2**53 - 1
+
+
+def js_safe(data: Any) -> Any:
+    """``data`` with every integer a JavaScript number cannot hold exactly as a string."""
+    if isinstance(data, bool):
+        return data
+    if isinstance(data, int):
+        return str(data) if abs(data) > JS_SAFE_INT else data
+    if isinstance(data, dict):
+        return {k: js_safe(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [js_safe(v) for v in data]
+    return data
+
+
 def _json(data: Any) -> Response:
-    return JSONResponse(data, headers={"Cache-Control": "no-store"})
+    return JSONResponse(js_safe(data), headers={"Cache-Control": "no-store"})
 
 
 def _json_bytes(body: bytes) -> Response:
