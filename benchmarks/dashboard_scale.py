@@ -19,11 +19,9 @@ alternately with today's, against the same server, and the ratio is in the line.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import random
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -32,6 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from _browser import browser
 from _common import ROOT, emit
 
 from edgefleet.dashboard.app import Dashboard
@@ -129,72 +128,31 @@ def page_render_s(urls: list[str], repeats: int, profile: Path) -> list[float] |
     """For each page, seconds from navigation to its first full render, median over
     ``repeats`` after one untimed load of each; the pages are loaded in turn, so that a change
     in the machine's load falls on each alike."""
-    try:
-        from websockets.sync.client import connect
-    except ImportError:
-        return None
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        return None
-    args = [chromium, "--headless", "--disable-gpu", "--remote-debugging-port=0"]
-    args += [f"--user-data-dir={profile}", "--window-size=1400,1700", "about:blank"]
-    if os.geteuid() == 0:
-        args.insert(1, "--no-sandbox")
-    browser = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + 30
-        while not port_file.exists() or not port_file.read_text().strip():
-            if time.monotonic() > deadline:
-                return None
-            time.sleep(0.05)
-        port = port_file.read_text().split()[0]
-        targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
-        target = next(t for t in targets if t["type"] == "page")
-        with connect(target["webSocketDebuggerUrl"], max_size=2**26) as ws:
-            ids = iter(range(1, 10**9))
+    with browser(profile) as page:
+        if page is None:
+            return None
 
-            def call(method: str, **params: Any) -> Any:
-                n = next(ids)
-                ws.send(json.dumps({"id": n, "method": method, "params": params}))
-                while True:
-                    reply = json.loads(ws.recv(timeout=30))
-                    if reply.get("id") == n:
-                        return reply.get("result", {})
-
-            def once(url: str) -> float | None:
-                call("Page.navigate", url="about:blank")
-                t0 = time.perf_counter()
-                call("Page.navigate", url=url)
-                while True:
-                    ready = call(
-                        "Runtime.evaluate",
-                        expression="document.body && document.body.dataset.ready === '1'",
-                        returnByValue=True,
-                    )
-                    if ready.get("result", {}).get("value") is True:
-                        return time.perf_counter() - t0
-                    if time.perf_counter() - t0 > 60:
-                        return None
-                    time.sleep(0.01)
-
-            for url in urls:  # untimed: the browser's first start of each page
-                if once(url) is None:
+        def once(url: str) -> float | None:
+            page.navigate("about:blank")
+            t0 = time.perf_counter()
+            page.navigate(url)
+            while page.js("document.body && document.body.dataset.ready === '1'") is not True:
+                if time.perf_counter() - t0 > 60:
                     return None
-            times: list[list[float]] = [[] for _ in urls]
-            for _ in range(repeats):
-                for i, url in enumerate(urls):
-                    t = once(url)
-                    if t is None:
-                        return None
-                    times[i].append(t)
+                time.sleep(0.01)
+            return time.perf_counter() - t0
+
+        for url in urls:  # untimed: the browser's first start of each page
+            if once(url) is None:
+                return None
+        times: list[list[float]] = [[] for _ in urls]
+        for _ in range(repeats):
+            for i, url in enumerate(urls):
+                t = once(url)
+                if t is None:
+                    return None
+                times[i].append(t)
         return [round(statistics.median(t), 3) for t in times]
-    finally:
-        browser.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            browser.wait(10)
-        if browser.poll() is None:
-            browser.kill()
 
 
 def main() -> None:
