@@ -6,12 +6,15 @@ finished round behind; ``summary.json`` is written once at the end, atomically.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from logging import WARNING
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from flwr.common import log
 
@@ -19,7 +22,32 @@ from edgefleet import runlock
 from edgefleet.config import RunConfig
 from edgefleet.fileio import atomic_write_text
 from edgefleet.server.checkpoint import check_resumable
+from edgefleet.strategies.context import (
+    PruningRow,
+    RobustRow,
+    ScreeningRow,
+    SelectionRow,
+    SessionRow,
+    StoppingRow,
+    TelemetryRow,
+    ValidationRow,
+)
 from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundResult
+
+S = TypeVar("S")
+
+# Every component's row section (edgefleet.strategies.context); a column belongs to exactly
+# one (tests/test_results_rows.py), so a row can be read back into them.
+SECTIONS: tuple[type, ...] = (
+    ScreeningRow,
+    TelemetryRow,
+    SelectionRow,
+    SessionRow,
+    PruningRow,
+    RobustRow,
+    StoppingRow,
+    ValidationRow,
+)
 
 
 def default_run_name(cfg: RunConfig) -> str:
@@ -161,32 +189,94 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def session_summary(rows: list[dict[str, Any]], target: float) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class MetricsRow:
+    """One ``metrics.jsonl`` row read back, typed: the loop's own columns (:func:`round_row`),
+    each component's section as its dataclass (:meth:`section`), and any other column (one a
+    callback of a user's own added) in ``extra``. Readers use this, not column strings, so a
+    renamed column fails in one place."""
+
+    round: int
+    session: int = 1
+    test_accuracy: float | None = None
+    test_loss: float | None = None
+    test_balanced_accuracy: float | None = None
+    participants: list[str] = field(default_factory=list)
+    declined: list[str] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    bytes_up: int = 0
+    bytes_down: int = 0
+    energy_spent: float = 0.0
+    wall_s: float = 0.0
+    train_loss: float | None = None
+    evaluated: bool = True
+    federated: dict[str, float] = field(default_factory=dict)
+    sections: dict[type, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def section(self, cls: type[S]) -> S | None:
+        """The row's section of type ``cls``; None when that component was off this round."""
+        found: S | None = self.sections.get(cls)
+        return found
+
+    def of(self, cls: type[S]) -> S:
+        """The row's section of type ``cls``, or its defaults when the component was off (a
+        run without sessions reads as phase ``train``, no session accuracy)."""
+        found: S | None = self.sections.get(cls)
+        return cls() if found is None else found
+
+    @classmethod
+    def parse(cls, row: Mapping[str, Any]) -> MetricsRow:
+        own = {f.name for f in dataclasses.fields(cls)} - {"sections", "extra"}
+        sections: dict[type, Any] = {}
+        taken = set(own)
+        for section in SECTIONS:
+            names = {f.name for f in dataclasses.fields(section)}
+            present = {k: row[k] for k in names if k in row}
+            if present:
+                sections[section] = section(**present)
+            taken |= names
+        return cls(
+            **{k: row[k] for k in own if k in row and row[k] is not None or k == "round"},
+            sections=sections,
+            extra={k: v for k, v in row.items() if k not in taken},
+        )
+
+
+def read_metrics(path: Path) -> list[MetricsRow]:
+    """:func:`read_rows`, each row typed (:class:`MetricsRow`)."""
+    return [MetricsRow.parse(r) for r in read_rows(path)]
+
+
+def session_summary(
+    rows: list[dict[str, Any]] | list[MetricsRow], target: float
+) -> list[dict[str, Any]]:
     """Per session: its rounds (auxiliary ones included), bytes and energy spent, the last
     accuracy on the session's classes, and the rounds from the session's start until that
     accuracy first reaches ``target`` (auxiliary rounds counted as spent; None = never).
     An auxiliary row counts only when it evaluated the warm-start model (its last one):
     the earlier ones evaluate aux results, which the session does not start from."""
+    typed = [r if isinstance(r, MetricsRow) else MetricsRow.parse(r) for r in rows]
     out: list[dict[str, Any]] = []
-    for session in sorted({r["session"] for r in rows if r.get("session")}):
-        mine = [r for r in rows if r["session"] == session]
-        accs = [r.get("session_accuracy") for r in mine]
+    for session in sorted({r.session for r in typed if r.session}):
+        mine = [r for r in typed if r.session == session]
+        parts = [r.of(SessionRow) for r in mine]
         reached = next(
-            (i + 1 for i, (r, a) in enumerate(zip(mine, accs, strict=True))
-             if a is not None and a >= target
-             and (r.get("phase") != "aux" or r.get("warm_start"))),
+            (i + 1 for i, p in enumerate(parts)
+             if p.session_accuracy is not None and p.session_accuracy >= target
+             and (p.phase != "aux" or p.warm_start)),
             None,
         )  # fmt: skip
         out.append(
             {
                 "session": session,
-                "start_round": mine[0]["round"],
+                "start_round": mine[0].round,
                 "rounds": len(mine),
-                "aux_rounds": sum(r.get("phase") == "aux" for r in mine),
+                "aux_rounds": sum(p.phase == "aux" for p in parts),
                 "rounds_to_target": reached,
-                "final_session_accuracy": accs[-1],
-                "bytes": sum(r["bytes_up"] + r["bytes_down"] for r in mine),
-                "energy_spent": sum(r["energy_spent"] for r in mine),
+                "final_session_accuracy": parts[-1].session_accuracy,
+                "bytes": sum(r.bytes_up + r.bytes_down for r in mine),
+                "energy_spent": sum(r.energy_spent for r in mine),
             }
         )
     return out

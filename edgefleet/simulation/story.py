@@ -16,13 +16,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-Row = dict[str, Any]
+from edgefleet.server.results import MetricsRow as Row
+from edgefleet.server.results import read_metrics
+from edgefleet.strategies.context import PruningRow, SelectionRow, SessionRow, StoppingRow
 
 
 def load(run_dir: Path) -> tuple[dict[str, Any], list[Row]]:
     summary = json.loads((run_dir / "summary.json").read_text())
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return summary, [json.loads(x) for x in lines if x.strip()]
+    return summary, read_metrics(run_dir / "metrics.jsonl")
 
 
 def story(run_dir: Path) -> str:
@@ -62,7 +63,7 @@ def story(run_dir: Path) -> str:
 
 
 def _devices(rows: list[Row]) -> str:
-    ids = sorted({d for r in rows for d in r["participants"]}, key=_order)
+    ids = sorted({d for r in rows for d in r.participants}, key=_order)
     return " ".join(ids) if ids else "-"
 
 
@@ -81,10 +82,10 @@ def _start(session: int, mine: list[Row], cfg: dict[str, Any]) -> str:
         return "the stored sessions' average"
     if mode != "pilot" or session <= pilots:
         return "the last session's model"
-    weights = next((r["warmstart_weights"] for r in mine if "warmstart_weights" in r), None)
-    if not weights:
+    weights = next((w for r in mine if (w := r.of(SessionRow).warmstart_weights) is not None), None)
+    if not weights or not isinstance(weights, dict):
         return "the last session's (no stored look-alike yet)"
-    top = max(weights, key=weights.get)
+    top = max(weights, key=lambda k: weights[k])
     return f"warm: {weights[top]:.2f} on session {top} (of {len(weights)} stored)"
 
 
@@ -97,7 +98,7 @@ def session_table(summary: dict[str, Any], rows: list[Row]) -> list[str]:
     table = [("session", "rounds", "devices trained", "started from", "to target",
               "last acc", "energy", "MB")]  # fmt: skip
     for s in summary["sessions"]:
-        mine = [r for r in rows if r.get("session") == s["session"]]
+        mine = [r for r in rows if r.session == s["session"]]
         last = s["final_session_accuracy"]
         table.append(
             (
@@ -126,16 +127,17 @@ def _warm_start(cfg: dict[str, Any], rows: list[Row]) -> str | None:
     mode = cfg.get("warmstart.mode", "previous")
     if mode == "previous" and cfg.get("sessions.schedule", "none") == "none":
         return None
-    weighed = [r for r in rows if r.get("warmstart_weights")]
+    weighed = [(r, w) for r in rows if (w := r.of(SessionRow).warmstart_weights)]
     if mode != "pilot" or not weighed:
-        return f"Sessions: {len({r['session'] for r in rows if r.get('session')})}, each " \
+        return f"Sessions: {len({r.session for r in rows if r.session})}, each " \
             f"started from {'the last session' if mode == 'previous' else mode}."  # fmt: skip
     parts = []
-    for r in weighed:
-        w = r["warmstart_weights"]
-        top = max(w, key=w.get)
-        parts.append(f"session {r['session']} put {w[top]:.2f} on session {top} (of {len(w)})")
-    aux = sum(r.get("phase") == "aux" for r in rows)
+    for r, w in weighed:
+        if not isinstance(w, dict):  # an older row's list form names no sessions
+            continue
+        top = max(w, key=lambda k: w[k])
+        parts.append(f"session {r.session} put {w[top]:.2f} on session {top} (of {len(w)})")
+    aux = sum(r.of(SessionRow).phase == "aux" for r in rows)
     return (
         f"Warm start (pilot, {cfg['warmstart.pilot-sessions']} pilot sessions): "
         f"{aux} auxiliary round(s) measured each new session's pseudo-gradient; "
@@ -147,18 +149,18 @@ def _energy(cfg: dict[str, Any], rows: list[Row]) -> str | None:
     if cfg.get("selection.mode") != "energy-age":
         return None
     m = cfg["selection.max-devices"]
-    trained = [r for r in rows if r["participants"]]
-    mean = sum(len(r["participants"]) for r in rows) / max(1, len(rows))
-    short = sum(0 < len(r.get("selected") or r["participants"]) < m for r in rows)
-    empty = sum(not r["participants"] and not r.get("stopping_resting") for r in rows)
-    declined = sum(len(r["declined"]) for r in rows)
+    trained = [r for r in rows if r.participants]
+    mean = sum(len(r.participants) for r in rows) / max(1, len(rows))
+    short = sum(0 < len(r.of(SelectionRow).selected or r.participants) < m for r in rows)
+    empty = sum(not r.participants and not r.of(StoppingRow).stopping_resting for r in rows)
+    declined = sum(len(r.declined) for r in rows)
     aggregator = "SAGA server memory (EH-FedSAG)" if cfg["strategy"] == "fedsag" else \
         "the participants' plain mean (EH-FedAvg)"  # fmt: skip
     return (
         f"Energy: at most {m} devices a round, oldest affordable first, {aggregator}: "
         f"{mean:.1f} trained a round on average ({len(trained)} rounds trained), {short} rounds "
         f"had fewer than {m} affordable, {empty} none; {declined} declines; "
-        f"{sum(r['energy_spent'] for r in rows):g} energy units spent."
+        f"{sum(r.energy_spent for r in rows):g} energy units spent."
     )
 
 
@@ -166,10 +168,10 @@ def _pruning(cfg: dict[str, Any], rows: list[Row]) -> str | None:
     ratios = cfg.get("pruning.keep-ratios") or ""
     if not ratios and cfg.get("pruning.keep-ratio", 1.0) >= 1.0:
         return None
-    compact = sum(r.get("compact_replies", 0) for r in rows)
-    replies = sum(len(r["participants"]) for r in rows)
+    compact = sum(r.of(PruningRow).compact_replies or 0 for r in rows)
+    replies = sum(len(r.participants) for r in rows)
     kept = [
-        r["mean_kept_fraction"] for r in rows if r["participants"] and "mean_kept_fraction" in r
+        k for r in rows if r.participants and (k := r.of(PruningRow).mean_kept_fraction) is not None
     ]
     share = f"{sum(kept) / len(kept):.2f}" if kept else "-"
     return (
@@ -183,9 +185,9 @@ def _stopping(cfg: dict[str, Any], rows: list[Row], summary: dict[str, Any]) -> 
     mode = cfg.get("stopping.mode", "off")
     if mode != "data-free":
         return None
-    rested = [r for r in rows if r.get("stopping_resting")]
+    rested = [r for r in rows if r.of(StoppingRow).stopping_resting]
     if rested:
-        sessions = sorted({r["session"] for r in rested})
+        sessions = sorted({r.session for r in rested})
         return (
             f"Data-free stopping: the task vector stopped growing in sessions "
             f"{', '.join(map(str, sessions))}; their devices rested for {len(rested)} rounds "
@@ -206,11 +208,8 @@ def _stopping(cfg: dict[str, Any], rows: list[Row], summary: dict[str, Any]) -> 
 def _session_curve(rows: list[Row], session: int) -> list[float | None]:
     """A session's accuracy on its own classes, round by round from its start, as
     ``rounds_to_target`` counts it: an auxiliary row only when it evaluated the warm start."""
-    return [
-        r.get("session_accuracy") if r.get("phase") != "aux" or r.get("warm_start") else None
-        for r in rows
-        if r.get("session") == session
-    ]
+    parts = [r.of(SessionRow) for r in rows if r.session == session]
+    return [p.session_accuracy if p.phase != "aux" or p.warm_start else None for p in parts]
 
 
 def _warm_start_helped(cfg: dict[str, Any], rows: list[Row], summary: dict[str, Any]) -> str | None:
@@ -261,7 +260,7 @@ def _warm_start_helped(cfg: dict[str, Any], rows: list[Row], summary: dict[str, 
 def _stopping_helped(cfg: dict[str, Any], rows: list[Row], summary: dict[str, Any]) -> str | None:
     if cfg.get("stopping.mode", "off") != "data-free":
         return None
-    rested = sum(bool(r.get("stopping_resting")) for r in rows)
+    rested = sum(bool(r.of(StoppingRow).stopping_resting) for r in rows)
     budget = cfg.get("num-server-rounds", len(rows))
     saved = budget - summary["rounds_run"] if summary["stop_reason"] == "task-vector-plateau" else 0
     if rested or saved:
@@ -278,8 +277,8 @@ def _stopping_helped(cfg: dict[str, Any], rows: list[Row], summary: dict[str, An
 def _energy_helped(cfg: dict[str, Any], rows: list[Row]) -> str | None:
     if cfg.get("selection.mode") != "energy-age":
         return None
-    declined = sum(len(r["declined"]) for r in rows)
-    sent = sum(len(r["participants"]) + len(r["declined"]) + len(r["rejected"]) for r in rows)
+    declined = sum(len(r.declined) for r in rows)
+    sent = sum(len(r.participants) + len(r.declined) + len(r.rejected) for r in rows)
     if not sent:
         return "Energy-aware selection sent no train message in this run."
     return (
