@@ -110,8 +110,7 @@ def test_edgefleet_app_energy_fedsag_pruning_median_learns_with_an_attacker(
         "attack.kind": "sign-flip",
         "attack.fraction": 0.2,
     }
-    # The attacker trains the full model (keep ratio 1.0): the sign-flip mod rewrites its
-    # update (on a pruned submodel it would answer with an error instead).
+    # The attacker trains the full model (keep ratio 1.0); a pruned attacker is the next test.
     (attacker,) = attacker_partitions(devices, 0.2, seed)
     assert attacker % 2 == 0
     rows = run_once(tmp_path, "composed", {"num-supernodes": devices}, config, 300, "inprocess")
@@ -125,6 +124,39 @@ def test_edgefleet_app_energy_fedsag_pruning_median_learns_with_an_attacker(
     assert all(r["compact_replies"] >= 1 for r in rows)
     acc = [r["test_accuracy"] for r in rows]
     assert acc[-1] > 0.3 and acc[-1] > acc[0], acc
+
+
+def test_a_pruned_device_attacks_on_its_kept_channels(tmp_path: Path) -> None:
+    # Every device prunes the full model it is sent (keep ratio 0.5, full download); the
+    # sign-flip mod takes the attacker's update on its kept channels. Before, it answered
+    # such a round with an error: a CA-HFP fleet had no model-side attackers at all.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        from _runs import run_once
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from edgefleet.client.app import attacker_partitions
+
+    devices, seed = 4, 1
+    config = {
+        "num-server-rounds": 2, "seed": seed, "model": "mlp", "lr": 0.1, "local-steps": 5,
+        "eval-samples": 300, "min-nodes": devices, "pruning.keep-ratio": 0.5,
+    }  # fmt: skip
+    (attacker,) = attacker_partitions(devices, 0.25, seed)
+    fed = {"num-supernodes": devices}
+    clean = run_once(tmp_path, "clean", fed, config, 300, "inprocess")
+    attacked = run_once(
+        tmp_path, "attacked", fed, {**config, "attack.kind": "sign-flip", "attack.fraction": 0.25},
+        300, "inprocess",
+    )  # fmt: skip
+    for rows in (clean, attacked):
+        assert all(not r["declined"] and not r["rejected"] for r in rows)
+        assert all(len(r["participants"]) == devices for r in rows)
+        assert all(r["compact_replies"] == devices for r in rows)  # every reply a submodel
+    assert str(attacker) in attacked[0]["participants"]
+    # The same seeds and data: only the attacker's flipped update tells the runs apart.
+    assert [r["train_loss"] for r in clean] != [r["train_loss"] for r in attacked]
+    assert attacked[0]["test_accuracy"] != clean[0]["test_accuracy"]
 
 
 @pytest.mark.timeout(600)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from statistics import NormalDist
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,6 +38,7 @@ from edgefleet.attacks import (
     sign_flip,
 )
 from edgefleet.client.mods import ERR_ABSENT, ERR_BAD_CONFIG
+from edgefleet.pruning.reconstruct import compact_slice
 from edgefleet.pruning.wire import KEPT, kept_record
 from edgefleet.task.datasets import ArrayDataset
 from tests.fakes import FakeGrid, rec
@@ -461,3 +463,50 @@ def test_a_clientapp_with_the_mod_attacks_through_flower() -> None:
     app.train()(_honest)
     np.testing.assert_allclose(_update(app(_train_msg(), _ctx(0))), STEP, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(_update(app(_train_msg(), _ctx(1))), -2 * STEP, rtol=1e-5, atol=1e-6)
+
+
+def test_an_update_attack_on_a_self_pruned_reply_cuts_the_sent_model_with_the_plan() -> None:
+    # A CA-HFP device sent the full model prunes it itself and replies with a smaller
+    # submodel and its kept channels; given the model's plan, the mod takes the update on the
+    # kept channels (as the device's own pruning did) and flips it there.
+    from edgefleet.pruning.submodel import plan_for
+    from edgefleet.task.models import build_model
+
+    plan = plan_for("mlp", "digits")
+    model = build_model("mlp", (1, 8, 8), 10)
+    full = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    kept = {g: np.arange(0, n, 2, dtype=np.int64) for g, n in plan.groups.items()}
+    sub = compact_slice(full, plan.index_maps(kept), plan.compact_shapes(kept))
+    assert sum(v.size for v in sub.values()) < sum(v.size for v in full.values())
+    step = {k: np.full_like(v, 0.01) for k, v in sub.items()}
+
+    def pruned(msg: Message, context: Context) -> Message:
+        content = RecordDict({
+            "model": ArrayRecord({k: _array(sub[k] + step[k]) for k in sub}),
+            "stats": MetricRecord({"num-examples": 32, "device-id": 0}),
+            KEPT: kept_record(kept),
+        })  # fmt: skip
+        return Message(content, reply_to=msg)
+
+    FakeGrid({})
+    msg = Message(
+        RecordDict({"global": rec(full), "config": ConfigRecord({"server-round": 1})}),
+        dst_node_id=1, message_type=MessageType.TRAIN,
+    )  # fmt: skip
+    calls = []
+
+    def factory() -> Any:
+        calls.append(1)
+        return plan
+
+    mod = attack_mod("sign-flip", [0], plan=factory)
+    for _ in range(2):
+        reply = mod(msg, _ctx(0), pruned)
+        assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+        got = to_numpy(reply.content["model"])
+        for k in sub:
+            np.testing.assert_allclose(got[k], sub[k] - step[k], atol=1e-6)
+    assert calls == [1]  # the plan is built once
+    assert attack_mod("sign-flip", [0])(msg, _ctx(0), pruned).has_error()  # no plan: refused
+    with pytest.raises(ValueError, match="plan="):
+        attack_mod("sign-flip", [0], plan="mlp")  # type: ignore[arg-type]

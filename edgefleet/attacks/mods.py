@@ -38,9 +38,15 @@ Kinds (``PARAMS`` lists each one's parameters):
   :mod:`edgefleet.attacks.data` to use in the ClientApp's train function instead.
 
 The update is the reply's floating-point arrays minus those of the model the train message
-carried; the mod sends ``sent + poisoned update`` in each array's dtype. It needs the two to
-match in names and shapes: a submodel the device pruned itself from a full model does not,
-and the mod answers such a round with an Error (``ERR_BAD_CONFIG``) naming the array.
+carried; the mod sends ``sent + poisoned update`` in each array's dtype. A CA-HFP device that
+pruned the full model it was sent replies with a smaller submodel and its ``kept`` channels:
+given ``plan`` (a callable returning the model's
+:class:`~edgefleet.pruning.submodel.PruningPlan`, built once; EdgeFleet's ClientApp passes
+its model's), the mod cuts the same channels from the sent model and attacks the update on
+them, as the device itself would; without ``plan`` such a round is answered with an Error
+(``ERR_BAD_CONFIG``) naming the array. ALIE and IPM colluders estimate from the updates of
+the same length, so on a fleet of keep ratios each ratio's attackers collude among
+themselves.
 How ALIE and IPM colluders estimate the honest updates: :mod:`edgefleet.attacks.collusion`.
 """
 
@@ -48,9 +54,9 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
@@ -62,7 +68,11 @@ from edgefleet.attacks.collusion import Board, InProcessBoard
 from edgefleet.attacks.updates import alie, alie_z, flatten, float_keys, ipm, sign_flip, unflatten
 from edgefleet.client.mods import DEVICE_ID, ERR_ABSENT, ERR_BAD_CONFIG
 from edgefleet.errors import SettingError
+from edgefleet.pruning.reconstruct import compact_slice
 from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
+
+if TYPE_CHECKING:  # the plan imports torch and Torch-Pruning
+    from edgefleet.pruning.submodel import PruningPlan
 
 MOD_KINDS: tuple[str, ...] = ("sign-flip", "alie", "ipm", "sybil", "stale-poison", "pruned-liar")
 DATA_KINDS: tuple[str, ...] = ("label-flip", "backdoor")
@@ -96,9 +106,16 @@ class AttackError(SettingError):
     """The reply cannot be attacked as asked; the device answers with an Error naming it."""
 
 
-def attack_mod(kind: str, partitions: Iterable[int], **params: Any) -> Mod:
+def attack_mod(
+    kind: str,
+    partitions: Iterable[int],
+    *,
+    plan: Callable[[], PruningPlan] | None = None,
+    **params: Any,
+) -> Mod:
     """A mod that makes the devices of ``partitions`` attack as ``kind`` (see the module
-    docstring). A bad kind, partition list or parameter raises here, naming the choices."""
+    docstring; ``plan``: the CA-HFP plan of the model, for devices that prune it themselves).
+    A bad kind, partition list or parameter raises here, naming the choices."""
     if kind not in KINDS:
         raise ValueError(f"attack_mod kind={kind!r}; valid choices: {', '.join(KINDS)}")
     if kind in DATA_KINDS:
@@ -124,7 +141,10 @@ def attack_mod(kind: str, partitions: Iterable[int], **params: Any) -> Mod:
             f"attack_mod({kind!r}): unknown parameter(s) {unknown}; valid for {kind}: "
             f"{', '.join(PARAMS[kind])}"
         )
-    return _AttackMod(kind, attackers, _checked(kind, attackers, params))
+    if plan is not None and not callable(plan):
+        raise ValueError(f"attack_mod({kind!r}): plan={plan!r} must be a callable returning "
+                         "the model's PruningPlan")  # fmt: skip
+    return _AttackMod(kind, attackers, _checked(kind, attackers, params), plan)
 
 
 def _checked(kind: str, attackers: tuple[int, ...], params: Mapping[str, Any]) -> dict[str, Any]:
@@ -196,8 +216,31 @@ def _board(where: str, params: Mapping[str, Any]) -> Board:
 
 
 class _AttackMod:
-    def __init__(self, kind: str, attackers: tuple[int, ...], params: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        kind: str,
+        attackers: tuple[int, ...],
+        params: dict[str, Any],
+        plan: Callable[[], PruningPlan] | None = None,
+    ) -> None:
         self.kind, self.attackers, self.params = kind, attackers, params
+        self._plan_factory = plan
+        self._plan: PruningPlan | None = None
+
+    def _sent_submodel(self, sent: State, content: RecordDict) -> State:
+        """The sent full model cut to the channels a pruned reply kept (``sent`` itself when
+        the reply is full-size or the message was already a compact submodel)."""
+        if KEPT not in content.array_records or self._plan_factory is None:
+            return sent
+        if self._plan is None:
+            self._plan = self._plan_factory()
+        kept = kept_from_record(content.array_records[KEPT])
+        if reason := self._plan.validate_kept(kept):
+            raise AttackError(f"{self.kind}: the reply's kept channels: {reason}")
+        maps, shapes = self._plan.index_maps(kept), self._plan.compact_shapes(kept)
+        if any(k not in sent or sent[k].size <= int(maps[k].max(initial=-1)) for k in maps):
+            return sent  # not the full model the plan describes: the shape check below names it
+        return compact_slice({k: sent[k] for k in maps}, maps, shapes)
 
     def __call__(self, msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN or not msg.has_content():
@@ -250,6 +293,8 @@ class _AttackMod:
     ) -> None:
         name, reply_rec = _model_record(content, "reply")
         sent = to_numpy(_model_record(msg.content, "train message")[1])
+        if KEPT not in msg.content.array_records:  # a full model sent: the device pruned it
+            sent = self._sent_submodel(sent, content)
         mine = to_numpy(reply_rec)
         keys = float_keys(mine)
         for k in keys:
@@ -257,8 +302,9 @@ class _AttackMod:
                 got = "missing" if k not in sent else f"shaped {list(np.shape(sent[k]))}"
                 raise AttackError(
                     f"{self.kind}: reply array {k!r} {list(mine[k].shape)} has no match in the "
-                    f"model sent ({got}): the update (reply - sent) needs both the same shape, "
-                    "which a submodel the device pruned itself does not have"
+                    f"model sent ({got}): the update (reply - sent) needs both the same shape; "
+                    "for a submodel the device pruned itself, give attack_mod the model's "
+                    "plan= (its PruningPlan)"
                 )
         base = flatten(sent, keys)
         own = flatten(mine, keys) - base

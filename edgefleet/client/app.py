@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from edgefleet.client.device import Device, DeviceProfile
+    from edgefleet.pruning.submodel import PruningPlan
     from edgefleet.task.datasets import ArrayDataset
 
 # torch, the data layer and the pruning code are imported by the handlers, not here: the
@@ -208,7 +209,15 @@ def _attack(cfg: RunConfig, num_partitions: int) -> Mod:
         params["ids"] = list(a.sybil_ids)
     elif a.kind == "pruned-liar":
         params.update(lie=a.lie, seed=cfg.seed)
-    return attack_mod(a.kind, partitions, **params)
+    # Built only if a reply is a submodel the device pruned itself (torch-pruning then).
+    plan = functools.partial(_pruning_plan, cfg.train.model, cfg.data.dataset)
+    return attack_mod(a.kind, partitions, plan=plan, **params)
+
+
+def _pruning_plan(model: str, dataset: str) -> PruningPlan:
+    from edgefleet.pruning.submodel import plan_for
+
+    return plan_for(model, dataset)
 
 
 def run_config_attacks(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

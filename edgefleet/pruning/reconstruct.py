@@ -64,6 +64,16 @@ def _compact_values(
     return compact.reshape(-1), index
 
 
+def compact_slice(
+    full: Mapping[str, np.ndarray],
+    maps: Mapping[str, np.ndarray],
+    shapes: Mapping[str, tuple[int, ...]],
+) -> dict[str, np.ndarray]:
+    """The submodel's tensors cut from the full ones (what a compact download carries): the
+    inverse of :func:`scatter` on the entries ``maps`` names."""
+    return {k: full[k].reshape(-1)[maps[k]].reshape(shapes[k]) for k in full}
+
+
 def scatter(
     global_arrays: Mapping[str, np.ndarray],
     compact: Mapping[str, np.ndarray],

@@ -438,3 +438,16 @@ class PruningPlan:
         for dim, mask in masks.items():
             axes[dim] = np.flatnonzero(mask).astype(np.int64)
         return axes
+
+
+def plan_for(model: str, dataset: str) -> PruningPlan:
+    """The channel groups of model ``model`` built for ``dataset``'s inputs and classes (what
+    the server rebuilds CA-HFP submodels with, and an attacker slices the sent model with)."""
+    from edgefleet.task.datasets import dataset_info
+    from edgefleet.task.models import build_model
+
+    info = dataset_info(dataset)
+    return PruningPlan(
+        build_model(model, info.input_shape, info.num_classes),
+        torch.zeros((1, *info.input_shape)),
+    )

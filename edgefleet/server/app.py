@@ -255,15 +255,9 @@ def first_answer_timeout(cfg: RunConfig) -> float:
 
 def pruning_plan(cfg: RunConfig) -> PruningPlan:
     """The channel groups of the run's model, for rebuilding CA-HFP submodels."""
-    import torch
+    from edgefleet.pruning.submodel import plan_for  # torch-pruning only when needed
 
-    from edgefleet.pruning.submodel import PruningPlan  # torch-pruning only when needed
-    from edgefleet.task.datasets import dataset_info
-    from edgefleet.task.models import build_model
-
-    info = dataset_info(cfg.data.dataset)
-    model = build_model(cfg.train.model, info.input_shape, info.num_classes)
-    return PruningPlan(model, torch.zeros((1, *info.input_shape)))
+    return plan_for(cfg.train.model, cfg.data.dataset)
 
 
 def _sessions(

@@ -57,7 +57,7 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.pruning.names import RECONSTRUCTIONS
-from edgefleet.pruning.reconstruct import elementwise_average, scatter
+from edgefleet.pruning.reconstruct import compact_slice, elementwise_average, scatter
 from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
 from edgefleet.strategies.base import LoopStrategy, find_wrapper
 from edgefleet.strategies.context import PruningRow, current_round
@@ -80,13 +80,6 @@ from edgefleet.strategies.screening import (
 
 if TYPE_CHECKING:  # importing the plan imports torch and Torch-Pruning
     from edgefleet.pruning.submodel import PruningPlan
-
-
-def compact_slice(
-    full: State, maps: dict[str, np.ndarray], shapes: dict[str, tuple[int, ...]]
-) -> State:
-    """The submodel's tensors cut from the full ones (what a compact download carries)."""
-    return {k: full[k].reshape(-1)[maps[k]].reshape(shapes[k]) for k in full}
 
 
 class SubmodelReconstruction(LoopStrategy, RoundCallback):
