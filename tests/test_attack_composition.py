@@ -80,14 +80,20 @@ def test_users_robust_strategies_under_stopping_learn_with_sign_flippers(
         assert acc[-1] >= undefended[-1] + 0.05, (name, acc, undefended)
 
 
-def test_edgefleet_app_energy_fedsag_pruning_median_learns_with_an_attacker(
-    tmp_path: Path,
-) -> None:
+def _run_once() -> Any:
+    """benchmarks/_runs.py's ``run_once`` (the in-process engine's one-run helper)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from _runs import run_once
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+    return run_once
+
+
+def test_edgefleet_app_energy_fedsag_pruning_median_learns_with_an_attacker(
+    tmp_path: Path,
+) -> None:
+    run_once = _run_once()
     from edgefleet.client.app import attacker_partitions
 
     devices, seed = 6, 0
@@ -130,11 +136,7 @@ def test_a_pruned_device_attacks_on_its_kept_channels(tmp_path: Path) -> None:
     # Every device prunes the full model it is sent (keep ratio 0.5, full download); the
     # sign-flip mod takes the attacker's update on its kept channels. Before, it answered
     # such a round with an error: a CA-HFP fleet had no model-side attackers at all.
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from _runs import run_once
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    run_once = _run_once()
     from edgefleet.client.app import attacker_partitions
 
     devices, seed = 4, 1
