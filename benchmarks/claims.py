@@ -533,11 +533,11 @@ def warmstart(lines: Sequence[Line]) -> Measured:
             )
             r = s["ratios"]["continuous/pilot"]
             ratios[tag] = r["lookalike"]["aux_counted"]
-            ahead = all(p < c for p, c in zip(seeds["pilot"], seeds["continuous"], strict=True))
+            ahead = sum(p < c for p, c in zip(seeds["pilot"], seeds["continuous"], strict=True))
             why.append(
                 f"{tag}: Continuous / pilot {ratios[tag]:.1f}x in look-alike sessions "
                 f"(sessions {look['sessions'][0]}-{look['sessions'][-1]}; pilot ahead in "
-                f"{'every' if ahead else 'not every'} seed), {r['post_pilot']['aux_counted']:.1f}x "
+                f"{ahead} of {n_seeds} seeds), {r['post_pilot']['aux_counted']:.1f}x "
                 f"over all post-pilot sessions ({post['sessions'][0]}-{post['sessions'][-1]}; "
                 f"{', '.join(str(k) for k in post['sessions'] if k not in look['sessions'])} "
                 "have nothing of their own group stored); previous / pilot "
@@ -547,6 +547,26 @@ def warmstart(lines: Sequence[Line]) -> Measured:
                 f"a ratio here is at most {cap} (a session of "
                 f"{cap - 1} rounds, unreached counted as {cap}), so the paper's 150x cannot show"
             )
+            never = [
+                k
+                for k in post["sessions"]
+                if all(r[k - 1] is None for r in modes["pilot"]["rounds_to_target_per_seed"])
+            ]
+            if never:
+                why.append(
+                    f"{tag}: pilot's session(s) {', '.join(map(str, never))} reached the target "
+                    "in no seed (weighing only post-pilot sessions, session "
+                    f"{z['pilot_sessions'] + 2} has only the other group's model to start from)"
+                )
+            if ratios[tag] < 1:
+                look_rounds = {m: modes[m]["lookalike"]["rounds_to_target"] for m in modes}
+                why.append(
+                    f"{tag}: Continuous is ahead: it starts each look-alike session from the "
+                    "last session's model, trained on the other group, and reached the target in "
+                    f"{look_rounds['continuous']:.1f} rounds where previous, the same start "
+                    f"without the KL term, took {look_rounds['previous']:.1f}: the KL term to the "
+                    "last session's model keeps the earlier group's classes"
+                )
     first = lines[0]["sizes"]
     measured = (
         "two device groups with disjoint labels alternating session by session (Dirichlet "
@@ -558,7 +578,7 @@ def warmstart(lines: Sequence[Line]) -> Measured:
     )
     if all(r >= WARM_PAPER_FACTOR for r in ratios.values()):
         verdict = "holds"
-    elif all(r > 1 for r in ratios.values()):
+    elif any(r > 1 for r in ratios.values()):
         verdict = "partly"
     else:
         verdict = "does not"
@@ -581,7 +601,7 @@ ROWS: tuple[Row, ...] = (
         warmstart,
         "on the look-alike sessions (the claim's case) with auxiliary rounds counted; holds: "
         f"Continuous / pilot at least {WARM_PAPER_FACTOR:g}x in every setting; partly: pilot "
-        "ahead (above 1x) in every setting; does not: otherwise",
+        "ahead (above 1x) in some setting; does not: in none",
     ),
     Row(
         "EH-FedSAG, paper's regime (arXiv 2606.18758)",

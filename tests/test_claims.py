@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -71,7 +72,7 @@ def test_every_row_names_committed_files_and_a_missing_one_is_refused(
         for name in row.files:
             assert (claims.RESULTS / name).is_file(), f"{row.paper}: {name} is not committed"
     monkeypatch.setattr(claims, "RESULTS", tmp_path)
-    with pytest.raises(FileNotFoundError, match="fedsag_claims-cifar10-a0.1-2026-12-01.json"):
+    with pytest.raises(FileNotFoundError, match=re.escape(claims.ROWS[0].files[0])):
         claims.markdown()
 
 
@@ -181,3 +182,23 @@ def test_fedsag_seed_form_verdict_follows_the_figures() -> None:
         for fig in s["fedsag-seed"]["seeds"]:
             fig["final_accuracy"] = 0.99
     assert row.measure(lines).verdict == "holds"
+
+
+def test_warmstart_verdict_follows_the_figures() -> None:
+    row = _row("Warm start when devices arrive")
+    lines = _lines(row)
+    got = row.measure(lines)
+    ratios = [
+        s["ratios"]["continuous/pilot"]["lookalike"]["aux_counted"]
+        for line in lines
+        for s in line["settings"]
+    ]
+    factor = claims.WARM_PAPER_FACTOR
+    want = "holds" if min(ratios) >= factor else "partly" if max(ratios) > 1 else "does not"
+    assert got.verdict == want
+    for target, scale in (("holds", factor), ("partly", 2.0), ("does not", 0.5)):
+        changed = copy.deepcopy(lines)
+        for line in changed:
+            for s in line["settings"]:
+                s["ratios"]["continuous/pilot"]["lookalike"]["aux_counted"] = scale
+        assert row.measure(changed).verdict == target
