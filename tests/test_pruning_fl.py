@@ -114,6 +114,9 @@ def test_clients_train_submodels_and_server_rebuilds_them() -> None:
     for key, value in to_numpy(start).items():
         assert new[key].shape == value.shape and np.isfinite(new[key]).all()
         assert not np.array_equal(new[key], value)  # every tensor got trained by someone
+    # Each device's resource class reaches the fleet view: the share it last uploaded.
+    fleet = {d["device"]: d["kept_fraction"] for d in results[-1].context.registry.snapshot(set())}
+    assert fleet["0"] == 1.0 and 0.4 < fleet["1"] <= 0.5 and 0.15 < fleet["2"] <= 0.25
 
 
 def test_full_masks_equal_fedavg_exactly() -> None:

@@ -202,3 +202,21 @@ def test_a_resume_on_another_fleet_is_refused_before_its_first_round(tmp_path) -
     other.load_state_dict(first.state_dict())
     with pytest.raises(FleetMismatch, match="now report num-partitions 10"):
         fleet_census(other, cfg, 3)
+
+
+def test_a_devices_kept_fraction_is_kept_checked_and_checkpointed() -> None:
+    registry = DeviceRegistry()
+    registry.bind(3, "a")
+    registry.note_kept_fraction("a", 0.48731)
+    registry.note_kept_fraction("a", float("nan"))  # device input: out of range is not kept
+    registry.note_kept_fraction("a", 7.0)
+    registry.note_kept_fraction("nobody", 0.5)
+    (view,) = registry.snapshot({3})
+    assert view["kept_fraction"] == 0.4873
+    loaded = DeviceRegistry()
+    loaded.load_state_dict(registry.state_dict())
+    assert loaded.snapshot({3})[0]["kept_fraction"] == 0.4873
+    old = registry.state_dict()
+    del old["devices"]["a"]["kept_fraction"]  # a checkpoint from before the field
+    loaded.load_state_dict(old)
+    assert loaded.snapshot({3})[0]["kept_fraction"] is None

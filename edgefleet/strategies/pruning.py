@@ -234,6 +234,11 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             else:
                 self.masks[msg.metadata.src_node_id] = kept
         fractions = [_metric(m, "kept-fraction", 1.0) for m, _ in parts]
+        registry = current_round().registry
+        for (msg, _), fraction in zip(parts, fractions, strict=True):
+            device = registry.device_of(msg.metadata.src_node_id)
+            if device is not None:
+                registry.note_kept_fraction(device, fraction)
         row = current_round().section(PruningRow)
         row.compact_replies = sum(kept is not None for _, kept in parts)
         row.mean_kept_fraction = float(np.mean(fractions)) if fractions else 1.0

@@ -187,10 +187,14 @@ class DeviceRecord:
     telemetry_dropped: dict[str, str] = field(default_factory=dict)  # field -> last reason
     telemetry_drops: int = 0  # values dropped in all
     link: LinkEstimate | None = None  # its rounds' timing (None: never timed)
+    # CA-HFP: the share of the model's parameters its last aggregated reply held (1.0: the
+    # full model; None: no reply under the pruning wrapper yet), its resource class
+    kept_fraction: float | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "node": self.node,
+            "kept_fraction": self.kept_fraction,
             "link": None if self.link is None else self.link.state_dict(),
             "labels": list(self.labels),
             "last_seen": self.last_seen,
@@ -357,6 +361,13 @@ class DeviceRegistry:
         if device in self.devices:
             self.timing(device).observe(elapsed, nbytes, compute)
 
+    def note_kept_fraction(self, device: str, fraction: float) -> None:
+        """``device``'s last aggregated CA-HFP reply held ``fraction`` of the model's
+        parameters; a value outside [0, 1] (the device reports it) is not kept."""
+        record = self.devices.get(device)
+        if record is not None and math.isfinite(fraction) and 0.0 <= fraction <= 1.0:
+            record.kept_fraction = round(float(fraction), 4)
+
     def link(self, device: str) -> LinkEstimate | None:
         """What the server has timed of ``device``'s rounds (None: nothing yet)."""
         record = self.devices.get(device)
@@ -413,6 +424,7 @@ class DeviceRegistry:
                     "telemetry": dict(r.telemetry),
                     "telemetry_dropped": dict(r.telemetry_dropped),
                     "link": None if r.link is None else r.link.view(),
+                    "kept_fraction": r.kept_fraction,
                 }
             )
         return out
@@ -441,6 +453,9 @@ class DeviceRegistry:
                     declines=int(r.get("declines", 0)),
                     rejections=[(int(a), str(b)) for a, b in r.get("rejections", [])],
                     link=None if r.get("link") is None else LinkEstimate.from_state(r["link"]),
+                    kept_fraction=None
+                    if r.get("kept_fraction") is None
+                    else float(r["kept_fraction"]),
                 )
                 for d, r in records.items()
             }
