@@ -86,7 +86,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         first_answer_timeout: float | None = None,
         order: str = "age",
         deadline: float = 0.0,
-        deadline_retry: int = 0,
+        deadline_retry: int = 10,
     ) -> None:
         super().__init__(inner)
         if not deadline >= 0:
