@@ -65,7 +65,9 @@ SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
 }
 
-ACC_ROUND_TOLERANCE = 0.12  # one round's test accuracy, between machines
+# one round's test accuracy, between machines: an Intel Xeon read round 23 of `default` 0.149
+# from the recorded value (the run's mean gap there: -0.004, well inside the mean's bound)
+ACC_ROUND_TOLERANCE = 0.2
 ACC_MEAN_TOLERANCE = 0.02  # the run's mean test accuracy
 
 # The columns pinned, as metrics.jsonl names them (absent in a row = None).
