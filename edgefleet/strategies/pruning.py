@@ -234,11 +234,14 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             else:
                 self.masks[msg.metadata.src_node_id] = kept
         fractions = [_metric(m, "kept-fraction", 1.0) for m, _ in parts]
+        # The fleet view's resource class is measured from the reply's kept channels (they
+        # passed screening), not the `kept-fraction` the device claims: a device can lie.
         registry = current_round().registry
-        for (msg, _), fraction in zip(parts, fractions, strict=True):
+        for msg, kept in parts:
             device = registry.device_of(msg.metadata.src_node_id)
             if device is not None:
-                registry.note_kept_fraction(device, fraction)
+                share = 1.0 if kept is None else self.plan.shares(kept)["parameters"]
+                registry.note_kept_fraction(device, share)
         row = current_round().section(PruningRow)
         row.compact_replies = sum(kept is not None for _, kept in parts)
         row.mean_kept_fraction = float(np.mean(fractions)) if fractions else 1.0
