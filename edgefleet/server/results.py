@@ -236,8 +236,9 @@ class MetricsRow:
             if present:
                 sections[section] = section(**present)
             taken |= names
+        # A column written as null reads as the field's default (read_rows has checked round).
         return cls(
-            **{k: row[k] for k in own if k in row and row[k] is not None or k == "round"},
+            **{k: row[k] for k in own if row.get(k) is not None},
             sections=sections,
             extra={k: v for k, v in row.items() if k not in taken},
         )
