@@ -134,12 +134,22 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         # gets the full model once, which costs bytes but no accuracy.
         self.masks: dict[int, dict[str, np.ndarray]] = {}
         self.last_full: dict[int, int] = {}
+        self._full_entries: int | None = None  # entries of the full model (kept_fraction)
 
     @property
     def plan(self) -> PruningPlan:
         if self._plan is None:
             self._plan = self._plan_factory()
         return self._plan
+
+    def _kept_share(self, kept: dict[str, np.ndarray]) -> float:
+        """The share of the model's entries a submodel keeping ``kept`` holds, from the plan's
+        index maps alone (the interface every plan has, a user's own included)."""
+        if self._full_entries is None:
+            full = self.plan.index_maps(self.plan.full_kept())
+            self._full_entries = max(1, sum(int(m.size) for m in full.values()))
+        kept_entries = sum(int(m.size) for m in self.plan.index_maps(kept).values())
+        return kept_entries / self._full_entries
 
     def settings(self) -> dict[str, object]:
         s: dict[str, object] = {"Reconstruction": self.reconstruction}
@@ -240,7 +250,7 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         for msg, kept in parts:
             device = registry.device_of(msg.metadata.src_node_id)
             if device is not None:
-                share = 1.0 if kept is None else self.plan.shares(kept)["parameters"]
+                share = 1.0 if kept is None else self._kept_share(kept)
                 registry.note_kept_fraction(device, share)
         row = current_round().section(PruningRow)
         row.compact_replies = sum(kept is not None for _, kept in parts)

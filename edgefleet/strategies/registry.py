@@ -187,7 +187,7 @@ class DeviceRecord:
     telemetry_dropped: dict[str, str] = field(default_factory=dict)  # field -> last reason
     telemetry_drops: int = 0  # values dropped in all
     link: LinkEstimate | None = None  # its rounds' timing (None: never timed)
-    # CA-HFP: the share of the model's parameters its last aggregated reply held (1.0: the
+    # CA-HFP: the share of the model's entries its last aggregated reply held (1.0: the
     # full model; None: no reply under the pruning wrapper yet), its resource class
     kept_fraction: float | None = None
 
