@@ -25,7 +25,7 @@ from edgefleet.task.local import load_local_data
 from edgefleet.task.models import build_model
 from edgefleet.task.names import ACCELERATORS
 from edgefleet.task.partition import group_partition_indices, partition_indices, split_local
-from edgefleet.task.train import model_device, seed_for
+from edgefleet.task.train import seed_for
 
 if TYPE_CHECKING:
     from edgefleet.pruning.submodel import PruningPlan
@@ -136,13 +136,13 @@ class Device:
         (the last session's model, frozen)."""
         return copy.deepcopy(self.model)
 
-    @cached_property  # tracing the dependency graph costs a forward pass; once per process
+    @property
     def plan(self) -> PruningPlan:
-        """CA-HFP's channel groups of this device's model (imported only when pruning)."""
-        from edgefleet.pruning.submodel import PruningPlan
+        """CA-HFP's channel groups of this device's model: one per process and architecture
+        (:func:`~edgefleet.pruning.submodel.plan_for`; imported only when pruning)."""
+        from edgefleet.pruning.submodel import plan_for
 
-        example = torch.zeros((1, *self.train_data.x.shape[1:]), dtype=torch.float32)
-        return PruningPlan(self.model, example.to(model_device(self.model)))
+        return plan_for(self.config.train.model, self.config.data.dataset)
 
 
 def is_present(cfg: RunConfig, profile: DeviceProfile, server_round: int) -> bool:

@@ -46,8 +46,8 @@ def round_model(
     """The model to train this round and the channels it keeps (None: the full model).
 
     Raises ValueError when the server's kept channels or compact arrays do not fit."""
-    plan = device.plan
     if kept_in is not None:
+        plan = device.plan
         kept = kept_from_record(kept_in)
         reason = plan.validate_kept(kept)
         if reason:
@@ -62,7 +62,7 @@ def round_model(
     keep = device.profile.keep_ratio
     if keep >= 1.0:
         return device.model, None
-    p = device.config.pruning
+    p, plan = device.config.pruning, device.plan  # the plan only where something is pruned
     scores = weight_scores(
         device.model, score_batches(device, seed), p.criterion, p.hessian, seed, score=p.score
     )
