@@ -10,6 +10,7 @@ heavy, and the claim benchmarks beside ``_runs``.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -43,11 +44,30 @@ def provenance() -> dict[str, Any]:
         first = sys.argv[0] if sys.argv else ""
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    dirty = None if status is None else bool(status)
+    if commit is None and os.environ.get("BENCHMARK_GIT_COMMIT"):
+        # A copy of the tree without .git (another machine's run): the copier's commit, as
+        # `git rev-parse HEAD` and, when tracked files had changed, a "+dirty" suffix.
+        commit, _, suffix = os.environ["BENCHMARK_GIT_COMMIT"].partition("+")
+        dirty = suffix == "dirty"
     return {
         "command": shlex.join(["python", first, *sys.argv[1:]]),
         "git_commit": commit,
-        "git_dirty": None if status is None else bool(status),
+        "git_dirty": dirty,
     }
+
+
+def machine() -> dict[str, Any]:
+    """The cores and the GPU (NVIDIA's driver's name for it, or None) a benchmark ran on, for
+    lines whose figures depend on them (accuracy does not; wall time does)."""
+    gpu = None
+    try:
+        proc = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+        if proc.returncode == 0 and proc.stdout.strip():
+            gpu = proc.stdout.strip().splitlines()[0].split(" (UUID")[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {"cpus": os.cpu_count(), "gpu": gpu}
 
 
 def stamp(line: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +45,71 @@ def parse_with_smoke(p: argparse.ArgumentParser, smoke: Mapping[str, Any]) -> ar
     runs it), and flags given explicitly still win."""
     shown = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in smoke.items())
     p.add_argument("--smoke", action="store_true", help=f"tiny sizes: {shown}")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="--engine inprocess: worker processes per run (0: one per core; --smoke: 1); "
+        "the rows do not depend on it (tests/test_engines.py)",
+    )
     if p.parse_known_args()[0].smoke:
-        p.set_defaults(**smoke)
         # A worker pool's start-up (a forkserver importing torch: seconds) would be most of
         # a smoke run; tests/test_engines.py checks the pool gives the same rows.
-        global _default_workers
-        _default_workers = 1
-    return p.parse_args()
+        p.set_defaults(**{"workers": 1, **smoke})
+    args = p.parse_args()
+    if args.workers < 0:
+        p.error(f"--workers {args.workers}: must be 0 (one per core) or more")
+    global _default_workers
+    _default_workers = args.workers or None
+    return args
 
 
 _default_workers: int | None = None  # the in-process engine's workers (None: one per core)
+
+
+def run_cells(cells: Sequence[Mapping[str, str]], jobs: int, logs: Path) -> None:
+    """Run a benchmark's cells ``jobs`` at a time, each in a copy of this benchmark's own
+    command with the cell's flags (e.g. ``{"variants": "full", "seeds": "1"}``) in place of
+    the command's; each copy's output goes to ``logs/cell-<i>.log``.
+
+    The first half of ``--jobs N``: the benchmark's own loop runs afterwards and, since
+    :func:`run_once` reuses a finished run, only reads what the copies ran. Raises
+    RuntimeError naming the cells that failed (after every cell has ended)."""
+    import subprocess
+
+    base = _without_flags(sys.argv[1:], {"--jobs", *(f"--{k}" for c in cells for k in c)})
+    logs.mkdir(parents=True, exist_ok=True)
+    pending = list(enumerate(cells))
+    running: list[tuple[int, Mapping[str, str], subprocess.Popen[bytes]]] = []
+    failed = []
+    while pending or running:
+        while pending and len(running) < jobs:
+            i, cell = pending.pop(0)
+            flags = [a for k, v in cell.items() for a in (f"--{k}", v)]
+            with (logs / f"cell-{i}.log").open("wb") as log:
+                cmd = [sys.executable, sys.argv[0], *base, *flags, "--jobs", "1"]
+                running.append((i, cell, subprocess.Popen(cmd, stdout=log, stderr=log)))
+        time.sleep(1.0)
+        for item in [r for r in running if r[2].poll() is not None]:
+            running.remove(item)
+            if item[2].returncode != 0:
+                failed.append(f"{dict(item[1])} (exit {item[2].returncode}, cell-{item[0]}.log)")
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(cells)} cells failed in {logs}: {failed}")
+
+
+def _without_flags(argv: Sequence[str], flags: set[str]) -> list[str]:
+    """``argv`` less every ``--flag value`` and ``--flag=value`` whose flag is in ``flags``."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in flags:
+            skip = True
+        elif arg.split("=", 1)[0] not in flags:
+            out.append(arg)
+    return out
 
 
 def run_once(

@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _provenance import dumps
-from _runs import ENGINES, parse_with_smoke, run_once
+from _provenance import dumps, machine
+from _runs import ENGINES, parse_with_smoke, run_cells, run_once
 
 from edgefleet.pruning.names import BUDGETS
 from edgefleet.simulation.report import draw_plots, load_run
@@ -144,13 +144,30 @@ def main() -> None:
         help="simulation: Flower's Simulation Engine; inprocess: the same apps called directly",
     )
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-pruning"))
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at once, each in its own process (one per alpha, variant and seed); "
+        "e.g. on a machine with a GPU and many cores, with --workers 1",
+    )
     args = parse_with_smoke(p, SMOKE)
     variants = args.variants.split(",")
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         p.error(f"unknown variants {unknown}; valid choices: {', '.join(VARIANTS)}")
+    if args.jobs < 1:
+        p.error(f"--jobs {args.jobs}: must be at least 1")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
+    if args.jobs > 1:
+        cells = [
+            {"alphas": a, "variants": v, "seeds": s}
+            for a in args.alphas.split(",")
+            for v in variants
+            for s in args.seeds.split(",")
+        ]
+        run_cells(cells, args.jobs, Path(args.out) / "cells")
     settings = []
     for alpha in (float(a) for a in args.alphas.split(",")):
         row: dict[str, Any] = {"alpha": alpha}
@@ -193,6 +210,7 @@ def main() -> None:
                     + ("local_steps", "batch_size", "score_batches", "lr", "eval_samples", "seeds")
                     + ("smoke",)
                 },
+                "machine": machine(),
                 "settings": settings,
                 "wall_s": round(time.monotonic() - t0, 1),
             }
