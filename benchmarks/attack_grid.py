@@ -24,18 +24,34 @@ fleet, defence, attack and fraction (means over ``--seeds``, each seed's figures
   same share for the clean run's model (``clean_attack_success_rate``). The final model is
   the run folder's ``checkpoint.npz`` (written after every round, kept when the run ends:
   the model the summary's ``final_accuracy`` is of);
-- ``declined`` and ``rejected``: replies over the run that were errors (a model-side attack
-  on a pruned CA-HFP submodel answers with one: the mod needs the update's shapes to match
-  the model sent) and replies screening rejected.
+- ``declined`` and ``rejected``: replies over the run that were errors and replies
+  screening rejected. A ``stale-poison`` device declines every train message after its one
+  upload (``ERR_ABSENT``); a model-side attack that cannot rewrite a reply answers with an
+  error naming why (a reply whose arrays match neither the model sent nor, for a CA-HFP
+  device that pruned that model itself, the plan's cut of it). Such a pruned device is
+  attacked on the channels it kept: the mod cuts the same channels from the sent model with
+  the model's pruning plan (``attack_mod(..., plan=...)``; EdgeFleet's ClientApp passes its
+  own) and poisons the update there, and ALIE/IPM colluders of one keep ratio collude among
+  themselves (their updates have the same length).
 
 Per fleet and defence, ``clean_cost`` = clean accuracy with the defence minus without.
-Targets (``targets``), at 20 % attackers with ``--recommend RULE``, over every fleet run:
-every attack's ``accuracy_delta`` >= -0.05, backdoor success < 0.10, ``clean_cost`` >= -0.01
-(a defence that gains on clean runs meets it). A target with nothing run to judge it (no
-0.2 fraction, the rule not among ``--defences``, no backdoor, no ``--recommend``) is null.
-``targets_by_defence`` holds the same verdicts for every defence run, and
-``beaten_at_0.2``, per fleet, the attacks that no defence run (``off`` aside) holds within
-5 points.
+
+Verdicts (``verdicts``), per fleet, at 20 % attackers: ``--recommend`` names the defence
+each fleet is judged with, one rule for every fleet run (``median``) or per fleet
+(``fedavg=median,cahfp=median,fedsag-energy=trimmed-mean``; a fleet left out has no
+recommended rule). It must be among ``--defences`` (a defence that is not measured is not
+recommended); a bad one stops the benchmark before any run, naming the valid fleets and
+rules. Each fleet's entry has ``rule`` (the recommended one, or null) and for it
+``targets``: every attack's ``accuracy_delta`` >= -0.05, backdoor success < 0.10,
+``clean_cost`` >= -0.01 (a defence that gains on clean runs meets it); ``met`` (all three
+true: true; one false: false; else null); ``worst_attack`` (the attack with the lowest
+``accuracy_delta`` and that delta). A target with nothing measured to judge it (no 0.2
+fraction, no backdoor, no rule recommended for the fleet, ``off``'s clean cost, zero by
+definition) is null, never true. ``targets_by_defence`` holds the same verdicts for every
+defence run on the fleet, and ``beaten_at_0.2`` the attacks that beat every rule offered
+(``off`` aside), each rule's figures beside: an attack beats a rule when its
+``accuracy_delta`` is below -0.05 or, for the backdoor, its success is 0.10 or more; null
+where no rule was run at 0.2.
 ``pruned-liar`` only lies on CA-HFP submodels, so it runs on the ``cahfp`` fleet only.
 Runs are kept under ``--out`` and reused (a larger grid costs only its new cells).
 
@@ -197,7 +213,11 @@ def main() -> None:
     p.add_argument("--fractions", default="0.1,0.2,0.3", help="attacker fractions")
     p.add_argument("--fleets", default=",".join(FLEETS), help=", ".join(FLEETS))
     p.add_argument("--seeds", default="0")
-    p.add_argument("--recommend", default="", help="the defence the targets judge")
+    p.add_argument(
+        "--recommend",
+        default="",
+        help="the defence each fleet's targets judge: RULE for all, or FLEET=RULE,...",
+    )
     p.add_argument("--devices", type=int, default=20)
     p.add_argument("--rounds", type=int, default=30)
     p.add_argument("--local-steps", type=int, default=10)
@@ -235,8 +255,10 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     if not seeds:
         p.error("--seeds: give at least one seed")
-    if args.recommend and args.recommend not in ROBUST_RULES:
-        p.error(f"--recommend {args.recommend!r}; valid choices: {', '.join(ROBUST_RULES)}")
+    try:
+        recommend = parse_recommend(args.recommend, fleets, defences)
+    except ValueError as err:
+        p.error(str(err))
     extra = {}
     for item in args.set:
         key, sep, value = item.partition("=")
@@ -342,8 +364,6 @@ def main() -> None:
             per_defence[defence] = entry
         result[fleet] = per_defence
 
-    by_defence = {d: judge(result, d) for d in defences}
-    target = by_defence.get(args.recommend) if args.recommend else None
     at = f"{TARGET_FRACTION:g}"
     print(
         dumps(
@@ -358,15 +378,13 @@ def main() -> None:
                 }
                 | {"set": extra},
                 "fleets": result,
-                "recommend": args.recommend or None,
+                "recommend": {f: recommend.get(f) for f in fleets},
                 "target": (
-                    f"at {TARGET_FRACTION:g} attackers with the recommended defence: every "
+                    f"per fleet, at {at} attackers with its recommended defence: every "
                     f"attack's accuracy_delta >= -{MAX_DROP}, backdoor success < {MAX_BACKDOOR}, "
                     f"clean_cost >= -{MAX_CLEAN_COST}"
                 ),
-                "targets": target,
-                "targets_by_defence": by_defence,
-                f"beaten_at_{at}": beaten_by_every_defence(result),
+                "verdicts": verdicts(result, recommend),
                 "skipped": skipped,
                 "runs": counts,
                 "run_wall_s_mean": round(statistics.fmean(run_walls), 1) if run_walls else None,
@@ -376,22 +394,84 @@ def main() -> None:
     )
 
 
-def judge(result: dict[str, Any], defence: str) -> dict[str, bool | None]:
-    """The three targets for ``defence`` over every fleet run, at the target fraction; None
-    where nothing was run to judge one by."""
+def parse_recommend(text: str, fleets: list[str], defences: list[str]) -> dict[str, str]:
+    """``--recommend`` as fleet -> rule: ``""`` (none), one rule for every fleet in
+    ``fleets`` (``median``), or ``FLEET=RULE`` pairs (a fleet left out has none). A ValueError
+    naming the valid fleets and rules for anything else, and for a rule not among
+    ``defences`` (a defence that is not measured is not recommended)."""
+    text = text.strip()
+    if not text:
+        return {}
+    valid = (
+        f"give one rule for every fleet (e.g. median) or FLEET=RULE pairs (e.g. "
+        f"fedavg=median,cahfp=median); fleets run: {', '.join(fleets)}; rules run "
+        f"(--defences): {', '.join(defences)}"
+    )
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if len(items) == 1 and "=" not in items[0]:
+        chosen = dict.fromkeys(fleets, items[0])
+    else:
+        chosen = {}
+        for item in items:
+            fleet, sep, rule = (x.strip() for x in item.partition("="))
+            if not sep:
+                raise ValueError(f"--recommend {item!r}: expected FLEET=RULE; {valid}")
+            if fleet not in FLEETS:
+                raise ValueError(
+                    f"--recommend {item!r}: unknown fleet {fleet!r} (valid fleets: "
+                    f"{', '.join(FLEETS)}); {valid}"
+                )
+            if fleet not in fleets:
+                raise ValueError(f"--recommend {item!r}: fleet {fleet!r} is not run; {valid}")
+            if fleet in chosen:
+                raise ValueError(f"--recommend: fleet {fleet!r} named twice; {valid}")
+            chosen[fleet] = rule
+    for fleet, rule in chosen.items():
+        if rule not in ROBUST_RULES:
+            raise ValueError(
+                f"--recommend: unknown rule {rule!r} for {fleet}; valid rules: "
+                f"{', '.join(ROBUST_RULES)}; {valid}"
+            )
+        if rule not in defences:
+            raise ValueError(
+                f"--recommend: {rule!r} for {fleet} is not among --defences, so it would not "
+                f"be measured; {valid}"
+            )
+    return chosen
+
+
+def _cells_at(per: dict[str, Any], defence: str) -> dict[str, dict[str, Any]]:
+    """Attack -> its cell at the target fraction, for ``defence`` on one fleet."""
     at = f"{TARGET_FRACTION:g}"
-    deltas, backdoors, costs = [], [], []
-    for per in result.values():
-        if defence not in per:
-            continue
-        entry = per[defence]
-        if defence != "off":  # no defence costs nothing by definition
-            costs.append(entry["clean_cost"])
-        for attack, cells in entry["attacks"].items():
-            if at in cells:
-                deltas.append(cells[at]["accuracy_delta"])
-                if attack == "backdoor":
-                    backdoors.append(cells[at]["attack_success_rate"])
+    entry = per.get(defence)
+    if entry is None:
+        return {}
+    return {a: cells[at] for a, cells in entry["attacks"].items() if at in cells}
+
+
+def _holds(attack: str, cell: dict[str, Any]) -> bool:
+    """Whether a rule holds ``attack`` at a cell: within the points, the backdoor under the
+    success target."""
+    if cell["accuracy_delta"] < -MAX_DROP - 1e-9:
+        return False
+    rate = cell.get("attack_success_rate") if attack == "backdoor" else None
+    return rate is None or rate < MAX_BACKDOOR
+
+
+def judge(per: dict[str, Any], defence: str | None) -> dict[str, bool | None]:
+    """The three targets for ``defence`` on one fleet (``per``: defence -> its entry), at the
+    target fraction; None where nothing was measured to judge one by (no defence, the
+    defence not run, no cell at the fraction, no backdoor, ``off``'s clean cost)."""
+    cells = _cells_at(per, defence) if defence is not None else {}
+    deltas = [c["accuracy_delta"] for c in cells.values()]
+    backdoors = [
+        c["attack_success_rate"]
+        for a, c in cells.items()
+        if a == "backdoor" and c.get("attack_success_rate") is not None
+    ]
+    costs = []
+    if defence is not None and defence != "off" and defence in per:
+        costs.append(per[defence]["clean_cost"])  # no defence costs nothing by definition
 
     def verdict(values: list[float], ok: Any) -> bool | None:
         return all(ok(v) for v in values) if values else None
@@ -409,25 +489,63 @@ def judge(result: dict[str, Any], defence: str) -> dict[str, bool | None]:
     }
 
 
-def beaten_by_every_defence(result: dict[str, Any]) -> dict[str, list[str]]:
-    """Per fleet, the attacks that at the target fraction cost more than the target's points
-    under every defence run there (``off`` aside); a fleet without a defence run is left out."""
-    at = f"{TARGET_FRACTION:g}"
+def met(targets: dict[str, bool | None]) -> bool | None:
+    """All targets true: True; one false: False; else (one unjudged) None."""
+    values = list(targets.values())
+    if False in values:
+        return False
+    return True if values and all(v is True for v in values) else None
+
+
+def worst_attack(per: dict[str, Any], defence: str | None) -> dict[str, Any] | None:
+    """The attack with the lowest ``accuracy_delta`` under ``defence`` at the target
+    fraction on one fleet, and that delta; None where none was run."""
+    cells = _cells_at(per, defence) if defence is not None else {}
+    if not cells:
+        return None
+    attack = min(cells, key=lambda a: (cells[a]["accuracy_delta"], a))
+    return {"attack": attack, "accuracy_delta": cells[attack]["accuracy_delta"]}
+
+
+def beaten_by_every_rule(per: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """On one fleet, the attacks that at the target fraction beat every rule run (``off``
+    aside; see :func:`_holds`), each rule's figures beside; None where no rule was run at
+    the fraction. An attack a rule was not run against is not counted as beating it."""
+    rules = [d for d in per if d != "off"]
+    cells = {d: _cells_at(per, d) for d in rules}
+    attacks = {a for d in rules for a in cells[d]}
+    if not attacks:
+        return None
+    out = {}
+    for attack in sorted(attacks):
+        if all(attack in cells[d] and not _holds(attack, cells[d][attack]) for d in rules):
+            out[attack] = {
+                d: {
+                    k: cells[d][attack][k]
+                    for k in ("accuracy_delta", "attack_success_rate")
+                    if k in cells[d][attack]
+                }
+                for d in rules
+            }
+    return out
+
+
+def verdicts(result: dict[str, Any], recommend: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Per fleet of ``result`` (the line's ``fleets``: fleet -> defence -> entry; a saved
+    line's ``fleets`` reads the same), the verdicts of the module docstring for the rule
+    ``recommend`` names for it (none: null targets)."""
     out = {}
     for fleet, per in result.items():
-        rules = [d for d in per if d != "off"]
-        if not rules:
-            continue
-        run = {a for d in rules for a, cells in per[d]["attacks"].items() if at in cells}
-        out[fleet] = sorted(
-            a
-            for a in run
-            if all(
-                (c := per[d]["attacks"].get(a, {}).get(at)) is not None
-                and c["accuracy_delta"] < -MAX_DROP
-                for d in rules
-            )
-        )
+        rule = recommend.get(fleet)
+        targets = judge(per, rule)
+        out[fleet] = {
+            "rule": rule,
+            "targets": targets,
+            "met": met(targets),
+            "worst_attack": worst_attack(per, rule),
+            "targets_by_defence": {d: judge(per, d) for d in per},
+            f"beaten_at_{TARGET_FRACTION:g}": beaten_by_every_rule(per),
+        }
     return out
 
 

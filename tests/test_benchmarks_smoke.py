@@ -194,7 +194,8 @@ def test_attack_grid_smoke(tmp_path: Path) -> None:
         "off,median",
         "0.2",
     )
-    assert line["runs"] == {"new": 4, "reused": 0} and line["recommend"] == "median"
+    assert line["runs"] == {"new": 4, "reused": 0}
+    assert line["recommend"] == {"fedavg": "median"}
     per = line["fleets"]["fedavg"]
     no_defence = per["off"]["clean_accuracy"]
     for defence in ("off", "median"):
@@ -214,72 +215,26 @@ def test_attack_grid_smoke(tmp_path: Path) -> None:
         assert cached["attack_success_rate"] == cell["attack_success_rate"]
     median = per["median"]
     cell = median["attacks"]["backdoor"]["0.2"]
-    assert (
-        line["targets"]
-        == line["targets_by_defence"]["median"]
-        == {
-            "attacks_within_5_points": cell["accuracy_delta"] >= -0.05,
-            "backdoor_success_under_10pct": cell["attack_success_rate"] < 0.10,
-            "clean_cost_within_1_point": median["clean_cost"] >= -0.01,
-        }
-    )
+    # Per fleet (tests/test_attack_grid.py judges hand-made grids).
+    verdict = line["verdicts"]["fedavg"]
+    targets = {
+        "attacks_within_5_points": cell["accuracy_delta"] >= -0.05,
+        "backdoor_success_under_10pct": cell["attack_success_rate"] < 0.10,
+        "clean_cost_within_1_point": median["clean_cost"] >= -0.01,
+    }
+    assert verdict["rule"] == "median"
+    assert verdict["targets"] == verdict["targets_by_defence"]["median"] == targets
+    assert verdict["met"] is all(targets.values())
+    assert verdict["worst_attack"] == {
+        "attack": "backdoor",
+        "accuracy_delta": cell["accuracy_delta"],
+    }
+    # Median is the one rule offered: the backdoor beats it unless it holds both targets.
+    holds = targets["attacks_within_5_points"] and targets["backdoor_success_under_10pct"]
+    figures = {"median": {k: cell[k] for k in ("accuracy_delta", "attack_success_rate")}}
+    assert verdict["beaten_at_0.2"] == ({} if holds else {"backdoor": figures})
     # No defence costs nothing by definition: nothing to judge.
-    assert line["targets_by_defence"]["off"]["clean_cost_within_1_point"] is None
-
-
-def _attack_grid() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "attack_grid", ROOT / "benchmarks" / "attack_grid.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
-
-
-def test_attack_grid_targets_by_hand() -> None:
-    ag = _attack_grid()
-
-    def entry(cost: float, **cells: dict[str, Any]) -> dict[str, Any]:
-        return {"clean_cost": cost, "attacks": cells}
-
-    result = {
-        "fedavg": {
-            "off": entry(0.0, alie={"0.2": {"accuracy_delta": -0.3}}),
-            "median": entry(
-                -0.004,
-                alie={"0.2": {"accuracy_delta": -0.08}, "0.1": {"accuracy_delta": -0.01}},
-                backdoor={"0.2": {"accuracy_delta": -0.01, "attack_success_rate": 0.04}},
-            ),
-            "trimmed-mean": entry(-0.02, alie={"0.2": {"accuracy_delta": -0.06}}),
-        },
-        "cahfp": {"median": entry(0.01, alie={"0.1": {"accuracy_delta": -0.2}})},
-    }
-    assert ag.judge(result, "median") == {
-        "attacks_within_5_points": False,  # alie at 0.2 on fedavg: -8 points
-        "backdoor_success_under_10pct": True,
-        "clean_cost_within_1_point": True,  # -0.4 and +1 points
-    }
-    assert ag.judge(result, "trimmed-mean") == {
-        "attacks_within_5_points": False,
-        "backdoor_success_under_10pct": None,  # no backdoor run
-        "clean_cost_within_1_point": False,
-    }
-    # Only 0.1 was run on cahfp: nothing at 0.2 there to judge by, nor anywhere for krum.
-    assert ag.judge({"cahfp": result["cahfp"]}, "median") == {
-        "attacks_within_5_points": None,
-        "backdoor_success_under_10pct": None,
-        "clean_cost_within_1_point": True,
-    }
-    assert set(ag.judge(result, "multikrum").values()) == {None}
-    # ALIE costs more than 5 points under every defence run on fedavg; cahfp ran none at 0.2.
-    assert ag.beaten_by_every_defence(result) == {"fedavg": ["alie"], "cahfp": []}
-    result["fedavg"]["trimmed-mean"]["attacks"]["alie"]["0.2"]["accuracy_delta"] = -0.04
-    assert ag.beaten_by_every_defence(result)["fedavg"] == []
+    assert verdict["targets_by_defence"]["off"]["clean_cost_within_1_point"] is None
 
 
 # -- README commands that must configure what their rows measured -------------------------
