@@ -42,14 +42,16 @@ def provenance() -> dict[str, Any]:
         first = str(script.relative_to(ROOT))
     else:
         first = sys.argv[0] if sys.argv else ""
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-    dirty = None if status is None else bool(status)
-    if commit is None and os.environ.get("BENCHMARK_GIT_COMMIT"):
-        # A copy of the tree without .git (another machine's run): the copier's commit, as
-        # `git rev-parse HEAD` and, when tracked files had changed, a "+dirty" suffix.
+    if os.environ.get("BENCHMARK_GIT_COMMIT"):
+        # A copy of the tree on another machine (benchmarks/device/): the copier's commit, as
+        # `git rev-parse HEAD` there, with "+dirty" when tracked files had changed. Its own
+        # git metadata, where the copy has any, need not be the copier's.
         commit, _, suffix = os.environ["BENCHMARK_GIT_COMMIT"].partition("+")
-        dirty = suffix == "dirty"
+        dirty: bool | None = suffix == "dirty"
+    else:
+        commit = _git("rev-parse", "HEAD")
+        status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+        dirty = None if status is None else bool(status)
     return {
         "command": shlex.join(["python", first, *sys.argv[1:]]),
         "git_commit": commit,

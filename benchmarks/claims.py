@@ -323,6 +323,7 @@ PRUNING_NAMES = {
     "curvature-signed": "curvature (seed's signed score)",
 }
 NEAR_FULL = 0.02  # judgement: "stays near the full model" = within 2 points of its final mean
+FULL_TARGET = 0.60  # issue 27: the full model past 60 %, the paper's regime in reach
 PAPER_CIFAR_ACCURACY = 0.73
 
 
@@ -403,8 +404,19 @@ def pruning_cifar(lines: Sequence[Line]) -> Measured:
     )
     why.append(
         f"{rounds} rounds of {sizes['devices']} devices reach {f3(last['full']['final_accuracy'])} "
-        f"where the paper reports {PAPER_CIFAR_ACCURACY:.0%}: an early-training comparison"
+        f"where the paper reports {PAPER_CIFAR_ACCURACY:.0%}"
+        + ("" if "best_accuracy" in last["full"]["seeds"][0] else ": an early-training comparison")
     )
+    if "best_accuracy" in last["full"]["seeds"][0]:
+        best = [(x["best_accuracy"], x["best_round"]) for x in last["full"]["seeds"]]
+        passed = sum(a > FULL_TARGET for a, _ in best)
+        why.append(
+            "the full model's best round per seed: "
+            + ", ".join(f"{f3(a)} (round {r})" for a, r in best)
+            + f", so it passed {FULL_TARGET:.0%} in {passed} of {len(best)} seeds at its best "
+            "round; curvature's best rounds: "
+            + ", ".join(f"{f3(x['best_accuracy'])}" for x in last["curvature"]["seeds"])
+        )
     if "curvature-signed" in variants:
         signed_behind = all(
             _beats(line["settings"][0], "curvature", "curvature-signed") for line in lines
@@ -644,6 +656,14 @@ ROWS: tuple[Row, ...] = (
         "both above and its final is above in every seed; holds: it beats magnitude, random and "
         f"no reconstruction and ends within {100 * NEAR_FULL:g} points of full; partly: it "
         "beats some",
+    ),
+    Row(
+        "CA-HFP on CIFAR-10, longer (arXiv 2603.12591)",
+        "the same claim, run long enough for the full model to approach the paper's regime "
+        "(25 local steps of 64 a round; the paper reports 73% for the full model)",
+        ("pruning_claims-cifar10-124r-h200-2026-12-04.json",),
+        pruning_cifar,
+        "as the row above, on this run",
     ),
     Row(
         "Data-free stopping (arXiv 2601.22669)",

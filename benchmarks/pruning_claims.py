@@ -101,9 +101,12 @@ def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str
 
 def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     acc = [r["test_accuracy"] for r in rows]
+    best = max(range(len(acc)), key=acc.__getitem__)
     return {
         "final_accuracy": round(acc[-1], 4),
         "last3_accuracy": round(statistics.fmean(acc[-3:]), 4),
+        "best_accuracy": round(acc[best], 4),  # at alpha 0.1 a round swings by points
+        "best_round": best + 1,
         "bytes_up_per_round": round(statistics.fmean(r["bytes_up"] for r in rows)),
         "bytes_down_per_round": round(statistics.fmean(r["bytes_down"] for r in rows)),
         "kept_parameters": round(

@@ -124,7 +124,7 @@ def test_fedsag_row_says_what_the_files_compare() -> None:
 
 
 def test_pruning_verdict_follows_the_figures() -> None:
-    row = _row("CA-HFP on CIFAR-10")
+    row = _row("CA-HFP on CIFAR-10 (")
     lines = _lines(row)
     assert row.measure(lines).verdict == "partly"
     better = copy.deepcopy(lines)
@@ -134,6 +134,19 @@ def test_pruning_verdict_follows_the_figures() -> None:
     for seed in last["curvature"]["seeds"]:
         seed["final_accuracy"] = 1.0
     assert row.measure(better).verdict == "holds"
+
+
+def test_longer_pruning_row_says_whether_the_full_model_passed_60_percent() -> None:
+    row = _row("CA-HFP on CIFAR-10, longer")
+    lines = _lines(row)
+    why = row.measure(lines).why
+    full = lines[0]["settings"][0]["full"]["seeds"]
+    passed = sum(s["best_accuracy"] > 0.6 for s in full)
+    assert f"it passed 60% in {passed} of {len(full)} seeds at its best round" in why
+    lower = copy.deepcopy(lines)
+    for s in lower[0]["settings"][0]["full"]["seeds"]:
+        s["best_accuracy"] = 0.5
+    assert "it passed 60% in 0 of 2 seeds" in row.measure(lower).why
 
 
 def test_earlystop_verdict_follows_the_figures() -> None:
