@@ -31,7 +31,12 @@ from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 
 from edgefleet import cli
-from edgefleet.simulation.inprocess import ClientAppGrid, InProcessEngine, InProcessGrid
+from edgefleet.simulation.inprocess import (
+    ClientAppGrid,
+    InProcessEngine,
+    InProcessGrid,
+    WorkerPool,
+)
 from edgefleet.simulation.runner import Scenario, load_scenario, run_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +86,37 @@ def test_a_node_keeps_its_state_gets_a_copy_and_a_raising_app_changes_nothing() 
     ) and error.error.reason.endswith("boom'>")  # Flower's engine's words
     (after,) = grid.send_and_receive([_train(1)])
     assert after.content["metrics"]["calls"] == 3  # the failed call's count was not kept
+
+
+def test_a_pool_balances_a_delivery_and_a_moved_node_keeps_its_state() -> None:
+    # Nodes 1 and 4 start in worker 0 of 3 (node i in worker (i - 1) mod 3).
+    with ClientAppGrid({}, 6, app=_counting_app, workers=3) as grid:
+        pool = grid._pool
+        assert pool is not None and pool.pin[1] == pool.pin[4] == 0
+        sent = [_train(1), _train(4), _train(1), _train(4)]
+        replies = grid.send_and_receive(sent)
+        assert [r.metadata.reply_to_message_id for r in replies] == [
+            m.metadata.message_id for m in sent
+        ]
+        got = [(r.content["metrics"]["partition"], r.content["metrics"]["calls"]) for r in replies]
+        assert got == [(0, 1), (3, 1), (0, 2), (3, 2)]  # each node's messages in their order
+        assert (pool.pin[1], pool.pin[4]) == (0, 1)  # the busiest worker's last node moved
+        (again,) = grid.send_and_receive([_train(4)])
+        assert again.content["metrics"]["calls"] == 3  # its Context moved with it
+
+
+def test_balance_moves_whole_nodes_until_shares_differ_by_at_most_one() -> None:
+    pool = WorkerPool.__new__(WorkerPool)  # the balancing alone: no processes
+    pool.conns = [None, None, None]  # type: ignore[list-item]
+    pool.pin = {n: 0 for n in range(1, 8)} | {8: 2}
+    by_node = {n: [(n, _train(n))] for n in range(1, 9)}
+    moves = pool.balance(by_node)
+    loads = [sum(pool.pin[n] == w for n in by_node) for w in range(3)]
+    assert loads == [3, 3, 2] and moves == {7: 0, 6: 0, 5: 0, 4: 0}
+    # A node with two messages moves whole, and only where it narrows the gap.
+    pool.pin = {1: 0, 2: 0}
+    assert pool.balance({1: [(0, _train(1))] * 2, 2: [(1, _train(2))] * 2}) == {2: 0}
+    assert pool.pin == {1: 0, 2: 1}
 
 
 def test_a_message_to_a_node_that_is_not_there_gets_no_reply() -> None:

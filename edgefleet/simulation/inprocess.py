@@ -19,11 +19,14 @@ What a node sees is what Flower's engine gives it:
 - ``client-threads`` torch threads while its ClientApp runs.
 
 ``workers`` > 1 runs a round's messages on that many worker processes (forkserver, started
-once per run and stopped at its end): node i lives in worker ``i mod workers`` for the
-whole run, with its Context, data and model (the device caches of
-:mod:`edgefleet.client.device`) kept warm there, and the replies come back in the order of
-the messages. A node's messages run in their order, so a node's RNG use and state do not
-depend on the number of workers.
+once per run and stopped at its end): node i starts in worker ``i mod workers``, where its
+Context, data and model (the device caches of :mod:`edgefleet.client.device`) stay warm,
+and the replies come back in the order of the messages. Each delivery is balanced: where the
+round's nodes fall unevenly (20 of 100 devices a round land 12 to 8 on two workers as often
+as not, and the round waits for the busier one), whole nodes move from the busiest worker to
+the idlest until their shares differ by at most one, the Context handed over with the node,
+which then stays where it moved. A node's messages run in their order, in one process at a
+time, so its RNG use and state do not depend on the workers.
 
 :class:`InProcessGrid` is also the grid of the unit tests (``tests/fakes.py``): nodes there
 are plain functions from a message to a reply.
@@ -47,6 +50,7 @@ import time
 import traceback
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from types import TracebackType
@@ -320,6 +324,16 @@ class WorkerDied(RuntimeError):
     """A worker process ended in the middle of a run."""
 
 
+@dataclass(frozen=True)
+class Job:
+    """What a worker is sent: nodes to hand back (``give``, answered with their Contexts),
+    or nodes to take over (``take``) and the messages to run (``run``: (index, message))."""
+
+    give: list[int] = field(default_factory=list)
+    take: dict[int, Context] = field(default_factory=dict)
+    run: list[tuple[int, Message]] = field(default_factory=list)
+
+
 class WorkerPool:
     """``workers`` worker processes, each holding the nodes pinned to it (node i of the sorted
     ids in worker i mod ``workers``), forked from a forkserver that has imported
@@ -399,14 +413,17 @@ class WorkerPool:
     def deliver(self, messages: list[Message]) -> list[Message | None]:
         """Each message's reply, in the messages' order; each worker runs its share in order."""
         self.wait_ready()
-        batches: dict[int, list[tuple[int, Message]]] = {}
+        by_node: dict[int, list[tuple[int, Message]]] = {}
         for i, msg in enumerate(messages):
-            batches.setdefault(self.pin[msg.metadata.dst_node_id], []).append((i, msg))
+            by_node.setdefault(msg.metadata.dst_node_id, []).append((i, msg))
+        moves = self.balance(by_node)
+        taken = self._hand_over(moves)
+        batches: dict[int, list[tuple[int, Message]]] = {}
+        for node, items in by_node.items():
+            batches.setdefault(self.pin[node], []).extend(items)
         for w, batch in batches.items():
-            try:
-                self.conns[w].send(batch)
-            except OSError:  # a broken pipe: the worker is gone
-                self._recv(w)  # raises WorkerDied, naming it
+            job = Job(take=taken.get(w, {}), run=sorted(batch, key=lambda item: item[0]))
+            self._send(w, job)
         replies: list[Message | None] = [None] * len(messages)
         waiting = {self.conns[w]: w for w in batches}
         while waiting:
@@ -415,6 +432,50 @@ class WorkerPool:
                 for i, reply in self._recv(w):
                     replies[i] = reply
         return replies
+
+    def balance(self, by_node: Mapping[int, list[tuple[int, Message]]]) -> dict[int, int]:
+        """Move nodes (in :attr:`pin`) from the busiest worker to the idlest until their
+        message counts differ by at most one (or one more move would not narrow the gap);
+        node -> the worker it left. Deterministic: the busiest worker's highest node id
+        moves first, ties go to the lowest worker."""
+        load = [0] * len(self.conns)
+        mine: list[list[int]] = [[] for _ in self.conns]
+        for node in sorted(by_node):
+            load[self.pin[node]] += len(by_node[node])
+            mine[self.pin[node]].append(node)
+        moves: dict[int, int] = {}
+        while True:
+            busy = max(range(len(load)), key=lambda w: (load[w], -w))
+            idle = min(range(len(load)), key=lambda w: (load[w], w))
+            last = mine[busy][-1] if mine[busy] else None
+            if last is None or load[busy] - load[idle] <= len(by_node[last]):
+                return moves
+            mine[idle].append(mine[busy].pop())
+            n = len(by_node[last])
+            load[busy], load[idle] = load[busy] - n, load[idle] + n
+            moves.setdefault(last, busy)
+            self.pin[last] = idle
+
+    def _hand_over(self, moves: Mapping[int, int]) -> dict[int, dict[int, Context]]:
+        """The moved nodes' Contexts, fetched from the workers they left (which forget
+        them): new worker -> {node: Context}."""
+        gives: dict[int, list[int]] = {}
+        for node, old in moves.items():
+            if self.pin[node] != old:  # moved there and back again: nothing to hand over
+                gives.setdefault(old, []).append(node)
+        for w, nodes in gives.items():
+            self._send(w, Job(give=nodes))
+        taken: dict[int, dict[int, Context]] = {}
+        for w in gives:
+            for node, context in self._recv(w).items():
+                taken.setdefault(self.pin[node], {})[node] = context
+        return taken
+
+    def _send(self, w: int, job: Job) -> None:
+        try:
+            self.conns[w].send(job)
+        except OSError:  # a broken pipe: the worker is gone
+            self._recv(w)  # raises WorkerDied, naming it
 
     def stop(self) -> None:
         for conn in self.conns:
@@ -479,12 +540,17 @@ def _worker_main(
     conn.send("ready")
     while True:
         try:
-            batch = conn.recv()
+            job = conn.recv()
         except (EOFError, OSError):
             return
-        if batch is None:
+        if job is None:
             return
-        conn.send([(i, answer(nodes[m.metadata.dst_node_id], m)) for i, m in batch])
+        if job.give:  # nodes moving to another worker: their Contexts go with them
+            conn.send({n: nodes.pop(n).context for n in job.give})
+            continue
+        for n, context in job.take.items():
+            nodes[n] = ClientAppNode(client_app, context, threads, wire=False)
+        conn.send([(i, answer(nodes[m.metadata.dst_node_id], m)) for i, m in job.run])
         sys.stdout.flush()
         sys.stderr.flush()
 
