@@ -355,6 +355,13 @@ def build_loop(
     after them, so that they record what the wrappers wrote). ``loop_kwargs`` go to
     :class:`~edgefleet.strategies.loop.RoundLoop`. The one way both
     :func:`start_on_loop` and EdgeFleet's ServerApp build it."""
+    from edgefleet.strategies.energy import EnergyAgeSelection  # imports this module
+    from edgefleet.strategies.robust import participant_cap_error
+
+    selection = find_wrapper(strategy, EnergyAgeSelection)
+    why = participant_cap_error(strategy, selection.max_devices if selection else None)
+    if why:  # before round 1, not a run that never aggregates
+        raise ValueError(why)
     callbacks = [*before, *hooks_of(strategy).round_callbacks(), *after]
     return RoundLoop(strategy, grid, callbacks=callbacks, **loop_kwargs)
 
