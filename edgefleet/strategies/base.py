@@ -150,6 +150,9 @@ def _screened(
     """The status answers whose device-id claim the registry accepts (bound and kept)."""
     registry = ctx.registry
     claims = {node: (node, s.device) for node, s in parsed.items()}
+    # Devices that named themselves (an answer without a device-id is keyed by its node id,
+    # which a restarted SuperLink draws afresh).
+    registry.check_devices(s.device for n, s in parsed.items() if s.device != f"node-{n}")
     reasons = registry.screen(claims, ctx.online)
     reported = {n: s.partitions for n, s in parsed.items() if s.partitions is not None}
     reasons.update({n: r for n, r in registry.check_fleet(reported).items() if n not in reasons})
