@@ -292,6 +292,24 @@ def test_eh_fedavg_is_the_plain_mean_of_the_participants() -> None:
     assert type(strategy) is EqualWeightFedAvg
 
 
+def test_eh_fedavg_used_alone_runs_on_the_screening_loop() -> None:
+    class Poisoned(FakeDevice):  # a finite model would be averaged in by Flower's own loop
+        def __call__(self, msg: Message) -> Message:
+            reply = super().__call__(msg)
+            if msg.metadata.message_type == MessageType.TRAIN:
+                reply.content["arrays"] = rec(w=np.array([np.nan]))
+            return reply
+
+    devices = {1: FakeDevice(0, 1.0), 2: FakeDevice(1, 3.0), 3: Poisoned(2, 0.0)}
+    out = EqualWeightFedAvg(**KW).start(
+        FakeGrid(devices),  # type: ignore[arg-type]
+        rec(w=np.zeros(1)),
+        num_rounds=1,
+        evaluate_fn=no_eval,
+    )
+    np.testing.assert_allclose(out.arrays["w"].numpy(), [2.0])  # the NaN reply was screened
+
+
 def test_energy_age_selection_takes_oldest_feasible_and_resets_ages() -> None:
     # device 3 is never feasible; M = 2 of 4
     devices = {n: FakeDevice(n - 1, 1.0, feasible=(n != 4)) for n in range(1, 5)}

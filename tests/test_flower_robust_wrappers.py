@@ -315,3 +315,16 @@ def _never_planned():
 def test_reconstruction_refuses_flowers_robust_strategy_naming_the_rule(name, inside) -> None:
     with pytest.raises(ValueError, match=rf"Flower's {name}.*robust.rule = '{RULE[name]}'"):
         SubmodelReconstruction(inside(STRATEGIES[name]()), _never_planned)
+
+
+def test_bulyan_under_a_selection_cap_it_cannot_reach_is_refused_before_round_1() -> None:
+    nodes = fleet()
+    strategy = EnergyAgeSelection(Bulyan(num_malicious_nodes=1), max_devices=5, slots_per_round=4)
+    with pytest.raises(ValueError, match=r"needs at least 7 replies a round \(4f \+ 3\), but at "
+                       r"most 5 devices.*max_devices to 7 or more, or set num_malicious_nodes "
+                       r"to 0 or less"):  # fmt: skip
+        run(strategy, nodes, rounds=2)
+    assert not any(node.trained for node in nodes.values())  # nothing was sent
+    # At the cap Bulyan needs, it runs.
+    ok = EnergyAgeSelection(Bulyan(num_malicious_nodes=1), max_devices=7, slots_per_round=4)
+    assert sorted(run(ok, fleet(), rounds=1)) == [0, 1]

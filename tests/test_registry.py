@@ -204,6 +204,25 @@ def test_a_resume_on_another_fleet_is_refused_before_its_first_round(tmp_path) -
         fleet_census(other, cfg, 3)
 
 
+def test_a_resume_whose_named_devices_are_all_new_is_refused() -> None:
+    from edgefleet.strategies.registry import FleetMismatch
+
+    reg = DeviceRegistry()
+    for node, device in ((1, "pi-a"), (2, "pi-b")):
+        reg.bind(node, device)
+    resumed = DeviceRegistry()
+    resumed.load_state_dict(reg.state_dict())
+    with pytest.raises(FleetMismatch, match=r"checkpointed with 2 devices \(pi-a, pi-b\); none "
+                       r"of the 3 devices answering now \(x, y, z\)"):  # fmt: skip
+        resumed.check_devices(["x", "y", "z"])
+    again = DeviceRegistry()
+    again.load_state_dict(reg.state_dict())
+    again.check_devices([])  # nobody named itself yet (anonymous answers): not checked
+    again.check_devices(["pi-b", "new"])  # one known device: the same fleet, grown
+    again.check_devices(["x"])  # checked once: later arrivals are new devices
+    DeviceRegistry().check_devices(["x"])  # a fresh run has nothing to compare
+
+
 def test_a_devices_kept_fraction_is_kept_checked_and_checkpointed() -> None:
     registry = DeviceRegistry()
     registry.bind(3, "a")

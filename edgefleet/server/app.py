@@ -293,9 +293,10 @@ def _sessions(
 def fleet_census(loop: RoundLoop, cfg: RunConfig, first_round: int) -> None:
     """One status query to every online node before the first round: it fixes the fleet's
     partitioning (the ``num-partitions`` EdgeFleet's devices report; the checkpoint keeps
-    it) in a fresh run, and in a resumed run checks it against the checkpoint's, so that a
-    run of 3 SuperNodes never resumes on 10 simulated devices (``FleetMismatch``). Nodes
-    whose ClientApp cannot answer are not checked. The query carries the first round's slot
+    it) in a fresh run, and in a resumed run checks it and the devices' ids against the
+    checkpoint's, so that a run of 3 SuperNodes never resumes on 10 simulated devices, nor on
+    a fleet none of whose devices it has seen (``FleetMismatch``). Nodes whose ClientApp
+    cannot answer are not checked. The query carries the first round's slot
     clock, so batteries advance to where that round finds them anyway."""
     query = StatusQuery(cfg.energy.slots_per_round, query_timeout(cfg), first_answer_timeout(cfg))
     with in_round(loop.new_context(first_round)):

@@ -150,6 +150,9 @@ def _screened(
     """The status answers whose device-id claim the registry accepts (bound and kept)."""
     registry = ctx.registry
     claims = {node: (node, s.device) for node, s in parsed.items()}
+    # Devices that named themselves (an answer without a device-id is keyed by its node id,
+    # which a restarted SuperLink draws afresh).
+    registry.check_devices(s.device for n, s in parsed.items() if s.device != f"node-{n}")
     reasons = registry.screen(claims, ctx.online)
     reported = {n: s.partitions for n, s in parsed.items() if s.partitions is not None}
     reasons.update({n: r for n, r in registry.check_fleet(reported).items() if n not in reasons})
@@ -355,6 +358,13 @@ def build_loop(
     after them, so that they record what the wrappers wrote). ``loop_kwargs`` go to
     :class:`~edgefleet.strategies.loop.RoundLoop`. The one way both
     :func:`start_on_loop` and EdgeFleet's ServerApp build it."""
+    from edgefleet.strategies.energy import EnergyAgeSelection  # imports this module
+    from edgefleet.strategies.robust import participant_cap_error
+
+    selection = find_wrapper(strategy, EnergyAgeSelection)
+    why = participant_cap_error(strategy, selection.max_devices if selection else None)
+    if why:  # before round 1, not a run that never aggregates
+        raise ValueError(why)
     callbacks = [*before, *hooks_of(strategy).round_callbacks(), *after]
     return RoundLoop(strategy, grid, callbacks=callbacks, **loop_kwargs)
 

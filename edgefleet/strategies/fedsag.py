@@ -272,6 +272,13 @@ class EqualWeightFedAvg(FedAvg):
     Flower's FedAvg weights by ``num-examples`` (samples seen), which differs between
     devices whose data is shorter than ``local-steps`` x ``batch-size``."""
 
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
+        """Flower's ``Strategy.start`` contract on EdgeFleet's round loop, which screens every
+        reply, as every EdgeFleet strategy used alone does (:meth:`FedSAG.start`)."""
+        from edgefleet.strategies.base import start_on_loop  # base imports this module's peers
+
+        return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
+
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -224,6 +224,7 @@ class DeviceRegistry:
         # common value of the run's first answers; None while no device has reported one.
         self.partitions: int | None = None
         self.resumed = False  # loaded from a checkpoint
+        self._devices_checked = False  # a resumed run's fleet checked by device ids
 
     # -- identity -------------------------------------------------------------------------
 
@@ -328,6 +329,28 @@ class DeviceRegistry:
             for node, value in reported.items()
             if value != self.partitions
         }
+
+    def check_devices(self, claimed: Iterable[str]) -> None:
+        """On a resumed run, the first status answers that name devices (their own
+        ``device-id``s) must include one the checkpoint knows: a fleet none of whose devices
+        this run has seen is another fleet (:class:`FleetMismatch`), whatever its
+        partitioning. Checked once; devices that join later are new devices of this fleet."""
+        claimed = set(claimed)
+        if not self.resumed or self._devices_checked or not self.devices or not claimed:
+            return
+        self._devices_checked = True
+        if claimed.isdisjoint(self.devices):
+
+            def some(names: Iterable[str]) -> str:
+                names = sorted(names)
+                return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+
+            raise FleetMismatch(
+                f"this run was checkpointed with {len(self.devices)} devices "
+                f"({some(self.devices)}); none of the {len(claimed)} devices answering now "
+                f"({some(claimed)}) is one of them. A resume continues the same run on the "
+                "same fleet: start this fleet under another run-name"
+            )
 
     # -- what devices said and what happened to them ---------------------------------------
 
