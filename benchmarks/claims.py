@@ -715,7 +715,11 @@ UNMEASURED: tuple[Unmeasured, ...] = (
 
 def _minutes(line: Mapping[str, Any]) -> str:
     wall = line.get("wall_s")
-    return "wall time not recorded" if wall is None else f"{wall / 60:.0f} min"
+    if wall is None:
+        return "wall time not recorded"
+    if wall < 60:  # a line made from runs its --out already held: the runs' time is elsewhere
+        return f"{wall:.0f} s, its runs reused from an earlier invocation"
+    return f"{wall / 60:.0f} min"
 
 
 def _command_cell(row: Row, lines: Sequence[Line]) -> str:

@@ -26,11 +26,11 @@ from edgefleet.server.checkpoint import (
     Checkpointer,
     CheckpointError,
     ResumeError,
+    apply_checkpoint,
     check_resumable,
     dumps,
     load_checkpoint,
     loads,
-    resume_from,
     run_identity,
     save_checkpoint,
 )
@@ -45,6 +45,17 @@ from tests.test_ehfedsag import KW, FakeDevice
 from tests.test_hostile_replies import W0, honest_reply
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def resume_from(run_dir: Path, strategy: Any, keys: list[str]) -> Checkpoint | None:
+    """``run_dir``'s checkpoint loaded into ``strategy`` (None: there is none), as the
+    ServerApp resumes a run."""
+    path = run_dir / FILENAME
+    if not path.exists():
+        return None
+    ckpt = load_checkpoint(path)
+    apply_checkpoint(ckpt, strategy, keys)
+    return ckpt
 
 
 def test_round_trip_and_errors(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ import random
 import zipfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from logging import INFO, WARNING
+from logging import WARNING
 from pathlib import Path
 from typing import Any
 
@@ -322,19 +322,6 @@ def apply_checkpoint(ckpt: Checkpoint, strategy: Any, keys: list[str], loop: Any
         raise CheckpointError(
             f"the checkpoint's state does not fit this run's strategy: {err!r}"
         ) from None
-
-
-def resume_from(
-    run_dir: Path, strategy: Any, keys: list[str], loop: Any = None
-) -> Checkpoint | None:
-    """Load ``run_dir``'s checkpoint into ``strategy`` (and ``loop``); None if there is none."""
-    path = run_dir / FILENAME
-    if not path.exists():
-        return None
-    ckpt = load_checkpoint(path)
-    apply_checkpoint(ckpt, strategy, keys, loop)
-    log(INFO, "Resuming from %s: round %d done", path, ckpt.round)
-    return ckpt
 
 
 def check_resumable(cfg: RunConfig, run_dir: Path) -> Checkpoint:

@@ -118,7 +118,8 @@ class Engine:
         self.clientapp = clientapp
         # EdgeFleet's ServerApp shortens the engine's dispatch pause only when asked
         # (edgefleet.server.polling): a plain `flwr run .` gets Flower's engine as it is.
-        self.fleet.env[FAST_DISPATCH_ENV] = "1"
+        # EDGEFLEET_FAST_DISPATCH=0 in the environment keeps Flower's (benchmarks compare).
+        self.fleet.env[FAST_DISPATCH_ENV] = os.environ.get(FAST_DISPATCH_ENV, "1")
         self.app: Path | None = None
         self.started = False
         self._log_mark = 0
