@@ -178,14 +178,9 @@ def run_plain(args: argparse.Namespace, raw: dict[str, Any], procs: int) -> dict
 
 
 def run_edgefleet(
-    args: argparse.Namespace,
-    raw: dict[str, Any],
-    work: Path,
-    engine: str = "simulation",
-    fast_dispatch: bool = True,
+    args: argparse.Namespace, raw: dict[str, Any], work: Path, engine: str = "simulation"
 ) -> dict[str, Any]:
-    """``edgefleet run`` (on ``engine``) in a subprocess with the timing hook; its figures.
-    ``fast_dispatch`` False: Flower's own dispatch loop (``edgefleet/server/polling.py`` off)."""
+    """``edgefleet run`` (on ``engine``) in a subprocess with the timing hook; its figures."""
     name = f"simovh-{uuid.uuid4().hex[:8]}"
     federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
     scenario = work / f"{name}.toml"
@@ -196,7 +191,6 @@ def run_edgefleet(
     )  # fmt: skip
     trace, tag = work / f"{name}.trace.jsonl", uuid.uuid4().hex
     env = {**os.environ, "EDGEFLEET_BENCH_TRACE": str(trace), "EDGEFLEET_BENCH_TAG": tag}
-    env["EDGEFLEET_FAST_DISPATCH"] = "1" if fast_dispatch else "0"
     if args.cold_cache:  # an empty data and partition cache, as on a machine's first run
         env["EDGEFLEET_CACHE_DIR"] = str(Path(tempfile.mkdtemp(prefix="cache-", dir=work)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK_DIR), env.get("PYTHONPATH")]))
@@ -327,12 +321,6 @@ def main() -> None:
     p.add_argument(
         "--workers", type=int, default=0, help="the in-process engine's workers (0: one per core)"
     )
-    p.add_argument(
-        "--flower-dispatch-also",
-        action="store_true",
-        help="also run EdgeFleet on Flower's own dispatch loop (edgefleet/server/polling.py "
-        "off), central evaluation every round: what the adaptive loop gains",
-    )
     p.add_argument("--repeat", type=int, default=1, help="interleaved repetitions")
     p.add_argument(
         "--cold-cache",
@@ -377,16 +365,6 @@ def main() -> None:
                         ef["ratio_to_flower"] = round(ef["round_s"] / fig["flower"]["round_s"], 3)
                     fig[f"{ENGINE_KEYS[engine]}_{name}"] = ef
                     log.info("repeat %d, %s %s: %s", rep + 1, engine, name, ef)
-            if args.flower_dispatch_also:
-                ef = run_edgefleet(args, raw, Path(tmp), fast_dispatch=False)
-                ef["ratio"] = round(ef["round_s"] / floor["round_s"], 3)
-                ef["ratio_to_fast_dispatch"] = round(
-                    ef["round_s"] / fig["edgefleet_every_round"]["round_s"], 3
-                )
-                if args.flower:
-                    ef["ratio_to_flower"] = round(ef["round_s"] / fig["flower"]["round_s"], 3)
-                fig["edgefleet_flower_dispatch"] = ef
-                log.info("repeat %d, simulation on Flower's dispatch loop: %s", rep + 1, ef)
             fig["loadavg_end"] = loadavg()
             reps.append(fig)
 
@@ -441,16 +419,6 @@ def main() -> None:
             if args.inprocess
             else {}
         ),
-        **(
-            {
-                "flower_dispatch_round_s": over_reps("edgefleet_flower_dispatch", "round_s"),
-                "ratio_flower_dispatch_to_fast": over_reps(
-                    "edgefleet_flower_dispatch", "ratio_to_fast_dispatch"
-                ),
-            }
-            if args.flower_dispatch_also
-            else {}
-        ),
         "targets": {
             "ratio_every_round": 1.10,
             "startup_to_first_client_call_s": 10.0,
@@ -468,7 +436,6 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "repeat": args.repeat,
         "cold_cache": args.cold_cache,
-        "flower_dispatch_also": args.flower_dispatch_also,
         "flower": args.flower,
         "inprocess": args.inprocess,
         "workers": args.workers or os.cpu_count(),

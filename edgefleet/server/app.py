@@ -41,7 +41,7 @@ from edgefleet.server.checkpoint import (
     run_identity,
 )
 from edgefleet.server.fleet import FleetWriter
-from edgefleet.server.polling import fast_grid, install_if_asked
+from edgefleet.server.polling import fast_grid
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
 from edgefleet.strategies.base import StatusQuery, build_loop, find_wrapper
 from edgefleet.strategies.context import in_round
@@ -65,10 +65,6 @@ if TYPE_CHECKING:
 # under the Simulation Engine this module loads in the process that is about to start Ray.
 
 app = ServerApp()
-# In the Simulation Engine's process this module loads before the engine starts dispatching
-# messages to its actors: shorten that loop's pause now where EdgeFleet's runner asked for
-# it (a no-op anywhere else, and in a plain `flwr run .`).
-install_if_asked()
 
 
 def build_strategy(

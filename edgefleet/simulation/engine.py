@@ -22,7 +22,6 @@ from types import TracebackType
 from typing import TYPE_CHECKING, TextIO
 
 from edgefleet.processes import FleetError, FlowerFleet, FlowerProcess, config_arg
-from edgefleet.server.polling import FAST_DISPATCH_ENV
 
 if TYPE_CHECKING:
     from edgefleet.simulation.progress import ProgressReporter
@@ -116,10 +115,6 @@ class Engine:
         self.work_dir = work_dir or Path(self._tmp.name)  # type: ignore[union-attr]
         self.fleet = FlowerFleet(self.work_dir, connection="edgefleet-sim")
         self.clientapp = clientapp
-        # EdgeFleet's ServerApp shortens the engine's dispatch pause only when asked
-        # (edgefleet.server.polling): a plain `flwr run .` gets Flower's engine as it is.
-        # EDGEFLEET_FAST_DISPATCH=0 in the environment keeps Flower's (benchmarks compare).
-        self.fleet.env[FAST_DISPATCH_ENV] = os.environ.get(FAST_DISPATCH_ENV, "1")
         self.app: Path | None = None
         self.started = False
         self._log_mark = 0
