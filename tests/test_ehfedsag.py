@@ -254,6 +254,27 @@ def test_fedsag_keys_a_reply_without_device_id_by_its_node() -> None:
     assert strategy.memory is not None and strategy.memory.device_ids == ["node-7"]
 
 
+def test_fedsag_keys_a_reply_without_device_id_by_the_device_bound_to_its_node() -> None:
+    """A Flower user's train handler sends no device-id, while EdgeFleet's status query,
+    added to that ClientApp, bound its node to device "pi-7": the memory is that device's,
+    the one the registry, the rows and register_devices name."""
+
+    class Foreign(FakeDevice):
+        def __call__(self, msg: Message) -> Message:
+            reply = super().__call__(msg)
+            del reply.content["metrics"]["device-id"]
+            return reply
+
+    strategy = FedSAG(**KW)
+    registry = DeviceRegistry()
+    registry.bind(7, "pi-7")
+    grid = FakeGrid({7: Foreign(0, 3.0)})
+    with by_hand(1, registry):
+        msgs = list(strategy.configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), grid))  # type: ignore[arg-type]
+        strategy.aggregate_train(1, grid.send_and_receive(msgs))
+    assert strategy.memory is not None and strategy.memory.device_ids == ["pi-7"]
+
+
 def test_fedsag_full_participation_with_memories_equals_fedavg() -> None:
     devices = {i: FakeDevice(i, d) for i, d in enumerate([1.0, -3.0, 0.5, 2.0], start=1)}
     grid = FakeGrid(devices)  # type: ignore[arg-type]

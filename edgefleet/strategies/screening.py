@@ -15,7 +15,8 @@ CA-HFP's ``kept`` ArrayRecord are optional enrichments, never requirements.
 Device identity (:func:`reply_device`): the reply's ``device-id`` metric when present (an
 EdgeFleet ClientApp or a SuperNode started with ``--node-config device-id=N``), else
 ``node-<Flower node id>``, which is stable for a SuperNode's life. A claimed id is bound to
-the node that first claims it (:class:`~edgefleet.strategies.registry.DeviceRegistry`).
+the node that first claims it (:class:`~edgefleet.strategies.registry.DeviceRegistry`), and
+inside the round loop a reply speaks for the device bound to its node.
 
 Bounds (:class:`Screening`): a well-formed reply can still be absurd. What one device can
 do to a round is bounded by what the server knows:
@@ -154,14 +155,21 @@ def parse_device_id(value: object) -> str | None:
 
 
 def reply_device(msg: Message) -> str:
-    """The device a reply speaks for (see the module docstring). A malformed ``device-id``
-    falls back to the node; :func:`check_train_reply` rejects such a train reply anyway."""
+    """The device a reply speaks for (see the module docstring). Inside EdgeFleet's round
+    loop, the registry's name for its node: the device bound to it (from a status answer or
+    an earlier reply), which a reply without a ``device-id`` metric (a Flower user's train
+    handler beside EdgeFleet's status query) still speaks for; so FedSAG's memory, the
+    robust rules' rows and the loop's own rows name one device one way. A malformed
+    ``device-id`` falls back to the node; :func:`check_train_reply` rejects such a train
+    reply anyway."""
+    from edgefleet.strategies.context import round_or_none  # context imports this module's peers
+
     metrics = first_metrics(msg)
-    if metrics is not None:
-        device = parse_device_id(metrics.get(DEVICE_ID))
-        if device is not None:
-            return device
-    return f"node-{msg.metadata.src_node_id}"
+    claimed = None if metrics is None else parse_device_id(metrics.get(DEVICE_ID))
+    ctx = round_or_none()
+    if ctx is not None:
+        return ctx.registry.name(msg.metadata.src_node_id, claimed)
+    return claimed if claimed is not None else f"node-{msg.metadata.src_node_id}"
 
 
 def check_train_reply(msg: Message, reference: ArrayRecord, keys: RecordKeys) -> str | None:
