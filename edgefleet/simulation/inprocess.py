@@ -336,7 +336,8 @@ class Job:
 
 class WorkerPool:
     """``workers`` worker processes, each holding the nodes pinned to it (node i of the sorted
-    ids in worker i mod ``workers``), forked from a forkserver that has imported
+    ids starts in worker i mod ``workers``; :meth:`balance` moves nodes, :attr:`pin` says
+    where each is now), forked from a forkserver that has imported
     :data:`WORKER_PRELOAD`. They start at once; the first :meth:`deliver` waits until they
     are ready. ``log_path``: where their output goes (default: this process's).
 
