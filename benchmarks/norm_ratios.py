@@ -66,11 +66,9 @@ def measure(name: str, overrides: dict[str, Any], devices: int, rounds: int) -> 
     ratios: list[float] = []
     round_max: list[float] = []
 
-    loop: RoundLoop
-
     class Collect(RoundCallback):
         def after_round(self, result: RoundResult) -> str | None:
-            norms = list(loop.last_norms.values())
+            norms = list(result.context.update_norms.values())
             if len(norms) >= 3:
                 median = float(np.median(norms))
                 r = [n / median for n in norms]

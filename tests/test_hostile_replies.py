@@ -354,6 +354,11 @@ def test_one_or_two_replies_are_not_measured_until_three_norms_are_known() -> No
     )
     assert [r["device"] for r in third.rejected] == ["1"]
     assert "update norm" in third.rejected[0]["reason"]
+    # Each round's norms are on its own context (the loop keeps none between rounds).
+    assert sorted(first.context.update_norms) == ["0", "1"]
+    assert all(0 < n < 1e6 for n in first.context.update_norms.values())
+    assert first.context.update_norms is not second.context.update_norms
+    assert third.context.update_norms["0"] < 1e6
 
 
 def test_a_reconnected_device_takes_its_id_to_the_new_node_once_the_old_is_gone() -> None:

@@ -211,7 +211,6 @@ class RoundLoop:
         self.registry = DeviceRegistry(self.screening.device_binding)
         # Update norms accepted in recent rounds: the reference of a round with few replies.
         self.norm_history: deque[list[float]] = deque(maxlen=NORM_HISTORY_ROUNDS)
-        self.last_norms: dict[str, float] = {}  # the last round's norms by device (diagnostics)
         self._last_eval: tuple[ArrayRecord, dict[str, float]] | None = None
 
     def run(
@@ -530,7 +529,6 @@ class RoundLoop:
         """Drop replies whose update norm is not finite, or above both k x the round's median
         and the floor (a share of the global model's norm)."""
         factor = self.screening.norm_factor
-        self.last_norms = {}
         if factor == 0 or not candidates:
             return candidates
         hooks = hooks_of(self.strategy)
@@ -547,7 +545,9 @@ class RoundLoop:
                 continue
             norms.append(norm)
             kept.append(msg)
-        self.last_norms = {self.device_of(m): n for m, n in zip(kept, norms, strict=True)}
+        ctx = round_or_none()
+        if ctx is not None:
+            ctx.update_norms = {self.device_of(m): n for m, n in zip(kept, norms, strict=True)}
         history = [n for past in self.norm_history for n in past]
         ref = norm_reference(norms, history)
         if ref is None:
