@@ -3,6 +3,8 @@ checks and rebuilds the submodels, the round loop aggregates (issue 5)."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -18,9 +20,10 @@ from edgefleet.pruning.wire import KEPT, kept_record
 from edgefleet.strategies.context import PruningRow
 from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.pruning import SubmodelReconstruction, compact_slice
+from edgefleet.strategies.registry import DeviceRegistry
 from edgefleet.task.models import build_model
 from edgefleet.task.train import get_arrays
-from tests.fakes import FakeGrid, no_eval, train_reply
+from tests.fakes import FakeGrid, Rows, no_eval, train_reply
 
 COMMON = {"min_available_nodes": 1, "min_train_nodes": 1, "fraction_evaluate": 0.0}
 SHAPE = (1, 28, 28)
@@ -227,8 +230,44 @@ def test_compact_download_sends_the_kept_slice_and_refreshes() -> None:
     # the full model and a slice of at most a quarter of the parameters, against two full ones
     assert res[1].bytes_down < 0.63 * res[0].bytes_down
     assert all(r.rejected == [] and r.declined == [] and len(r.participants) == 2 for r in res)
-    # the client trained what it was sent: its reply keeps the same channels
-    assert strategy.masks[2].keys() == plan.groups.keys()
+    # the client trained what it was sent: its reply keeps the same channels; the device
+    # registry holds them (device 1 is node 2), checkpointed with the rest of it
+    registry = res[-1].context.registry
+    kept = registry.devices["1"].kept_channels
+    assert kept is not None and kept.keys() == plan.groups.keys()
+    assert registry.devices["0"].kept_channels is None  # keep ratio 1.0: full-size replies
+    assert registry.devices["1"].full_sent == 4
+    again = DeviceRegistry()
+    again.load_state_dict(json.loads(json.dumps(registry.state_dict())))
+    back = again.devices["1"].kept_channels
+    assert back is not None and all(np.array_equal(back[g], kept[g]) for g in kept)
+    assert again.devices["1"].full_sent == 4
+
+
+def test_compact_download_follows_a_device_to_its_new_node() -> None:
+    """A device back on another node (a reboot) keeps its kept channels: once the registry
+    knows the new node, its next download is compact, not a full model."""
+    run = {"pruning.keep-ratios": "1.0,0.25", "pruning.compact-download": True}
+    handlers = {i + 1: _client(i, 2, **run) for i in range(2)}
+    grid = FakeGrid(dict(handlers))
+    plan = _plan()
+    strategy = _wrapper(plan, compact_download=True, refresh_rounds=10)
+    rows = Rows()
+    loop = RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=[rows])
+    arrays = loop.run(get_arrays(_model()), 2).arrays
+    assert [KEPT in m.content.array_records for m in grid.sent if m.metadata.dst_node_id == 2] == [
+        False, True
+    ]  # fmt: skip
+    grid.handlers[3] = grid.handlers.pop(2)  # device 1 reboots and comes back as node 3
+    # Its first status answer binds the new node (energy-age selection asks every round;
+    # without status queries the node is bound by its first reply and gets the full model).
+    loop.registry.bind(3, "1")
+    grid.sent.clear()
+    loop.run(arrays, 3, first_round=3)
+    to_new = [m for m in grid.sent if m.metadata.dst_node_id == 3]
+    assert [KEPT in m.content.array_records for m in to_new] == [True]
+    last = rows.results[-1]
+    assert last.rejected == [] and sorted(last.participants) == ["0", "1"]
 
 
 def test_pruning_config_errors_name_the_choices() -> None:

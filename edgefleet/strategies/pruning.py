@@ -129,11 +129,9 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         self.reconstruction = reconstruction
         self.compact_download = compact_download
         self.refresh_rounds = refresh_rounds
-        # Compact download: node -> kept channels of its last compact reply, and the last
-        # round it was sent the full model. Not checkpointed: after a restart every node
-        # gets the full model once, which costs bytes but no accuracy.
-        self.masks: dict[int, dict[str, np.ndarray]] = {}
-        self.last_full: dict[int, int] = {}
+        # Compact download's per-device state (the channels of a device's last compact
+        # reply, the last round it was sent the full model) lives in the device registry:
+        # checkpointed with it, and kept when a device comes back on another node.
         self._full_entries: int | None = None  # entries of the full model (kept_fraction)
 
     @property
@@ -170,11 +168,17 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         if self.compact_download:
             out = []
             for msg in messages:
-                node = msg.metadata.dst_node_id
-                kept = self.masks.get(node)
-                due = server_round - self.last_full.get(node, -self.refresh_rounds)
+                # A node bound to no device (its replies claim no device id) gets the full
+                # model: compact state is a device's.
+                device = ctx.registry.device_of(msg.metadata.dst_node_id)
+                record = None if device is None else ctx.registry.devices.get(device)
+                kept = None if record is None else record.kept_channels
+                last = None if record is None else record.full_sent
+                due = server_round - (-self.refresh_rounds if last is None else last)
                 if kept is None or due >= self.refresh_rounds:
-                    self.last_full[node] = server_round
+                    if device is not None:
+                        ctx.registry.note_full_sent(device, server_round)
+                    sent.full.add(msg.metadata.dst_node_id)
                     out.append(msg)
                     continue
                 out.append(self._compact_message(msg, kept, sent.model))
@@ -238,11 +242,6 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             )
             for m in replies
         ]
-        for msg, kept in parts:
-            if kept is None:
-                self.masks.pop(msg.metadata.src_node_id, None)
-            else:
-                self.masks[msg.metadata.src_node_id] = kept
         fractions = [_metric(m, "kept-fraction", 1.0) for m, _ in parts]
         # The fleet view's resource class is measured from the reply's kept channels (they
         # passed screening), not the `kept-fraction` the device claims: a device can lie.
@@ -252,6 +251,10 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             if device is not None:
                 share = 1.0 if kept is None else self._kept_share(kept)
                 registry.note_kept_fraction(device, share)
+                registry.note_kept_channels(device, kept)
+                # a node first bound to its device by this reply: its full model counts
+                if msg.metadata.src_node_id in current_round().own(self, _Sent).full:
+                    registry.note_full_sent(device, server_round)
         row = current_round().section(PruningRow)
         row.compact_replies = sum(kept is not None for _, kept in parts)
         row.mean_kept_fraction = float(np.mean(fractions)) if fractions else 1.0
@@ -317,6 +320,7 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
 @dataclass
 class _Sent:
     model: State = field(default_factory=dict)
+    full: set[int] = field(default_factory=set)  # nodes sent the full model (compact download)
 
 
 def _metric(msg: Message, key: str, default: float) -> float:

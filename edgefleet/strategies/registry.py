@@ -45,6 +45,7 @@ from enum import StrEnum
 from logging import INFO, WARNING
 from typing import Any
 
+import numpy as np
 from flwr.common import log
 
 from edgefleet.strategies.timing import LinkEstimate
@@ -190,11 +191,19 @@ class DeviceRecord:
     # CA-HFP: the share of the model's entries its last aggregated reply held (1.0: the
     # full model; None: no reply under the pruning wrapper yet), its resource class
     kept_fraction: float | None = None
+    # CA-HFP's compact download: the channels its last aggregated reply kept (None: that
+    # reply was full-size, or none yet) and the last round it was sent the full model
+    kept_channels: dict[str, np.ndarray] | None = field(default=None, compare=False)
+    full_sent: int | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {
             "node": self.node,
             "kept_fraction": self.kept_fraction,
+            "kept_channels": None
+            if self.kept_channels is None
+            else {g: [int(i) for i in idx] for g, idx in self.kept_channels.items()},
+            "full_sent": self.full_sent,
             "link": None if self.link is None else self.link.state_dict(),
             "labels": list(self.labels),
             "last_seen": self.last_seen,
@@ -391,6 +400,18 @@ class DeviceRegistry:
         if record is not None and math.isfinite(fraction) and 0.0 <= fraction <= 1.0:
             record.kept_fraction = round(float(fraction), 4)
 
+    def note_kept_channels(self, device: str, kept: dict[str, np.ndarray] | None) -> None:
+        """CA-HFP: the channels ``device``'s aggregated reply kept (None: a full-size one)."""
+        record = self.devices.get(device)
+        if record is not None:
+            record.kept_channels = kept
+
+    def note_full_sent(self, device: str, rnd: int) -> None:
+        """CA-HFP's compact download sent ``device`` the full model in round ``rnd``."""
+        record = self.devices.get(device)
+        if record is not None:
+            record.full_sent = rnd
+
     def link(self, device: str) -> LinkEstimate | None:
         """What the server has timed of ``device``'s rounds (None: nothing yet)."""
         record = self.devices.get(device)
@@ -479,6 +500,14 @@ class DeviceRegistry:
                     kept_fraction=None
                     if r.get("kept_fraction") is None
                     else float(r["kept_fraction"]),
+                    # absent from checkpoints before the kept channels were kept here
+                    kept_channels=None
+                    if r.get("kept_channels") is None
+                    else {
+                        str(g): np.asarray([int(i) for i in idx], dtype=np.int64)
+                        for g, idx in dict(r["kept_channels"]).items()
+                    },
+                    full_sent=None if r.get("full_sent") is None else int(r["full_sent"]),
                 )
                 for d, r in records.items()
             }
