@@ -58,7 +58,10 @@ class ContinuousTeacher(LoopStrategy):
             raise WarmStartError(f"kl_lambda={kl_lambda!r} must be >= 0")
         self.kl_lambda = kl_lambda
         self.session = 0  # the session the holders belong to
-        self.holders: set[int] = set()  # nodes that trained with this session's teacher
+        # Nodes that trained with this session's teacher. By node, not by device (so not in
+        # the device registry): the teacher lives in the node's Context.state, and a device
+        # back on a new node has lost it.
+        self.holders: set[int] = set()
 
     def settings(self) -> dict[str, object]:
         return {"KL weight (lambda)": self.kl_lambda}
