@@ -48,8 +48,7 @@ for p in (ROOT, ROOT / "deploy", ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 import composefleet as cf  # noqa: E402
-from _provenance import dumps  # noqa: E402
-from soak import Event, plan, summarize  # noqa: E402
+from soak import Event, plan, report  # noqa: E402
 
 from edgefleet.simulation.runner import app_copy  # noqa: E402
 
@@ -228,24 +227,10 @@ def main(argv: list[str] | None = None) -> int:
             "model", "evaluate_every", "warmup_rounds", "min_span", "seed",
         )
     }  # fmt: skip
-    line = {
-        "benchmark": "compose_soak",
-        "sizes": {**sizes, "nodes": cf.NUM_NODES},
-        "fleet_up_s": fleet_up_s,
-        **summarize(soak, rows, args),
-        "rounds_run": summary.get("rounds_run"),
-        "submissions": soak.submissions,
-        "node_restarts": sum(1 for e in soak.log if e["event"].startswith("node ")),
-        "docker_restarts": restarts,
-        "planned": outcome["planned"],
-        "events": soak.log,
-        "leftovers": leftovers,
-        "wall_s": round(time.monotonic() - t0, 1),
-        "soak_s": round(outcome["wall_s"], 1),
-    }
-    print(dumps(line))
-    ok = line["rounds_exactly_once"] and not leftovers and line["rss_growth_ok"]
-    return 0 if ok else 1
+    return report(
+        "compose_soak", soak, rows, args, {**sizes, "nodes": cf.NUM_NODES}, fleet_up_s,
+        summary, outcome, leftovers, t0, docker_restarts=restarts,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":

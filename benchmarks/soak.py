@@ -470,15 +470,36 @@ def main(argv: list[str] | None = None) -> int:
             "min_span", "seed",
         )
     }  # fmt: skip
+    return report(
+        "soak", soak, rows, args, {**sizes, "profiles": node_profiles}, fleet_up_s,
+        summary, outcome, leftovers, t0, keys_refused=soak.refused,
+    )  # fmt: skip
+
+
+def report(
+    name: str,
+    soak: Any,
+    rows: list[dict[str, Any]],
+    args: argparse.Namespace,
+    sizes: dict[str, Any],
+    fleet_up_s: float,
+    summary: dict[str, Any],
+    outcome: dict[str, Any],
+    leftovers: list[Any],
+    t0: float,
+    **extra: Any,
+) -> int:
+    """Print a soak's JSON line (this one's and benchmarks/compose_soak.py's); its exit
+    status: 0 when every target holds."""
     line = {
-        "benchmark": "soak",
-        "sizes": {**sizes, "profiles": node_profiles},
+        "benchmark": name,
+        "sizes": sizes,
         "fleet_up_s": fleet_up_s,
         **summarize(soak, rows, args),
         "rounds_run": summary.get("rounds_run"),
         "submissions": soak.submissions,
         "node_restarts": sum(1 for e in soak.log if e["event"].startswith("node ")),
-        "keys_refused": soak.refused,
+        **extra,
         "planned": outcome["planned"],
         "events": soak.log,
         "leftovers": leftovers,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -15,6 +18,19 @@ from edgefleet.processes import FlowerFleet, FlowerProcess, config_arg
 from edgefleet.simulation.runner import app_copy
 
 SUMMARY_GRACE = 30.0  # seconds a run may take to write its summary after the stream ended
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+
+
+def deploy_module(name: str) -> ModuleType:
+    """``deploy/NAME.py`` (a script folder, not a package), imported once under ``name``."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, DEPLOY / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 @contextlib.contextmanager

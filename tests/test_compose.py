@@ -39,34 +39,21 @@ With the Prometheus overlay (2026-12-02, images built, load average 3-5 from oth
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
-import sys
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from edgefleet.simulation.runner import app_copy
+from tests.flower_runs import deploy_module
 
-
-def _load_composefleet() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "deploy" / "composefleet.py"
-    spec = importlib.util.spec_from_file_location("composefleet", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("composefleet", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-cf = _load_composefleet()
+cf = deploy_module("composefleet")
 NUM_NODES = cf.NUM_NODES
 ROUNDS_1 = 3
 ROUNDS_2 = 1

@@ -16,29 +16,16 @@ Skips (with the reason) where namespaces cannot be made: not root, no ``ip``/``t
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from tests.flower_runs import metrics_rows, submit, wait_for_summary
+from tests.flower_runs import deploy_module, metrics_rows, submit, wait_for_summary
 
-
-def _load_linkfleet() -> ModuleType:
-    path = Path(__file__).resolve().parents[1] / "deploy" / "linkfleet.py"
-    spec = importlib.util.spec_from_file_location("linkfleet", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("linkfleet", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-lf = _load_linkfleet()
+lf = deploy_module("linkfleet")
 WHY_NOT = lf.unavailable()
 needs_netns = pytest.mark.skipif(WHY_NOT is not None, reason=f"no link fleet here: {WHY_NOT}")
 
