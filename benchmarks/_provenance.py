@@ -1,7 +1,7 @@
 """What every benchmark's JSON line records about how it was made, so that a line saved under
 ``benchmarks/results/`` can be re-run and checked (the convention in ``benchmarks/claims.py``):
-the command (``sys.argv``), the git commit the code was at, whether the work tree had
-uncommitted changes to tracked files, and the wall time.
+the command (``sys.argv``), the git commit the code was at when it started, whether the work
+tree had uncommitted changes to tracked files then, and the wall time.
 
 Standard library only: ``deploy_overhead`` and ``sim_overhead`` import it before anything
 heavy, and the claim benchmarks beside ``_runs``.
@@ -34,24 +34,34 @@ def _git(*args: str) -> str | None:
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
-def provenance() -> dict[str, Any]:
-    """``command`` (as typed, relative to the repository root where it can be), ``git_commit``
-    and ``git_dirty`` (None, None when this is not a git checkout or git is missing)."""
-    script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
-    if script is not None and script.is_relative_to(ROOT):
-        first = str(script.relative_to(ROOT))
-    else:
-        first = sys.argv[0] if sys.argv else ""
+def _code_version() -> tuple[str | None, bool | None]:
+    """The git commit and whether tracked files had changed."""
     if os.environ.get("BENCHMARK_GIT_COMMIT"):
         # A copy of the tree on another machine (benchmarks/device/): the copier's commit, as
         # `git rev-parse HEAD` there, with "+dirty" when tracked files had changed. Its own
         # git metadata, where the copy has any, need not be the copier's.
         commit, _, suffix = os.environ["BENCHMARK_GIT_COMMIT"].partition("+")
-        dirty: bool | None = suffix == "dirty"
+        return commit, suffix == "dirty"
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return commit, None if status is None else bool(status)
+
+
+# Taken when a benchmark starts (it imports this module first): the code it runs is the
+# code of its start; a commit made while a long run goes on is not it.
+_VERSION = _code_version()
+
+
+def provenance() -> dict[str, Any]:
+    """``command`` (as typed, relative to the repository root where it can be), ``git_commit``
+    and ``git_dirty`` at the benchmark's start (None, None when this is not a git checkout or
+    git is missing)."""
+    script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
+    if script is not None and script.is_relative_to(ROOT):
+        first = str(script.relative_to(ROOT))
     else:
-        commit = _git("rev-parse", "HEAD")
-        status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-        dirty = None if status is None else bool(status)
+        first = sys.argv[0] if sys.argv else ""
+    commit, dirty = _VERSION
     return {
         "command": shlex.join(["python", first, *sys.argv[1:]]),
         "git_commit": commit,

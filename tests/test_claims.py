@@ -186,6 +186,20 @@ def test_a_benchmark_line_records_how_it_was_made(monkeypatch: pytest.MonkeyPatc
     assert prov.stamp({"benchmark": "y", "wall_s": 12.5})["wall_s"] == 12.5
 
 
+def test_a_line_records_the_code_version_of_its_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A commit made while a long benchmark runs is not the code it ran."""
+    monkeypatch.setenv("BENCHMARK_GIT_COMMIT", "a" * 40)
+    spec = importlib.util.spec_from_file_location(
+        "_provenance_start", ROOT / "benchmarks" / "_provenance.py"
+    )
+    assert spec is not None and spec.loader is not None
+    prov = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prov)  # the benchmark starts
+    monkeypatch.setenv("BENCHMARK_GIT_COMMIT", "b" * 40 + "+dirty")  # HEAD moves meanwhile
+    line = prov.stamp({"benchmark": "x"})
+    assert (line["git_commit"], line["git_dirty"]) == ("a" * 40, False)
+
+
 def test_fedsag_seed_form_verdict_follows_the_figures() -> None:
     row = _row("EH-FedSAG, the seed's form")
     got = row.measure(_lines(row))
