@@ -48,25 +48,21 @@ for p in (ROOT, ROOT / "deploy", ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 import composefleet as cf  # noqa: E402
-from soak import Event, plan, report  # noqa: E402
+from soak import Event, SoakRecord, plan, report  # noqa: E402
 
 from edgefleet.simulation.runner import app_copy  # noqa: E402
 
 RUN_NAME = "soak"
 
 
-class ComposeSoak:
-    """The compose fleet, the run and the plan, driven from one polling loop. Keeps what
-    ``soak.summarize`` reads: ``samples``, ``seen_at``, ``log``."""
+class ComposeSoak(SoakRecord):
+    """The compose fleet, the run and the plan, driven from one polling loop."""
+
+    NAME = "compose_soak"
 
     def __init__(self, fleet: cf.ComposeFleet, work: Path, args: argparse.Namespace) -> None:
+        super().__init__()
         self.fleet, self.work, self.args = fleet, work, args
-        self.submissions = 0
-        self.down: dict[int, int] = {}  # board -> the round after which it is started again
-        self.log: list[dict[str, Any]] = []
-        self.samples: list[tuple[int, str, int, int]] = []
-        self.seen_at: dict[int, float] = {}
-        self.t0 = time.monotonic()
 
     def config(self, resume: bool) -> dict[str, Any]:
         a = self.args
@@ -93,11 +89,6 @@ class ComposeSoak:
         app = app_copy(self.work / f"app-{self.submissions}")
         run_id = self.fleet.submit(app, self.config(resume))
         self.note(-1, "submitted", run_id=run_id, resume=resume)
-
-    def note(self, rnd: int, what: str, **extra: Any) -> None:
-        entry = {"round": rnd, "event": what, "t_s": round(time.monotonic() - self.t0, 1), **extra}
-        self.log.append(entry)
-        print(f"compose_soak: {entry}", file=sys.stderr, flush=True)
 
     @staticmethod
     def board(node: int) -> tuple[str, str]:

@@ -194,27 +194,42 @@ def growth(
     return out
 
 
-class Soak:
+class SoakRecord:
+    """What a soak keeps as it goes (``summarize`` and ``report`` read it): events, memory
+    samples, when each round was first seen. benchmarks/compose_soak.py shares it."""
+
+    NAME = "soak"
+
+    def __init__(self) -> None:
+        self.submissions = 0
+        self.down: dict[int, int] = {}  # node -> the round after which it is started again
+        self.log: list[dict[str, Any]] = []
+        self.samples: list[tuple[int, str, int, int]] = []  # (round, role, pid, bytes)
+        # When each round's row was first seen: the rows' own ``wall_s`` counts from the
+        # start of each ServerApp process, so it starts over at every resume.
+        self.seen_at: dict[int, float] = {}
+        self.t0 = time.monotonic()
+
+    def note(self, rnd: int, what: str, **extra: Any) -> None:
+        entry = {"round": rnd, "event": what, "t_s": round(time.monotonic() - self.t0, 1), **extra}
+        self.log.append(entry)
+        print(f"{self.NAME}: {entry}", file=sys.stderr, flush=True)
+
+
+class Soak(SoakRecord):
     """The fleet, the run and the plan, driven from one polling loop."""
 
     def __init__(self, fleet: LinkFleet, work: Path, args: argparse.Namespace) -> None:
+        super().__init__()
         self.fleet = fleet
         self.work = work
         self.args = args
         self.configs = node_configs(args.nodes)
         self.run_dir = work / "out" / RUN_NAME
         self.metrics = self.run_dir / "metrics.jsonl"
-        self.submissions = 0
         self.run: FlowerProcess | None = None
-        self.down: dict[int, int] = {}  # node -> the round after which it is started again
         self.restarting: dict[int, float] = {}  # node -> when to try again (key refused)
-        self.log: list[dict[str, Any]] = []
         self.refused = 0
-        self.samples: list[tuple[int, str, int, int]] = []
-        # When each round's row was first seen: the rows' own ``wall_s`` counts from the
-        # start of each ServerApp process, so it starts over at every resume.
-        self.seen_at: dict[int, float] = {}
-        self.t0 = time.monotonic()
 
     def config(self, resume: bool) -> dict[str, Any]:
         a = self.args
@@ -244,11 +259,6 @@ class Soak:
             "run", str(app), self.fleet.connection, "--stream",
             "--run-config", config_arg(self.config(resume)), name="flwr-run",
         )  # fmt: skip
-
-    def note(self, rnd: int, what: str, **extra: Any) -> None:
-        entry = {"round": rnd, "event": what, "t_s": round(time.monotonic() - self.t0, 1), **extra}
-        self.log.append(entry)
-        print(f"soak: {entry}", file=sys.stderr, flush=True)
 
     def apply(self, event: Event, rnd: int) -> None:
         fleet = self.fleet
@@ -361,7 +371,9 @@ class Soak:
         return links[-1] if links else None
 
 
-def summarize(soak: Soak, rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+def summarize(
+    soak: SoakRecord, rows: list[dict[str, Any]], args: argparse.Namespace
+) -> dict[str, Any]:
     rounds = [int(r["round"]) for r in rows]
     seen = sorted(soak.seen_at.values())
     gaps = [b - a for a, b in zip(seen, seen[1:], strict=False)]
@@ -478,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(
     name: str,
-    soak: Any,
+    soak: SoakRecord,
     rows: list[dict[str, Any]],
     args: argparse.Namespace,
     sizes: dict[str, Any],
