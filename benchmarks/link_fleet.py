@@ -32,6 +32,8 @@ Prints one JSON line; progress on stderr. Root only (network namespaces)::
     python benchmarks/link_fleet.py --smoke
     python benchmarks/link_fleet.py --nodes 8 --rounds 10 --target 0.8
     python benchmarks/link_fleet.py --nodes 4 --rounds 8 --modes full --selections none,deadline
+    python benchmarks/link_fleet.py --nodes 4 --rounds 8 --selections none,deadline \\
+        --deadline 15 --status-max-age 1 --declare-links   # issue 26's fixes, see README
 """
 
 from __future__ import annotations
@@ -166,7 +168,9 @@ def summarize(result: dict[str, Any], profiles: list[str], target: float) -> dic
     }
 
 
-def deadline_config(nodes: int, deadline: float) -> dict[str, Any]:
+def deadline_config(
+    nodes: int, deadline: float, retry: int = 10, status_max_age: int = 0
+) -> dict[str, Any]:
     """Energy-age selection as a deadline filter alone: every battery always on, M = the
     fleet, so the deadline is the only thing that leaves a device out."""
     return {
@@ -174,8 +178,28 @@ def deadline_config(nodes: int, deadline: float) -> dict[str, Any]:
         "energy.source": "always-on",
         "selection.max-devices": nodes,
         "selection.deadline": deadline,
+        "selection.deadline-retry": retry,
+        "selection.status-max-age": status_max_age,
         "timeout-mode": "expected",
     }
+
+
+def declare_links(
+    fleet: LinkFleet, configs: list[dict[str, Any]], profiles: list[str], declared: list[Any]
+) -> None:
+    """Restart each node whose declared link (``link-kbps`` in its node config) is not its
+    profile's rate, declaring it: a node config is fixed when a SuperNode starts."""
+    changed = []
+    for i, prof in enumerate(profiles):
+        rate = float(PROFILES[prof].rate_kbit)
+        if declared[i] != rate:
+            fleet.stop_node(i)
+            fleet.start_node(i, {**configs[i], "link-kbps": rate})
+            declared[i] = rate
+            changed.append(i)
+    if changed:
+        fleet.wait_for_nodes(len(profiles), timeout=120)
+        print(f"link_fleet: nodes {changed} restarted to declare their links", file=sys.stderr)
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -221,6 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--selections", default="none", help=f"of {', '.join(SELECTIONS)}")
     ap.add_argument("--deadline", type=float, default=20.0, help="selection.deadline, seconds")
+    ap.add_argument("--deadline-retry", type=int, default=10, help="selection.deadline-retry")
+    ap.add_argument(
+        "--status-max-age", type=int, default=0,
+        help="selection.status-max-age of the deadline runs (0: a status query every round)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--declare-links", action="store_true",
+        help="each node declares its profile's rate (node config link-kbps), restarted per mix",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="4 nodes, 3 rounds, 3 local steps")
     args = ap.parse_args(argv)
@@ -256,24 +289,31 @@ def main(argv: list[str] | None = None) -> int:
     }
     results: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
+    configs = node_configs(args.nodes, keep_ratios)
+    fast = float(PROFILES["fast"].rate_kbit)
+    declared: list[Any] = [fast if args.declare_links else None] * args.nodes
+    start = [{**c, "link-kbps": fast} if args.declare_links else c for c in configs]
     with running_fleet(
-        work / "fleet",
-        ["fast"] * args.nodes,
-        node_configs(args.nodes, keep_ratios),
-        database=work / "fleet" / "state.db",
+        work / "fleet", ["fast"] * args.nodes, start, database=work / "fleet" / "state.db"
     ) as fleet:
         fleet_up_s = round(time.monotonic() - t0, 1)
         for mix in mixes:
             profiles = mix_profiles(mix, keep_ratios)
             for i, prof in enumerate(profiles):
                 fleet.set_profile(i, prof)
+            if args.declare_links:
+                declare_links(fleet, configs, profiles, declared)
             for mode in modes:
                 for selection in selections:
                     name = f"{mix}-{mode}" + ("" if selection == "none" else f"-{selection}")
                     print(f"link_fleet: {name} {profiles}", file=sys.stderr, flush=True)
                     cfg = {**base, "pruning.compact-download": mode == "compact"}
                     if selection == "deadline":
-                        cfg.update(deadline_config(args.nodes, args.deadline))
+                        cfg.update(
+                            deadline_config(
+                                args.nodes, args.deadline, args.deadline_retry, args.status_max_age
+                            )
+                        )
                     res = run_one(fleet, work, name, cfg, args.round_timeout * (args.rounds + 2))
                     results[name] = {"profiles": profiles, **summarize(res, profiles, args.target)}
                     print(f"link_fleet: {name} {results[name]['round_s']}", file=sys.stderr)
@@ -290,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         "modes": modes,
         "selections": selections,
         "deadline": args.deadline,
+        "deadline_retry": args.deadline_retry,
+        "status_max_age": args.status_max_age,
+        "declare_links": args.declare_links,
         "seed": args.seed,
     }
     line = {

@@ -474,6 +474,14 @@ class EnergyConfig:
         "a device skipped by `selection.deadline` this many rounds in a row is selectable "
         "again once, so its round is timed afresh (0 = never tried again)",
     )
+    status_max_age: int = key(
+        "selection.status-max-age",
+        0,
+        _at_least(0),
+        "energy-age selection takes a device's answer `feasible` from at most this many rounds "
+        "ago (a status query, or its last train reply) instead of asking again; exact for "
+        "harvesting batteries, saves a round trip a round (0 = ask every round)",
+    )
     source: str = key(
         "energy.source", "bernoulli", _choice(SOURCES), " ".join(f"`{s}`" for s in SOURCES)
     )
@@ -1045,6 +1053,12 @@ def _check_together(cfg: RunConfig) -> None:
             "cannot run within sessions; use 'data-free' or 'off'"
         )
     e = cfg.energy
+    if e.status_max_age and e.selection != "energy-age":
+        raise ConfigError(
+            f"run config 'selection.status-max-age' = {e.status_max_age!r} with selection.mode "
+            f"= {e.selection!r}: it is energy-age selection's; set selection.mode = "
+            "'energy-age' or selection.status-max-age = 0"
+        )
     if e.deadline and e.selection != "energy-age":
         raise ConfigError(
             f"run config 'selection.deadline' = {e.deadline!r} with selection.mode = "

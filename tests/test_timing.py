@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.config import ConfigError, parse_run_config
@@ -22,7 +22,7 @@ from edgefleet.strategies import timing
 from edgefleet.strategies.context import ScreeningRow, SelectionRow
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.loop import RoundLoop
-from edgefleet.strategies.registry import DeviceRegistry
+from edgefleet.strategies.registry import DeviceRegistry, DeviceStatus, screen_telemetry
 from edgefleet.strategies.selection import SelectionError
 from edgefleet.strategies.timing import LinkEstimate, RoundWait, TimingError
 from tests.fakes import FakeGrid, Rows, by_hand, no_eval, rec, train_reply
@@ -208,9 +208,50 @@ def test_energy_age_selection_skips_devices_whose_rounds_exceed_the_deadline() -
             registry.note_timing(device, seconds, 1000, None)
     selection = EnergyAgeSelection(FedAvg(), max_devices=3, slots_per_round=4, deadline=20.0)
     with by_hand(1, registry):
-        fits, skipped, retried = selection._within_deadline(["1", "2", "0"])
+        fits, skipped, retried = selection._within_deadline(["1", "2", "0"], 10**6)
     assert fits == ["2", "0"]  # age order kept; never timed = fits
     assert skipped == ["1"] and retried == []
+
+
+def test_a_device_never_timed_is_judged_by_the_link_it_declares() -> None:
+    # A board on a 512 kbit/s modem: 1 MB down and 1 MB up take 31 s, over a 20 s deadline,
+    # so it is skipped before its first round holds the fleet's; one on 2 Mbit/s (8 s) fits.
+    # Once timed, the observation counts, not the declaration.
+    registry = DeviceRegistry()
+    for node, (device, kbps) in enumerate([("0", 512.0), ("1", 2000.0), ("2", None)]):
+        registry.bind(node, device)
+        status = DeviceStatus(device, True, True, telemetry=screen_telemetry(
+            ConfigRecord({} if kbps is None else {"link-kbps": kbps})))  # fmt: skip
+        registry.note_status(1, node, status)
+    selection = EnergyAgeSelection(FedAvg(), max_devices=3, slots_per_round=4, deadline=20.0)
+    with by_hand(1, registry):
+        fits, skipped, _ = selection._within_deadline(["0", "1", "2"], 10**6)
+    assert fits == ["1", "2"] and skipped == ["0"]
+    registry.note_timing("0", 9.0, 2 * 10**6, None)  # it was faster than declared
+    with by_hand(2, registry):
+        fits, skipped, _ = selection._within_deadline(["0", "1", "2"], 10**6)
+    assert fits == ["0", "1", "2"] and skipped is None
+
+
+def test_the_energy_mod_reports_the_declared_link_and_the_registry_keeps_it() -> None:
+    from flwr.app import Context, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from edgefleet.client.mods import energy_mod, status_query
+    from edgefleet.strategies.base import StatusQuery
+
+    app = ClientApp(mods=[energy_mod(capacity=4, harvest_prob=0.5, train_slots=2)])
+    app.query()(status_query)
+    contexts = {
+        1: Context(1, 1, {"device-id": 0, "link-kbps": 512}, RecordDict(), {}),
+        2: Context(1, 2, {"device-id": 1, "link-kbps": "fast"}, RecordDict(), {}),  # not a rate
+    }
+    grid = FakeGrid({n: (lambda m, c=c: app(m, c)) for n, c in contexts.items()})  # type: ignore[misc]
+    registry = DeviceRegistry()
+    with by_hand(1, registry):
+        StatusQuery(4, 5).ask(grid, [1, 2], 1)  # type: ignore[arg-type]
+    assert registry.declared_kbps("0") == 512.0
+    assert registry.declared_kbps("1") is None
 
 
 def test_a_device_the_deadline_skipped_is_tried_again_and_comes_back_once_fast() -> None:

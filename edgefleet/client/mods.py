@@ -19,7 +19,9 @@ messages only and passes every other message through untouched:
 - **Train message with a ``slot``** (sent under energy-aware selection): the battery is
   advanced; if it cannot pay for the round, the device declines with an ``Error`` and spends
   nothing; otherwise the app trains, and only a successful reply is charged (Omega training
-  slots + 1 transmission slot) and gets an ``energy-spent`` metric. A train function that
+  slots + 1 transmission slot) and gets an ``energy-spent`` metric, with ``battery-level``
+  and ``feasible`` after paying (the server may take them for the device's next status
+  answer instead of asking: ``selection.status-max-age``). A train function that
   declines (an ``Error``) spends nothing, so "decline before any energy is spent" holds.
 
 Why the query line: Flower applies a ClientApp's mods only around the functions it has
@@ -73,6 +75,7 @@ HARVEST_KEY = "edgefleet.harvested"  # energy harvested since the last status an
 TELEMETRY = "telemetry"  # the status answer's record of device telemetry
 DEVICE_ID = "device-id"
 NUM_PARTITIONS = "num-partitions"
+LINK_KBPS = "link-kbps"
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,8 @@ class _EnergyMod:
         )
         _add_device_id(fields, context)
         content = RecordDict({"status": MetricRecord(fields)})
-        content[TELEMETRY] = ConfigRecord(device_telemetry(battery, _take_harvest(context)))
+        telemetry = device_telemetry(battery, _take_harvest(context))
+        content[TELEMETRY] = ConfigRecord({**telemetry, **_declared_link(context)})
         return Message(content, reply_to=msg)
 
     def _train(
@@ -214,7 +218,14 @@ class _EnergyMod:
         battery.spend(cost)
         save_battery(battery, context)
         name, metrics = next(iter(reply.content.metric_records.items()))
-        fields: dict[str, Any] = {**dict(metrics), "energy-spent": cost}
+        # What the battery holds after paying: the server may take it as this device's
+        # status for the next round instead of asking (selection.status-max-age).
+        fields: dict[str, Any] = {
+            **dict(metrics),
+            "energy-spent": cost,
+            "battery-level": float(battery.level),
+            "feasible": int(battery.can_afford(cost)),
+        }
         _add_device_id(fields, context, status=False)
         reply.content[name] = MetricRecord(fields)
         return reply
@@ -239,6 +250,15 @@ def _add_device_id(fields: dict[str, Any], context: Context, status: bool = True
         if key not in fields and key in context.node_config:
             with contextlib.suppress(TypeError, ValueError):
                 fields[key] = int(context.node_config[key])
+
+
+def _declared_link(context: Context) -> dict[str, float]:
+    """The link rate the operator declared for this board (``--node-config link-kbps=512``),
+    reported so that a deadline can estimate the device's first round before timing it."""
+    value = context.node_config.get(LINK_KBPS)
+    if isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+        return {LINK_KBPS: float(value)}
+    return {}
 
 
 def _note_harvest(context: Context, gained: float) -> None:

@@ -160,6 +160,7 @@ def build_strategy(
             order=e.order,
             deadline=e.deadline,
             deadline_retry=e.deadline_retry,
+            status_max_age=e.status_max_age,
         )
     sc = cfg.stopping
     if (sc.mode != StoppingMode.OFF or cfg.sessions_enabled) and central is None:

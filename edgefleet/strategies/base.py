@@ -39,6 +39,7 @@ from edgefleet.strategies.registry import (
     TELEMETRY_RECORD,
     DeviceRegistry,
     DeviceStatus,
+    parse_battery,
     screen_telemetry,
 )
 from edgefleet.strategies.screening import RecordKeys, Screening, parse_device_id
@@ -185,25 +186,6 @@ def _assumed(registry: DeviceRegistry, node: int) -> DeviceStatus:
     return DeviceStatus(device=registry.name(node), feasible=True, present=True, reported=False)
 
 
-# A battery level a device may report, in energy units: beyond this it is not a battery.
-MAX_BATTERY = 1e6
-
-
-def _battery(node: int, value: object) -> float | None:
-    """A reported battery level, or None (absent; not a finite number in [0, MAX_BATTERY]:
-    dropped with its reason, never stored)."""
-    if value is None:
-        return None
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        log(WARNING, "Node %d: battery-level %r is not a number; dropped", node, value)
-        return None
-    if not (0.0 <= float(value) <= MAX_BATTERY):  # also NaN
-        log(WARNING, "Node %d: battery-level %r is not in [0, %g]; dropped", node, value,
-            MAX_BATTERY)  # fmt: skip
-        return None
-    return float(value)
-
-
 def _partitions(node: int, value: object) -> int | None:
     """A reported ``num-partitions`` (a whole number in [1, 10^7]), or None."""
     if value is None:
@@ -228,7 +210,7 @@ def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
             feasible=bool(status.get("feasible", 1)),
             present=bool(status.get("present", 1)),
             labels=tuple(int(c) for c in labels),
-            battery=_battery(node, status.get("battery-level")),
+            battery=parse_battery(node, status.get("battery-level")),
             partitions=_partitions(node, status.get("num-partitions")),
         )
     except (TypeError, ValueError, OverflowError) as err:  # int(inf) is an OverflowError

@@ -90,6 +90,8 @@ class SelectionRow:
     """Energy-aware age-based selection."""
 
     status_queries: int = 0  # status messages sent this round
+    # devices taken as feasible from an earlier answer instead of asked (status-max-age)
+    status_reused: int | None = optional()
     selected: list[str] = field(default_factory=list)  # device ids, in selection order
     # devices left out because their observed round exceeds selection.deadline
     deadline_skipped: list[str] | None = optional()

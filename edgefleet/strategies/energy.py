@@ -34,7 +34,7 @@ from flwr.serverapp.strategy import Strategy
 from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
 from edgefleet.strategies.context import ScreeningRow, SelectionRow, current_round
 from edgefleet.strategies.loop import RoundCallback, RoundResult
-from edgefleet.strategies.registry import DeviceStatus
+from edgefleet.strategies.registry import DeviceStatus, EnergyState
 from edgefleet.strategies.selection import (
     SELECTION_ORDERS,
     AgeTracker,
@@ -49,7 +49,11 @@ LOG_DEVICES = 10
 
 
 def selection_line(
-    selected: list[str], nodes: int, batteries: Mapping[str, float | None], asked: int
+    selected: list[str],
+    nodes: int,
+    batteries: Mapping[str, float | None],
+    asked: int,
+    reused: int = 0,
 ) -> str:
     """The round's selection in words: ``2 of 4 nodes selected: 3 (battery 0.81), 7 (0.55);
     4 status queries``. ``asked`` 0 means the answers came from an earlier query of the round
@@ -67,8 +71,12 @@ def selection_line(
     text = f"{len(selected)} of {nodes} nodes selected"
     if shown:
         text += ": " + ", ".join(shown)
+    if reused:
+        text += f"; {reused} status{'' if reused == 1 else 'es'} from earlier answers"
     if asked:
         return f"{text}; {asked} status quer{'y' if asked == 1 else 'ies'}"
+    if reused:
+        return text
     if nodes:
         return f"{text}; statuses reused from this round's presence query"
     return text
@@ -87,8 +95,15 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         order: str = "age",
         deadline: float = 0.0,
         deadline_retry: int = 10,
+        status_max_age: int = 0,
     ) -> None:
         super().__init__(inner)
+        if not (isinstance(status_max_age, int) and status_max_age >= 0):
+            raise SelectionError(
+                f"status_max_age={status_max_age!r} must be a whole number of rounds >= 0 "
+                "(0 = ask every round)"
+            )
+        self.status_max_age = status_max_age
         if not deadline >= 0:
             raise SelectionError(f"deadline={deadline!r} must be >= 0 (0 = no deadline)")
         if not (isinstance(deadline_retry, int) and deadline_retry >= 0):
@@ -123,6 +138,11 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             )
             if self.deadline
             else "-",
+            "Status reused for": (
+                f"{self.status_max_age} round(s), feasible answers only"
+                if self.status_max_age
+                else "- (asked every round)"
+            ),
         }
 
     def slot(self, server_round: int) -> int:
@@ -170,16 +190,29 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         order = query_order(self.ages.ages, node_of, self.rng, self.order)
         retried: list[str] = []
         if self.deadline:
-            order, row.deadline_skipped, retried = self._within_deadline(order)
+            model_bytes = sum(len(a.data) for a in arrays.values())
+            order, row.deadline_skipped, retried = self._within_deadline(order, model_bytes)
         batch = self.batch_size or max(1, len(order))
 
+        reused: dict[str, float | None] = {}  # device -> the battery it last reported
+
         def feasible(devices: list[str]) -> dict[str, bool]:
-            ask = [node_of[d] for d in devices if node_of[d] not in heard]
+            ask = []
+            for d in devices:
+                if node_of[d] in heard:
+                    continue
+                if (state := self._reusable(d, server_round)) is not None:
+                    reused[d] = state.battery
+                else:
+                    ask.append(node_of[d])
             if ask:
                 self._ask(grid, ask, server_round)
-            return {d: heard[node_of[d]].feasible for d in devices if node_of[d] in heard}
+            out = {d: heard[node_of[d]].feasible for d in devices if node_of[d] in heard}
+            return {**out, **{d: True for d in devices if d in reused and d not in out}}
 
         row.selected, _ = select_in_batches(order, feasible, self.max_devices, batch)
+        if reused:
+            row.status_reused = len(reused)
         # A retried device's count starts over only once it is selected (and so re-timed); one
         # let through but not chosen (younger than M others, or without energy) stays let
         # through next round.
@@ -190,8 +223,9 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             INFO,
             "energy-age selection: %s",
             selection_line(
-                row.selected, len(nodes), {d: heard[node_of[d]].battery for d in row.selected},
-                row.status_queries,
+                row.selected, len(nodes),
+                {d: reused[d] if d in reused else heard[node_of[d]].battery for d in row.selected},
+                row.status_queries, len(reused),
             ),
         )  # fmt: skip
         if not row.selected:
@@ -203,15 +237,38 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         subset = SubsetGrid(grid, [node_of[d] for d in row.selected])
         return self.inner.configure_train(server_round, arrays, config, subset)  # type: ignore[arg-type]
 
-    def _within_deadline(self, order: list[str]) -> tuple[list[str], list[str] | None, list[str]]:
-        """``order`` without the devices whose observed round exceeds the deadline (a device
-        never timed is assumed to fit), those skipped (None: none), and those let through
+    def _reusable(self, device: str, server_round: int) -> EnergyState | None:
+        """``device``'s last energy answer, when it may stand for this round's: it said
+        feasible at most ``status_max_age`` rounds ago (a status answer, or its train reply
+        after paying for that round). A battery that only gains energy while idle, as the
+        harvesting sources do, is still feasible then, so the selection is the one asking
+        would give; an infeasible answer is never reused (the device may have harvested
+        since). A board whose battery also drains (``sysfs``) may decline the round it was
+        selected for; that costs the round one device, and it is asked next time."""
+        if not self.status_max_age:
+            return None
+        state = current_round().registry.energy(device)
+        if state is None or not state.feasible:
+            return None
+        return state if server_round - state.round <= self.status_max_age else None
+
+    def _within_deadline(
+        self, order: list[str], model_bytes: int
+    ) -> tuple[list[str], list[str] | None, list[str]]:
+        """``order`` without the devices whose expected round exceeds the deadline, those
+        skipped (None: none), and those let through
         although slow because they have been skipped ``deadline_retry`` rounds in a row.
         Without the retry a skipped device is never timed again, so a board that moved closer
         to its access point would stay out for good; with it, it is tried once every
         ``deadline_retry`` rounds and its estimate follows what it does now. Age order is
         kept, so among the devices that fit the oldest still go first; a skipped device keeps
-        ageing, so a retried one is near the front."""
+        ageing, so a retried one is near the front.
+
+        The expected round is the one observed (:meth:`DeviceRegistry.link`). A device
+        never timed is assumed to fit, unless it declared its link's rate (``link-kbps``):
+        then the model down and an update of its size up over that rate, compute not
+        counted. Without that, the first round of a board on a 512 kbit/s modem held the
+        whole fleet's first round (30 s against 8, ``benchmarks/link_fleet.py``)."""
         registry = current_round().registry
         fits: list[str] = []
         skipped: list[str] = []
@@ -219,6 +276,8 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         for device in order:
             link = registry.link(device)
             expected = None if link is None else link.expected_s()
+            if expected is None and (kbps := registry.declared_kbps(device)) is not None:
+                expected = 2 * model_bytes * 8 / (kbps * 1000)
             if expected is None or expected <= self.deadline:
                 self._skips.pop(device, None)
                 fits.append(device)

@@ -46,7 +46,7 @@ from edgefleet.strategies.context import (
     round_or_none,
 )
 from edgefleet.strategies.hooks import hooks_of
-from edgefleet.strategies.registry import DeviceRegistry
+from edgefleet.strategies.registry import DeviceRegistry, EnergyState, parse_battery
 from edgefleet.strategies.screening import (
     DEVICE_ID,
     ENERGY_SPENT,
@@ -70,6 +70,8 @@ from edgefleet.strategies.timing import (
     reported_compute,
 )
 
+# A train reply's energy, after the round's cost (EdgeFleet's energy mod adds them).
+BATTERY_LEVEL, FEASIBLE = "battery-level", "feasible"
 TRAIN_TIME = "train-time-s"  # the seconds a ClientApp says it trained (EdgeFleet's reports it)
 EvaluateFn = Callable[[int, ArrayRecord], dict[str, float]]
 
@@ -291,6 +293,7 @@ class RoundLoop:
         # replies' ArrayRecords while they aggregate.
         bytes_up = sum(_payload_bytes(m) for m in accepted)
         self._note_timing(sent_round, accepted)
+        self._note_energy(rnd, messages, replies)
         new_arrays, train_metrics = self._aggregate(rnd, accepted, arrays, row)
         aggregated = accepted if new_arrays is not None else []
         if new_arrays is not None:
@@ -362,6 +365,24 @@ class RoundLoop:
         for rid, msg in sent.pushed.items():
             if rid not in sent.arrived_s:
                 self._link_for(msg.metadata.dst_node_id).timed_out(sent.waits[rid])
+
+    def _note_energy(self, rnd: int, messages: list[Message], replies: list[Message]) -> None:
+        """What each device's energy is after this round. A device sent a train message may
+        have spent energy, so what it said before is forgotten; a reply that carries
+        ``battery-level`` and ``feasible`` (the energy mod adds them) says it afresh."""
+        for msg in messages:
+            if (device := self.registry.device_of(msg.metadata.dst_node_id)) is not None:
+                self.registry.note_energy(device, None)
+        for reply in replies:
+            metrics = first_metrics(reply)
+            if metrics is None or FEASIBLE not in metrics:
+                continue
+            node = self.node_of(reply)
+            feasible = metrics[FEASIBLE]
+            if (device := self.registry.device_of(node)) is None or feasible not in (0, 1):
+                continue
+            battery = parse_battery(node, metrics.get(BATTERY_LEVEL))
+            self.registry.note_energy(device, EnergyState(rnd, bool(feasible), battery))
 
     def _why_empty(self, sent: int, replies: int, accepted: int, row: ScreeningRow) -> str:
         """Why a round aggregated nobody (a wrapper that chose nobody says more itself)."""

@@ -72,6 +72,7 @@ class FleetMismatch(RegistryError):
 # -- telemetry -------------------------------------------------------------------------------
 
 TELEMETRY_RECORD = "telemetry"  # the status answer's record that carries it
+LINK_KBPS = "link-kbps"  # a device's declared link rate (node config), kbit/s
 
 # A string value: a short name (architecture, accelerator, version), nothing a page or a
 # metric label could choke on.
@@ -97,6 +98,9 @@ TELEMETRY_FIELDS: dict[str, TelemetryField] = {
     "cpu-temp-c": TelemetryField(float, -60.0, 200.0, "degrees C"),
     "load-1m": TelemetryField(float, 0.0, 1e4, "1-minute load average"),
     "mem-free-mb": TelemetryField(float, 0.0, 1e9, "MB available"),
+    # what the operator declared of the device's link (``--node-config link-kbps=512``):
+    # energy-age selection's deadline estimates a device's first round from it
+    "link-kbps": TelemetryField(float, 1.0, 1e8, "declared link rate, kbit/s"),
     "arch": TelemetryField(str),
     "accelerator": TelemetryField(str),
     "edgefleet-version": TelemetryField(str),
@@ -156,6 +160,37 @@ def screen_telemetry(record: object) -> Telemetry:
     return Telemetry(values, dropped)
 
 
+# A battery level a device may report, in energy units: beyond this it is not a battery.
+MAX_BATTERY = 1e6
+
+
+def parse_battery(node: int, value: object) -> float | None:
+    """A reported battery level, or None (absent; not a finite number in [0, MAX_BATTERY]:
+    dropped with its reason, never stored)."""
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        log(WARNING, "Node %d: battery-level %r is not a number; dropped", node, value)
+        return None
+    if not (0.0 <= float(value) <= MAX_BATTERY):  # also NaN
+        log(WARNING, "Node %d: battery-level %r is not in [0, %g]; dropped", node, value,
+            MAX_BATTERY)  # fmt: skip
+        return None
+    return float(value)
+
+
+@dataclass(frozen=True)
+class EnergyState:
+    """What a device last said of its energy: in answer to a status query or, after it
+    trained, on its train reply (the energy mod adds ``battery-level`` and ``feasible``
+    there too, so that energy-age selection can skip the next query: see
+    ``EnergyAgeSelection``'s ``status_max_age``)."""
+
+    round: int  # the round it was said in
+    feasible: bool  # the battery covered a round then
+    battery: float | None = None
+
+
 @dataclass(frozen=True)
 class DeviceStatus:
     """A device's answer to the light status query."""
@@ -195,6 +230,9 @@ class DeviceRecord:
     # reply was full-size, or none yet) and the last round it was sent the full model
     kept_channels: dict[str, np.ndarray] | None = field(default=None, compare=False)
     full_sent: int | None = None
+    # Its last energy answer; not checkpointed (a resumed run asks again), and forgotten
+    # whenever a train message goes to the device (that round may spend energy).
+    energy: EnergyState | None = None
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -367,6 +405,8 @@ class DeviceRegistry:
         """Keep an accepted status answer of a bound (reported) node."""
         record = self.devices[status.device]
         record.status, record.status_round, record.last_seen = status, rnd, rnd
+        if status.reported:
+            record.energy = EnergyState(rnd, status.feasible, status.battery)
         if status.labels:
             record.labels = status.labels
         telemetry = status.telemetry
@@ -379,6 +419,23 @@ class DeviceRegistry:
                 log(WARNING, "Device %s: telemetry dropped (not kept): %s", status.device, why)
             record.telemetry_dropped.update(telemetry.dropped)
             record.telemetry_drops += len(telemetry.dropped)
+
+    def note_energy(self, device: str, state: EnergyState | None) -> None:
+        """``device``'s energy as its train reply gave it (None: unknown: a train message
+        went out and no reply told what it cost). A name with no record is not kept."""
+        if (record := self.devices.get(device)) is not None:
+            record.energy = state
+
+    def energy(self, device: str) -> EnergyState | None:
+        """``device``'s last energy answer (None: none since its last train message)."""
+        record = self.devices.get(device)
+        return None if record is None else record.energy
+
+    def declared_kbps(self, device: str) -> float | None:
+        """The link rate ``device`` declared in its telemetry (``link-kbps``), or None."""
+        record = self.devices.get(device)
+        value = None if record is None else record.telemetry.get(LINK_KBPS)
+        return float(value) if isinstance(value, int | float) else None
 
     def timing(self, device: str) -> LinkEstimate:
         """The round timing of bound ``device`` (made on first use), for the loop to add to."""
