@@ -20,10 +20,12 @@ the rest). One run of ``--rounds`` rounds, and from a seeded plan fixed before i
   on its volume, the checkpoint on the results volume), and the run submitted again with
   ``resume = true``.
 
-Each time a round's row appears, every running container's memory (container stats, as
-``docker stats`` shows it) is sampled; growth is judged per container as ``soak.py`` judges
-a process (a restarted container starts over; the line's ``rss_*`` fields hold that
-container memory). Targets as the soak's: every round on record
+Each time a round's row appears, the RSS of every process in every running container is
+sampled (``docker top``) and judged as ``soak.py`` judges a process (``<service>/<kind>``,
+a restarted one starts over); each container's memory (container stats, as ``docker stats``
+shows it) is sampled too and reported as ``per_container``, not judged: a ClientApp
+container holds its executor and, while a run's ClientApp lives, that process, so its total
+swings with when it is sampled. Targets as the soak's: every round on record
 exactly once, no container left after ``down -v``, memory growth under 5 % for every judged
 container. One JSON line on stdout, progress on stderr; needs a Docker engine and the images
 (``deploy/build-images.sh``, built here if missing)::
@@ -48,7 +50,7 @@ for p in (ROOT, ROOT / "deploy", ROOT / "benchmarks"):
         sys.path.insert(0, str(p))
 
 import composefleet as cf  # noqa: E402
-from soak import Event, SoakRecord, plan, report  # noqa: E402
+from soak import Event, SoakRecord, growth, plan, process_kind, report  # noqa: E402
 
 from edgefleet.simulation.runner import app_copy  # noqa: E402
 
@@ -63,6 +65,7 @@ class ComposeSoak(SoakRecord):
     def __init__(self, fleet: cf.ComposeFleet, work: Path, args: argparse.Namespace) -> None:
         super().__init__()
         self.fleet, self.work, self.args = fleet, work, args
+        self.container_samples: list[tuple[int, str, int, int]] = []
 
     def config(self, resume: bool) -> dict[str, Any]:
         a = self.args
@@ -148,8 +151,13 @@ class ComposeSoak(SoakRecord):
                 rnd = int(rows[-1]["round"])
                 for row in rows:
                     self.seen_at.setdefault(int(row["round"]), now)
+                # Judged per process (as soak.py judges the link fleet's); the containers'
+                # own memory is kept beside it: a container holds its executor and, while
+                # one runs, a ClientApp, so its total swings with when it is sampled.
+                for role, (pid, value) in self.fleet.processes(process_kind).items():
+                    self.samples.append((rnd, role, pid, value))
                 for service, (pid, value) in self.fleet.memory().items():
-                    self.samples.append((rnd, service, pid, value))
+                    self.container_samples.append((rnd, service, pid, value))
                 while pending and pending[0].after <= rnd:
                     self.apply(pending.pop(0), rnd)
                 self.supervise(rnd)
@@ -221,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     return report(
         "compose_soak", soak, rows, args, {**sizes, "nodes": cf.NUM_NODES}, fleet_up_s,
         summary, outcome, leftovers, t0, docker_restarts=restarts,
+        per_container=growth(soak.container_samples, args.warmup_rounds, args.min_span),
     )  # fmt: skip
 
 

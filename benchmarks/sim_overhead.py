@@ -21,13 +21,16 @@ The same federated work (``--devices`` devices, ``--participants`` of them train
 
 The plain layouts do what the ClientApp and FedAvg do (the same partitions, initial model,
 ``train_local`` calls and seeds, the average weighted by ``num-examples``); the faster of the
-two is the floor. Round times are medians over rounds 2..R (round 1 carries actor start-up
-and the first data load); EdgeFleet's come from its rows' ``wall_s`` and include its central
-evaluation, the floor has none. The layouts run interleaved ``--repeat`` times and each
-ratio divides an EdgeFleet figure by the floor measured next to it, because the machine's
-speed drifts; ``ratio_compute_normalized`` divides each side's round time by its slowest
-worker's time inside ``train_local`` that round first (what EdgeFleet adds on top of the
-compute, whatever the machine's speed).
+two is the floor. Round times are medians over rounds 2..R (round 1 carries actor start-up and
+the first data load); EdgeFleet's come from its rows' ``wall_s`` and include its central
+evaluation, the floor's round has none. The floor also runs EdgeFleet's central evaluation
+(``edgefleet.server.app.central_evaluation``) on each round's average, timed apart
+(``central_eval_s``): ``ratio_same_work_*`` divides an EdgeFleet round by the floor's round
+plus that evaluation as often as the run evaluated, the engine's cost over the same work. The
+layouts run interleaved ``--repeat`` times and each ratio divides an EdgeFleet figure by the
+floor measured next to it, because the machine's speed drifts; ``ratio_compute_normalized``
+divides each side's round time by its slowest worker's time inside ``train_local`` that round
+first (what EdgeFleet adds on top of the compute, whatever the machine's speed).
 
 Start-up is the wall time from spawning ``edgefleet run`` to the first call of
 ``edgefleet.client.device.get_device`` (the first statement of the ClientApp's handlers),
@@ -62,9 +65,11 @@ import numpy as np
 import torch
 from _flower_app.flower_app import device_data, new_model  # the same task code as the app
 from _provenance import stamp
+from flwr.app import Array, ArrayRecord
 
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.processes import config_arg, processes_with_env, toml_value
+from edgefleet.server.app import central_evaluation
 from edgefleet.task.train import seed_for, train_local
 
 log = logging.getLogger("sim_overhead")
@@ -141,7 +146,12 @@ def run_plain(args: argparse.Namespace, raw: dict[str, Any], procs: int) -> dict
         model = new_model(cfg)
         data = {pid: device_data(cfg, args.devices, pid) for pid in range(args.devices)}
     state = {k: v.detach().numpy().copy() for k, v in new_model(cfg).state_dict().items()}
-    rounds, paths = [], []
+    # EdgeFleet's own central evaluation (the function its ServerApp calls every round), run
+    # on the averaged model after the round and timed apart: the floor's round is training
+    # and averaging alone, and round + evaluation is the same work as an EdgeFleet round that
+    # evaluates.
+    central = central_evaluation(cfg).evaluate
+    rounds, paths, evals = [], [], []
     try:
         for rnd in range(1, args.rounds + 1):
             t0 = time.perf_counter()
@@ -160,6 +170,9 @@ def run_plain(args: argparse.Namespace, raw: dict[str, Any], procs: int) -> dict
                 paths.append(sum(r[3] for r in results))
             state = fedavg([(s, n) for _, s, n, _ in results])
             rounds.append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            central(rnd, ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in state.items()}))
+            evals.append(time.perf_counter() - t1)
     finally:
         for proc, conn in workers:
             conn.send(None)
@@ -168,6 +181,7 @@ def run_plain(args: argparse.Namespace, raw: dict[str, Any], procs: int) -> dict
     steady = slice(1, None) if len(rounds) > 1 else slice(None)
     return {
         "round_s": median(rounds[steady]),
+        "central_eval_s": median(evals[steady]),
         "round_over_train_path": median(
             [r / p for r, p in zip(rounds, paths, strict=True)][steady]
         ),
@@ -358,6 +372,11 @@ def main() -> None:
                 for engine in engines:
                     ef = run_edgefleet(args, {**raw, "evaluate-every": every}, Path(tmp), engine)
                     ef["ratio"] = round(ef["round_s"] / floor["round_s"], 3)
+                    # The floor doing the same work as this run's median round: with an
+                    # evaluation every round that round has one; evaluating every 5th, the
+                    # median round has none.
+                    same = floor["round_s"] + (floor["central_eval_s"] if every == 1 else 0.0)
+                    ef["ratio_same_work"] = round(ef["round_s"] / same, 3)
                     ef["ratio_compute_normalized"] = round(
                         ef["round_over_train_path"] / floor["round_over_train_path"], 3
                     )
@@ -377,6 +396,17 @@ def main() -> None:
         ),
         **{f"edgefleet_round_s_{n}": over_reps(f"edgefleet_{n}", "round_s") for n in variants},
         **{f"ratio_{n}": over_reps(f"edgefleet_{n}", "ratio") for n in variants},
+        "floor_central_eval_s": median(
+            [
+                min((r["plain_1proc"], r["plain_nproc"]), key=lambda f: f["round_s"])[
+                    "central_eval_s"
+                ]
+                for r in reps
+            ]
+        ),
+        **{
+            f"ratio_same_work_{n}": over_reps(f"edgefleet_{n}", "ratio_same_work") for n in variants
+        },
         **{
             f"ratio_compute_normalized_{n}": over_reps(f"edgefleet_{n}", "ratio_compute_normalized")
             for n in variants
@@ -407,6 +437,10 @@ def main() -> None:
                 },
                 **{f"ratio_inprocess_{n}": over_reps(f"inprocess_{n}", "ratio") for n in variants},
                 **{
+                    f"ratio_same_work_inprocess_{n}": over_reps(f"inprocess_{n}", "ratio_same_work")
+                    for n in variants
+                },
+                **{
                     f"ratio_compute_normalized_inprocess_{n}": over_reps(
                         f"inprocess_{n}", "ratio_compute_normalized"
                     )
@@ -427,9 +461,11 @@ def main() -> None:
         },
     }
     if args.inprocess:
-        ratio = headline["ratio_inprocess_every_round"]
         target = headline["targets"]["ratio_inprocess_every_round"]
+        ratio = headline["ratio_inprocess_every_round"]
         headline["inprocess_meets_target"] = ratio is not None and ratio <= target
+        same = headline["ratio_same_work_inprocess_every_round"]
+        headline["inprocess_meets_target_same_work"] = same is not None and same <= target
     sizes = {k: getattr(args, k) for k in ("devices", "participants", "rounds", "local_steps")}
     sizes |= {k: getattr(args, k) for k in ("dataset", "model", "plain_threads", "plain_procs")}
     sizes |= {

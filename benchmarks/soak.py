@@ -126,7 +126,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
     return read_rows(path) if path.exists() else []
 
 
-def _kind(cmd: str) -> str:
+def process_kind(cmd: str) -> str:
     for needle, kind in (
         ("flwr-serverapp", "serverapp"),
         ("flwr-clientapp", "clientapp"),
@@ -149,7 +149,7 @@ def sample_rss(fleet: LinkFleet) -> dict[str, tuple[int, int]]:
         group = groups.get(info.pgid, "")
         if group.startswith("flwr"):
             continue
-        kind = _kind(info.cmd)
+        kind = process_kind(info.cmd)
         role = f"{group}/{kind}" if group.startswith("node-") else kind
         with contextlib.suppress(psutil.Error):
             rss = psutil.Process(info.pid).memory_info().rss

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,29 @@ def memory_bytes(stats: dict[str, Any]) -> int | None:
     inner = mem.get("stats") or {}
     cache = inner.get("inactive_file", inner.get("total_inactive_file", 0))
     return int(usage - cache) if cache < usage else int(usage)
+
+
+def top_processes(
+    service: str, top: dict[str, Any], kind: Callable[[str], str]
+) -> dict[str, tuple[int, int]]:
+    """``{"<service>/<kind>": (host pid, rss bytes)}`` from a container's ``docker top``
+    answer run with ``ps -o pid,rss,args``; two of a kind get ``#<pid>`` after the name.
+    A row that does not parse is left out."""
+    titles = [str(t).upper() for t in top.get("Titles") or []]
+    try:
+        ipid, irss = titles.index("PID"), titles.index("RSS")
+        iargs = titles.index("COMMAND") if "COMMAND" in titles else titles.index("ARGS")
+    except ValueError:
+        return {}
+    out: dict[str, tuple[int, int]] = {}
+    for row in top.get("Processes") or []:
+        try:
+            pid, rss, cmd = int(row[ipid]), int(row[irss]) * 1024, str(row[iargs])
+        except (IndexError, TypeError, ValueError):
+            continue
+        role = f"{service}/{kind(cmd)}"
+        out[f"{role}#{pid}" if role in out else role] = (pid, rss)
+    return out
 
 
 # Run inside a container with its own Python: SIGKILL every process whose command line holds
@@ -253,6 +276,25 @@ class ComposeFleet:
                 continue
             if value is not None:
                 out[service] = (int(c.attrs.get("State", {}).get("Pid", 0)), value)
+        return out
+
+    def processes(
+        self, kind: Callable[[str], str] = lambda cmd: cmd.split(" ", 1)[0]
+    ) -> dict[str, tuple[int, int]]:
+        """Every process of every running container, ``{"<service>/<kind>": (host pid, rss
+        bytes)}`` (:func:`top_processes`; ``kind`` names a process by its command line).
+        ``docker top`` runs ``ps`` on the engine's host, so the images need no procps. A
+        container's memory (:meth:`memory`) holds all its processes at once: an executor
+        whose ClientApp runs for a while is judged apart from that ClientApp here."""
+        out: dict[str, tuple[int, int]] = {}
+        for service, c in self.containers().items():
+            if c.status != "running":
+                continue
+            try:
+                top = c.top(ps_args="-o pid,rss,args")
+            except Exception:  # noqa: BLE001 - it stopped between list and top
+                continue
+            out.update(top_processes(service, top, kind))
         return out
 
     def restarts(self, service: str) -> int:

@@ -33,6 +33,32 @@ def test_memory_reads_usage_less_the_inactive_page_cache(stats: dict, want: int 
     assert cf.memory_bytes(stats) == want
 
 
+def test_processes_are_read_from_docker_top_and_named_by_kind() -> None:
+    top = {
+        "Titles": ["PID", "RSS", "COMMAND"],
+        "Processes": [
+            ["4101", "94208", "/usr/local/bin/python /usr/local/bin/flwr-clientapp --insecure"],
+            ["4388", "512000", "/usr/local/bin/python /usr/local/bin/flwr-clientapp --token x"],
+            ["4390", "n/a", "broken row"],
+            ["4391"],
+        ],
+    }
+
+    def kind(cmd: str) -> str:
+        return "clientapp" if "flwr-clientapp" in cmd else "other"
+
+    assert cf.top_processes("clientapp-1", top, kind) == {
+        "clientapp-1/clientapp": (4101, 94208 * 1024),
+        "clientapp-1/clientapp#4388": (4388, 512000 * 1024),
+    }
+    assert cf.top_processes("x", {"Titles": ["UID", "CMD"], "Processes": [["0", "sh"]]}, kind) == {}
+    # procps on some hosts titles the column ARGS
+    args_top = {"Titles": ["PID", "RSS", "ARGS"], "Processes": [["7", "10", "prometheus"]]}
+    assert cf.top_processes("prometheus", args_top, lambda c: c) == {
+        "prometheus/prometheus": (7, 10240)
+    }
+
+
 def test_the_in_container_killer_kills_only_the_processes_it_names() -> None:
     marker = f"edgefleet-kill-me-{uuid.uuid4().hex[:8]}"
     target = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", marker])

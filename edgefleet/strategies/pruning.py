@@ -171,9 +171,7 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
                 # A node bound to no device (its replies claim no device id) gets the full
                 # model: compact state is a device's.
                 device = ctx.registry.device_of(msg.metadata.dst_node_id)
-                record = None if device is None else ctx.registry.devices.get(device)
-                kept = None if record is None else record.kept_channels
-                last = None if record is None else record.full_sent
+                kept, last = (None, None) if device is None else ctx.registry.compact_state(device)
                 due = server_round - (-self.refresh_rounds if last is None else last)
                 if kept is None or due >= self.refresh_rounds:
                     if device is not None:

@@ -469,6 +469,12 @@ class DeviceRegistry:
         if record is not None:
             record.full_sent = rnd
 
+    def compact_state(self, device: str) -> tuple[dict[str, np.ndarray] | None, int | None]:
+        """CA-HFP's compact-download state of ``device``: the channels its last aggregated
+        reply kept and the last round it was sent the full model (None: none yet)."""
+        record = self.devices.get(device)
+        return (None, None) if record is None else (record.kept_channels, record.full_sent)
+
     def link(self, device: str) -> LinkEstimate | None:
         """What the server has timed of ``device``'s rounds (None: nothing yet)."""
         record = self.devices.get(device)
