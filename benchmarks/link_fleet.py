@@ -13,7 +13,11 @@ warm) and one run per download mode is submitted:
   every ``pruning.refresh-rounds``);
 - selections: ``none`` (every node every round) and ``deadline`` (energy-age selection with
   always-on batteries and M = the fleet, ``selection.deadline = --deadline`` seconds and
-  ``timeout-mode = expected``: a device whose observed round exceeds the deadline is skipped).
+  ``timeout-mode = expected``: a device whose observed round exceeds the deadline is skipped),
+  with ``--deadline-retry`` (``selection.deadline-retry``) and ``--status-max-age``
+  (``selection.status-max-age``: take a device's last "feasible" answer instead of a status
+  query). ``--declare-links`` restarts each node with its profile's rate as ``link-kbps`` in
+  its node config, which the deadline uses for a device it has not timed yet.
 
 Nodes keep ``--keep-ratios`` (cycled over node index; the same in every run) and the slow
 links go to the nodes of the lowest keep ratio first (the weak boards on the weak links).

@@ -17,6 +17,14 @@ never asked again. When an outer wrapper has already
 asked every node this round (the sessions wrapper's presence query carries the same slot
 clock), those answers are reused and no second query is sent. Wrapped around FedAvg this is
 EH-FedAvg, around :class:`~edgefleet.strategies.fedsag.FedSAG` it is EH-FedSAG.
+
+``status_max_age`` > 0 (``selection.status-max-age``) skips the query where an answer is
+known: a device whose last answer said "feasible" at most that many rounds ago (a status
+answer, or its train reply, which the energy mod gives the battery after paying) is taken as
+feasible (:meth:`EnergyAgeSelection._reusable` says why that is exact for harvesting
+batteries). On a deployment each query is a round trip through the SuperNodes' polling and
+a ClientApp start: 4-5 s a round on ``benchmarks/link_fleet.py``'s fast links, as much as
+the training round itself.
 """
 
 from __future__ import annotations
