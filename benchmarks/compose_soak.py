@@ -26,8 +26,8 @@ a restarted one starts over); each container's memory (container stats, as ``doc
 shows it) is sampled too and reported as ``per_container``, not judged: a ClientApp
 container holds its executor and, while a run's ClientApp lives, that process, so its total
 swings with when it is sampled. Targets as the soak's: every round on record
-exactly once, no container left after ``down -v``, memory growth under 5 % for every judged
-container. One JSON line on stdout, progress on stderr; needs a Docker engine and the images
+exactly once, no container left after ``down -v``, RSS growth under 5 % for every judged
+process. One JSON line on stdout, progress on stderr; needs a Docker engine and the images
 (``deploy/build-images.sh``, built here if missing)::
 
     python benchmarks/compose_soak.py                       # 3 boards, 40 rounds
@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="linear")
     ap.add_argument("--evaluate-every", type=int, default=5)
     ap.add_argument("--warmup-rounds", type=int, default=10)
-    ap.add_argument("--min-span", type=int, default=20, help="rounds a judged container spans")
+    ap.add_argument("--min-span", type=int, default=20, help="rounds a judged process spans")
     ap.add_argument("--stall-s", type=float, default=900.0, help="fail after so long without a row")
     ap.add_argument("--deadline-s", type=float, default=0.0, help="0: 60 s a round + 10 min")
     ap.add_argument("--seed", type=int, default=0)

@@ -479,8 +479,8 @@ class EnergyConfig:
         0,
         _at_least(0),
         "energy-age selection takes a device's answer `feasible` from at most this many rounds "
-        "ago (a status query, or its last train reply) instead of asking again; exact for "
-        "harvesting batteries, saves a round trip a round (0 = ask every round)",
+        "ago (a status query, or its last train reply) instead of asking again, saving a round "
+        "trip a round; harvesting batteries give the same verdicts (0 = ask every round)",
     )
     source: str = key(
         "energy.source", "bernoulli", _choice(SOURCES), " ".join(f"`{s}`" for s in SOURCES)

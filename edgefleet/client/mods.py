@@ -19,9 +19,10 @@ messages only and passes every other message through untouched:
 - **Train message with a ``slot``** (sent under energy-aware selection): the battery is
   advanced; if it cannot pay for the round, the device declines with an ``Error`` and spends
   nothing; otherwise the app trains, and only a successful reply is charged (Omega training
-  slots + 1 transmission slot) and gets an ``energy-spent`` metric, with ``battery-level``
-  and ``feasible`` after paying (the server may take them for the device's next status
-  answer instead of asking: ``selection.status-max-age``). A train function that
+  slots + 1 transmission slot) and gets an ``energy-spent`` metric, and an ``energy``
+  ConfigRecord with ``battery-level`` and ``feasible`` after paying (the server may take them
+  for the device's next status answer instead of asking: ``selection.status-max-age``;
+  Flower's strategies aggregate only the ArrayRecord and the MetricRecord). A train function that
   declines (an ``Error``) spends nothing, so "decline before any energy is spent" holds.
 
 Why the query line: Flower applies a ClientApp's mods only around the functions it has
@@ -76,6 +77,7 @@ TELEMETRY = "telemetry"  # the status answer's record of device telemetry
 DEVICE_ID = "device-id"
 NUM_PARTITIONS = "num-partitions"
 LINK_KBPS = "link-kbps"
+ENERGY_RECORD = "energy"  # a train reply's battery after paying (a ConfigRecord)
 
 
 @dataclass(frozen=True)
@@ -218,16 +220,15 @@ class _EnergyMod:
         battery.spend(cost)
         save_battery(battery, context)
         name, metrics = next(iter(reply.content.metric_records.items()))
-        # What the battery holds after paying: the server may take it as this device's
-        # status for the next round instead of asking (selection.status-max-age).
-        fields: dict[str, Any] = {
-            **dict(metrics),
-            "energy-spent": cost,
-            "battery-level": float(battery.level),
-            "feasible": int(battery.can_afford(cost)),
-        }
+        fields: dict[str, Any] = {**dict(metrics), "energy-spent": cost}
         _add_device_id(fields, context, status=False)
         reply.content[name] = MetricRecord(fields)
+        # What the battery holds after paying, in a record of its own (not averaged with
+        # the app's metrics): the server may take it as this device's status for the next
+        # round instead of asking (selection.status-max-age).
+        reply.content[ENERGY_RECORD] = ConfigRecord(
+            {"battery-level": float(battery.level), "feasible": int(battery.can_afford(cost))}
+        )
         return reply
 
 

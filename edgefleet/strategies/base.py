@@ -40,6 +40,7 @@ from edgefleet.strategies.registry import (
     DeviceRegistry,
     DeviceStatus,
     parse_battery,
+    parse_feasible,
     screen_telemetry,
 )
 from edgefleet.strategies.screening import RecordKeys, Screening, parse_device_id
@@ -186,6 +187,15 @@ def _assumed(registry: DeviceRegistry, node: int) -> DeviceStatus:
     return DeviceStatus(device=registry.name(node), feasible=True, present=True, reported=False)
 
 
+def _feasible(value: object) -> bool:
+    """A status answer's ``feasible`` (absent: 1, a ClientApp without batteries); anything
+    but 0 or 1 makes the answer malformed (NaN, 0.5 or a list once counted as feasible)."""
+    feasible = parse_feasible(value)
+    if feasible is None:
+        raise ValueError(f"feasible {value!r} is not 0 or 1")
+    return feasible
+
+
 def _partitions(node: int, value: object) -> int | None:
     """A reported ``num-partitions`` (a whole number in [1, 10^7]), or None."""
     if value is None:
@@ -207,7 +217,7 @@ def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
     try:
         return DeviceStatus(
             device=device,
-            feasible=bool(status.get("feasible", 1)),
+            feasible=_feasible(status.get("feasible", 1)),
             present=bool(status.get("present", 1)),
             labels=tuple(int(c) for c in labels),
             battery=parse_battery(node, status.get("battery-level")),

@@ -51,6 +51,10 @@ from edgefleet.strategies.selection import (
     select_in_batches,
 )
 
+# With status reuse, a device is still asked when its last status answer is this many rounds
+# old, so that its telemetry and presence in the fleet view stay recent.
+STATUS_REFRESH_ROUNDS = 10
+
 # How many selected devices the selection's log line names; a bigger fleet's line says how
 # many more there were.
 LOG_DEVICES = 10
@@ -106,7 +110,11 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         status_max_age: int = 0,
     ) -> None:
         super().__init__(inner)
-        if not (isinstance(status_max_age, int) and status_max_age >= 0):
+        if not (
+            isinstance(status_max_age, int)
+            and not isinstance(status_max_age, bool)
+            and status_max_age >= 0
+        ):
             raise SelectionError(
                 f"status_max_age={status_max_age!r} must be a whole number of rounds >= 0 "
                 "(0 = ask every round)"
@@ -248,15 +256,27 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
     def _reusable(self, device: str, server_round: int) -> EnergyState | None:
         """``device``'s last energy answer, when it may stand for this round's: it said
         feasible at most ``status_max_age`` rounds ago (a status answer, or its train reply
-        after paying for that round). A battery that only gains energy while idle, as the
-        harvesting sources do, is still feasible then, so the selection is the one asking
-        would give; an infeasible answer is never reused (the device may have harvested
-        since). A board whose battery also drains (``sysfs``) may decline the round it was
-        selected for; that costs the round one device, and it is asked next time."""
+        after paying for that round), and its last status answer is less than
+        ``STATUS_REFRESH_ROUNDS`` old.
+
+        A battery that only gains energy while idle, as the harvesting sources do, is still
+        feasible then, so the energy verdict is the one asking would give; an infeasible
+        answer is never reused (the device may have harvested since). What asking also
+        checks is that the device is there: a device whose node died after its last reply,
+        and that Flower still lists (until its heartbeat expires), is selected once more
+        and its round misses it, where a query would have left it out and taken the next
+        device. A board whose battery also drains (``sysfs``) may decline the round it was
+        selected for. Either costs that round one device; the device is asked next time
+        (its train message forgot the answer)."""
         if not self.status_max_age:
             return None
-        state = current_round().registry.energy(device)
+        registry = current_round().registry
+        state = registry.energy(device)
         if state is None or not state.feasible:
+            return None
+        # The status answer also carries presence and telemetry (temperature, load,
+        # memory): a device that trains every round is still asked now and then.
+        if server_round - registry.status_round(device) >= STATUS_REFRESH_ROUNDS:
             return None
         return state if server_round - state.round <= self.status_max_age else None
 
@@ -275,8 +295,10 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         The expected round is the one observed (:meth:`DeviceRegistry.link`). A device
         never timed is assumed to fit, unless it declared its link's rate (``link-kbps``):
         then the model down and an update of its size up over that rate, compute not
-        counted. Without that, the first round of a board on a 512 kbit/s modem held the
-        whole fleet's first round (30 s against 8, ``benchmarks/link_fleet.py``)."""
+        counted; the full model's bytes, so a CA-HFP device that will get only its slice is
+        overestimated, never under. Without that, the first round of a board on a 512
+        kbit/s modem held the whole fleet's first round (30 s against 8,
+        ``benchmarks/link_fleet.py``)."""
         registry = current_round().registry
         fits: list[str] = []
         skipped: list[str] = []

@@ -46,7 +46,12 @@ from edgefleet.strategies.context import (
     round_or_none,
 )
 from edgefleet.strategies.hooks import hooks_of
-from edgefleet.strategies.registry import DeviceRegistry, EnergyState, parse_battery
+from edgefleet.strategies.registry import (
+    DeviceRegistry,
+    EnergyState,
+    parse_battery,
+    parse_feasible,
+)
 from edgefleet.strategies.screening import (
     DEVICE_ID,
     ENERGY_SPENT,
@@ -70,8 +75,8 @@ from edgefleet.strategies.timing import (
     reported_compute,
 )
 
-# A train reply's energy, after the round's cost (EdgeFleet's energy mod adds them).
-BATTERY_LEVEL, FEASIBLE = "battery-level", "feasible"
+# A train reply's energy after the round's cost: a ConfigRecord the energy mod adds.
+ENERGY_RECORD, BATTERY_LEVEL, FEASIBLE = "energy", "battery-level", "feasible"
 TRAIN_TIME = "train-time-s"  # the seconds a ClientApp says it trained (EdgeFleet's reports it)
 EvaluateFn = Callable[[int, ArrayRecord], dict[str, float]]
 
@@ -368,21 +373,21 @@ class RoundLoop:
 
     def _note_energy(self, rnd: int, messages: list[Message], replies: list[Message]) -> None:
         """What each device's energy is after this round. A device sent a train message may
-        have spent energy, so what it said before is forgotten; a reply that carries
-        ``battery-level`` and ``feasible`` (the energy mod adds them) says it afresh."""
+        have spent energy, so what it said before is forgotten; a reply with an ``energy``
+        record (``battery-level``, ``feasible``: the energy mod adds it) says it afresh."""
         for msg in messages:
             if (device := self.registry.device_of(msg.metadata.dst_node_id)) is not None:
                 self.registry.note_energy(device, None)
         for reply in replies:
-            metrics = first_metrics(reply)
-            if metrics is None or FEASIBLE not in metrics:
+            record = None if reply.has_error() else reply.content.get(ENERGY_RECORD)
+            if not isinstance(record, ConfigRecord):
                 continue
             node = self.node_of(reply)
-            feasible = metrics[FEASIBLE]
-            if (device := self.registry.device_of(node)) is None or feasible not in (0, 1):
+            feasible = parse_feasible(record.get(FEASIBLE))
+            if (device := self.registry.device_of(node)) is None or feasible is None:
                 continue
-            battery = parse_battery(node, metrics.get(BATTERY_LEVEL))
-            self.registry.note_energy(device, EnergyState(rnd, bool(feasible), battery))
+            battery = parse_battery(node, record.get(BATTERY_LEVEL))
+            self.registry.note_energy(device, EnergyState(rnd, feasible, battery))
 
     def _why_empty(self, sent: int, replies: int, accepted: int, row: ScreeningRow) -> str:
         """Why a round aggregated nobody (a wrapper that chose nobody says more itself)."""

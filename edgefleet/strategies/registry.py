@@ -179,6 +179,13 @@ def parse_battery(node: int, value: object) -> float | None:
     return float(value)
 
 
+def parse_feasible(value: object) -> bool | None:
+    """A reported ``feasible``: exactly 0 or 1 (a number), else None (malformed)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and value in (0, 1):
+        return bool(value)
+    return None
+
+
 @dataclass(frozen=True)
 class EnergyState:
     """What a device last said of its energy: in answer to a status query or, after it
@@ -232,7 +239,7 @@ class DeviceRecord:
     full_sent: int | None = None
     # Its last energy answer; not checkpointed (a resumed run asks again), and forgotten
     # whenever a train message goes to the device (that round may spend energy).
-    energy: EnergyState | None = None
+    energy: EnergyState | None = field(default=None, compare=False)
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -426,6 +433,11 @@ class DeviceRegistry:
         if (record := self.devices.get(device)) is not None:
             record.energy = state
 
+    def status_round(self, device: str) -> int:
+        """The round of ``device``'s last status answer (0: none)."""
+        record = self.devices.get(device)
+        return 0 if record is None else record.status_round
+
     def energy(self, device: str) -> EnergyState | None:
         """``device``'s last energy answer (None: none since its last train message)."""
         record = self.devices.get(device)
@@ -513,14 +525,20 @@ class DeviceRegistry:
         for device in sorted(self.devices, key=_natural):
             r = self.devices[device]
             status = r.status
+            # a train reply's energy is newer than the last status answer when reused
+            energy = r.energy if r.energy is not None and r.energy.round > r.status_round else None
             out.append(
                 {
                     "device": device,
                     "node": r.node,
                     "online": r.node in online and r.node not in self.retired,
                     "last_seen": r.last_seen,
-                    "battery": None if status is None else status.battery,
-                    "feasible": None if status is None else status.feasible,
+                    "battery": energy.battery
+                    if energy is not None
+                    else (None if status is None else status.battery),
+                    "feasible": energy.feasible
+                    if energy is not None
+                    else (None if status is None else status.feasible),
                     "present": None if status is None else status.present,
                     "status_round": r.status_round,
                     "labels": list(r.labels),

@@ -9,9 +9,9 @@ with its reason, and hands the strategy only replies it can aggregate
 
 A standard Flower reply is valid: one ArrayRecord (whatever its name) and one MetricRecord
 (whatever its name) holding the inner strategy's weight key (``weighted_by_key``,
-``num-examples`` by default). EdgeFleet's extra metrics (``device-id``, ``energy-spent``, and
-``battery-level`` and ``feasible`` after paying for the round) and CA-HFP's ``kept``
-ArrayRecord are optional enrichments, never requirements.
+``num-examples`` by default). EdgeFleet's extra metrics (``device-id``, ``energy-spent``), the
+energy mod's ``energy`` ConfigRecord and CA-HFP's ``kept`` ArrayRecord are optional
+enrichments, never requirements.
 
 Device identity (:func:`reply_device`): the reply's ``device-id`` metric when present (an
 EdgeFleet ClientApp or a SuperNode started with ``--node-config device-id=N``), else
