@@ -162,6 +162,9 @@ def summarize(result: dict[str, Any], profiles: list[str], target: float) -> dic
         "app_bytes_up_per_round": round(statistics.mean(r["bytes_up"] for r in rows)),
         "compact_downloads": [r.get("compact_downloads", 0) for r in rows],
         "deadline_skipped": [r.get("deadline_skipped") or [] for r in rows],
+        # status messages sent each round, and the answers taken from earlier ones instead
+        "status_queries": [r.get("status_queries") for r in rows],
+        "status_reused": [r.get("status_reused") or 0 for r in rows],
         "device_links": result["links"],  # fleet.json's timing per device at the end
         "round_wait_s": [r.get("round_wait_s") for r in rows],
         "participants": [len(r["participants"]) for r in rows],
