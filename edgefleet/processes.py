@@ -59,6 +59,7 @@ QUIET_FLOWER_ENV = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
 }
 TAG_VAR = "EDGEFLEET_FLEET_TAG"
+POLL_VAR = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # read once, when a SuperExec starts
 
 
 class FleetError(RuntimeError):
@@ -180,8 +181,9 @@ class FlowerFleet:
             **os.environ,
             **QUIET_FLOWER_ENV,
             "FLWR_HOME": str(self.flwr_home),
-            # SuperExec checks for new runs once a second by default: up to 1 s of start-up.
-            "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",
+            # SuperExec checks for new runs once a second by default: up to 1 s of start-up
+            # for every run of a deployment fleet. (Not on the simulation: start_superlink.)
+            POLL_VAR: os.environ.get(POLL_VAR, "0.1"),
             "PATH": f"{BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
             TAG_VAR: self.tag,
         }
@@ -272,7 +274,14 @@ class FlowerFleet:
             str(port),
             *extra_args,
         ]
-        proc = self.start("superlink", args)
+        env = self.env
+        if simulation and POLL_VAR not in os.environ:
+            # Here its SuperExec launches one task a run, and each poll costs the SuperLink
+            # and the SuperExec about 2.5 ms of CPU: polling every 0.1 s took ~0.2 CPU-s a
+            # round from the Ray actors at 100 devices (docs/benchmarks.md). Flower's default,
+            # once a second, costs at most 1 s of a run's start-up instead.
+            env = {k: v for k, v in self.env.items() if k != POLL_VAR}
+        proc = self.start("superlink", args, env=env)
         self.superlink_address = f"127.0.0.1:{port}"
         self.root_certificates = root_certificates
         self.write_connection()
