@@ -15,7 +15,6 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.client.mods import (
-    TELEMETRY,
     cpu_temperature,
     energy_mod,
     free_memory_mb,
@@ -25,6 +24,7 @@ from edgefleet.server.fleet import FILENAME, FleetWriter
 from edgefleet.strategies.energy import EnergyAgeSelection, selection_line
 from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.registry import TELEMETRY_FIELDS, UNKNOWN_FIELDS, screen_telemetry
+from edgefleet.wire import TELEMETRY_RECORD
 from tests.fakes import FakeGrid, Rows, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}
@@ -37,7 +37,7 @@ def _device_app(telemetry: dict[str, object] | None = None) -> ClientApp:
     def hostile(msg: Message, context: Context, call_next):  # type: ignore[no-untyped-def]
         reply = call_next(msg, context)
         if telemetry is not None and msg.metadata.message_type == MessageType.QUERY:
-            reply.content[TELEMETRY] = ConfigRecord(telemetry)  # type: ignore[arg-type]
+            reply.content[TELEMETRY_RECORD] = ConfigRecord(telemetry)  # type: ignore[arg-type]
         return reply
 
     app = ClientApp(mods=[hostile, energy_mod(capacity=8, harvest_prob=1.0, train_slots=3)])
@@ -69,14 +69,14 @@ def test_the_mod_reports_telemetry_in_the_status_answer() -> None:
     FakeGrid({})  # the task identity that building messages needs
     ask = _handler(_device_app(), 3)
     first = ask(_query(0))
-    tele = dict(first.content[TELEMETRY])
+    tele = dict(first.content[TELEMETRY_RECORD])
     assert tele["battery-capacity"] == 8.0 and tele["energy-spent"] == 0.0
     assert tele["harvested"] == 0.0  # starts full: nothing to harvest
     assert tele["arch"] and tele["flwr-version"].count(".") >= 1
     assert tele["load-1m"] >= 0.0 and tele["mem-free-mb"] > 0.0
     # Every key it sends is one the server keeps, and each passes the server's screening.
     assert set(tele) <= set(TELEMETRY_FIELDS)
-    assert screen_telemetry(first.content[TELEMETRY]).dropped == {}
+    assert screen_telemetry(first.content[TELEMETRY_RECORD]).dropped == {}
     assert first.content["status"]["battery-level"] == 8.0  # the status record is unchanged
 
 
@@ -88,9 +88,9 @@ def test_harvest_is_counted_since_the_last_answer() -> None:
     content = RecordDict({"config": config, "arrays": rec(w=np.zeros(1))})
     train_msg = Message(content, dst_node_id=1, message_type=MessageType.TRAIN)
     assert not ask(train_msg).has_error()  # spends 4 of 8
-    tele = ask(_query(3)).content[TELEMETRY]
+    tele = ask(_query(3)).content[TELEMETRY_RECORD]
     assert (tele["harvested"], tele["energy-spent"]) == (3.0, 4.0)  # 3 slots, one unit each
-    assert ask(_query(3)).content[TELEMETRY]["harvested"] == 0.0  # nothing since
+    assert ask(_query(3)).content[TELEMETRY_RECORD]["harvested"] == 0.0  # nothing since
 
 
 def test_board_readings_absent_are_not_sent(tmp_path: Path) -> None:

@@ -66,10 +66,11 @@ from flwr.common import MessageType
 from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.attacks.collusion import Board, InProcessBoard
 from edgefleet.attacks.updates import alie, alie_z, flatten, float_keys, ipm, sign_flip, unflatten
-from edgefleet.client.mods import DEVICE_ID, ERR_ABSENT, ERR_BAD_CONFIG
+from edgefleet.client.mods import ERR_ABSENT, ERR_BAD_CONFIG
 from edgefleet.errors import SettingError
 from edgefleet.pruning.reconstruct import compact_slice
 from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
+from edgefleet.wire import DEVICE_ID
 
 if TYPE_CHECKING:  # the plan imports torch and Torch-Pruning
     from edgefleet.pruning.submodel import PruningPlan

@@ -51,6 +51,7 @@ from edgefleet.client.mods import (
 )
 from edgefleet.config import RunConfig
 from edgefleet.task.cache import CacheUnwritableError
+from edgefleet.wire import DEVICE_ID, LABELS, NUM_PARTITIONS, PRESENT
 
 if TYPE_CHECKING:
     from torch import nn
@@ -107,13 +108,13 @@ def status(msg: Message, context: Context) -> Message:
     except DEVICE_ERRORS as err:
         return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
     status: dict[str, int | float | list[int] | list[float]] = {
-        "device-id": profile.device_id,
-        "present": int(is_present(cfg, profile, int(config["server-round"]))),  # type: ignore[arg-type]
+        DEVICE_ID: profile.device_id,
+        PRESENT: int(is_present(cfg, profile, int(config["server-round"]))),  # type: ignore[arg-type]
         # The partitioning the device's data comes from: a resume on another fleet is refused.
-        "num-partitions": profile.num_partitions,
+        NUM_PARTITIONS: profile.num_partitions,
     }
     if labels:
-        status["labels"] = labels
+        status[LABELS] = labels
     return Message(RecordDict({"status": MetricRecord(status)}), reply_to=msg)
 
 
@@ -321,7 +322,7 @@ def train(msg: Message, context: Context) -> Message:
         {
             "num-examples": result.num_examples,
             "train-loss": result.loss,
-            "device-id": profile.device_id,
+            DEVICE_ID: profile.device_id,
             # The energy mod replaces it with the round's cost under energy-aware selection.
             "energy-spent": 0.0,
             "train-time-s": time.perf_counter() - start,
@@ -350,7 +351,7 @@ def evaluate(msg: Message, context: Context) -> Message:
             "num-examples": len(device.test_data),
             "eval-loss": res.loss,
             "eval-accuracy": res.accuracy,
-            "device-id": device.profile.device_id,
+            DEVICE_ID: device.profile.device_id,
         }
     )
     return Message(content=RecordDict({"metrics": metrics}), reply_to=msg)

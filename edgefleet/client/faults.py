@@ -49,6 +49,7 @@ from flwr.common import MessageType
 from edgefleet.client.app import clientapp
 from edgefleet.client.mods import ERR_BAD_CONFIG
 from edgefleet.pruning.wire import KEPT
+from edgefleet.wire import DEVICE_ID
 
 KINDS: tuple[str, ...] = (
     "nan",
@@ -173,8 +174,8 @@ def corrupt(content: RecordDict, kind: str, server_round: int) -> RecordDict:
         rng = np.random.default_rng(seed)
         arrays = {k: _noise(v, rng) for k, v in arrays.items()}
     elif kind == "spoof-id":
-        own = int(metrics.get("device-id", 0))
-        metrics["device-id"] = own - 1 if own > 0 else own + 1
+        own = int(metrics.get(DEVICE_ID, 0))
+        metrics[DEVICE_ID] = own - 1 if own > 0 else own + 1
     elif kind == "bad-metrics":
         metrics.pop("train-loss", None)
         metrics["client-version"] = 2.0

@@ -63,6 +63,15 @@ from edgefleet.client.battery import (
     SourceUnavailableError,
     make_source,
 )
+from edgefleet.wire import (  # the protocol's names, one spelling for both sides
+    BATTERY_LEVEL,
+    DEVICE_ID,
+    ENERGY_RECORD,
+    FEASIBLE,
+    LINK_KBPS,
+    NUM_PARTITIONS,
+    TELEMETRY_RECORD,
+)
 
 # Error codes in EdgeFleet's client replies; the server logs the reason either way.
 ERR_BAD_CONFIG = 10
@@ -73,11 +82,6 @@ ERR_NO_TEACHER = 14  # warm start's continuous mode: this device does not hold t
 
 STATE_KEY = "edgefleet.battery"
 HARVEST_KEY = "edgefleet.harvested"  # energy harvested since the last status answer
-TELEMETRY = "telemetry"  # the status answer's record of device telemetry
-DEVICE_ID = "device-id"
-NUM_PARTITIONS = "num-partitions"
-LINK_KBPS = "link-kbps"
-ENERGY_RECORD = "energy"  # a train reply's battery after paying (a ConfigRecord)
 
 
 @dataclass(frozen=True)
@@ -192,14 +196,14 @@ class _EnergyMod:
         fields: dict[str, Any] = dict(status) if status is not None else {"present": 1}
         fields.update(
             {
-                "battery-level": float(battery.level),
-                "feasible": int(battery.can_afford(settings.round_cost)),
+                BATTERY_LEVEL: float(battery.level),
+                FEASIBLE: int(battery.can_afford(settings.round_cost)),
             }
         )
         _add_device_id(fields, context)
         content = RecordDict({"status": MetricRecord(fields)})
         telemetry = device_telemetry(battery, _take_harvest(context))
-        content[TELEMETRY] = ConfigRecord({**telemetry, **_declared_link(context)})
+        content[TELEMETRY_RECORD] = ConfigRecord({**telemetry, **_declared_link(context)})
         return Message(content, reply_to=msg)
 
     def _train(
@@ -227,7 +231,7 @@ class _EnergyMod:
         # the app's metrics): the server may take it as this device's status for the next
         # round instead of asking (selection.status-max-age).
         reply.content[ENERGY_RECORD] = ConfigRecord(
-            {"battery-level": float(battery.level), "feasible": int(battery.can_afford(cost))}
+            {BATTERY_LEVEL: float(battery.level), FEASIBLE: int(battery.can_afford(cost))}
         )
         return reply
 

@@ -36,7 +36,6 @@ from edgefleet.strategies.context import RoundContext, ScreeningRow, TelemetryRo
 from edgefleet.strategies.hooks import StrategyHooks, hooks_of
 from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult, numbers
 from edgefleet.strategies.registry import (
-    TELEMETRY_RECORD,
     DeviceRegistry,
     DeviceStatus,
     parse_battery,
@@ -45,6 +44,15 @@ from edgefleet.strategies.registry import (
 )
 from edgefleet.strategies.screening import RecordKeys, Screening, parse_device_id
 from edgefleet.strategies.timing import exchange
+from edgefleet.wire import (
+    BATTERY_LEVEL,
+    DEVICE_ID,
+    FEASIBLE,
+    LABELS,
+    NUM_PARTITIONS,
+    PRESENT,
+    TELEMETRY_RECORD,
+)
 
 # What Flower's ClientApp raises for a message type it has no function for.
 _NO_QUERY_HANDLER = "No query function registered"
@@ -208,20 +216,20 @@ def _partitions(node: int, value: object) -> int | None:
 
 
 def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
-    raw_id = status.get("device-id")
+    raw_id = status.get(DEVICE_ID)
     device = f"node-{node}" if raw_id is None else parse_device_id(raw_id)
-    labels = status.get("labels", [])
+    labels = status.get(LABELS, [])
     if device is None or not isinstance(labels, list):
         log(WARNING, "Ignoring a malformed status from node %d: device-id %r", node, raw_id)
         return None
     try:
         return DeviceStatus(
             device=device,
-            feasible=_feasible(status.get("feasible", 1)),
-            present=bool(status.get("present", 1)),
+            feasible=_feasible(status.get(FEASIBLE, 1)),
+            present=bool(status.get(PRESENT, 1)),
             labels=tuple(int(c) for c in labels),
-            battery=parse_battery(node, status.get("battery-level")),
-            partitions=_partitions(node, status.get("num-partitions")),
+            battery=parse_battery(node, status.get(BATTERY_LEVEL)),
+            partitions=_partitions(node, status.get(NUM_PARTITIONS)),
         )
     except (TypeError, ValueError, OverflowError) as err:  # int(inf) is an OverflowError
         log(WARNING, "Ignoring a malformed status from node %d: %r", node, err)

@@ -53,7 +53,6 @@ from edgefleet.strategies.registry import (
     parse_feasible,
 )
 from edgefleet.strategies.screening import (
-    DEVICE_ID,
     ENERGY_SPENT,
     NORM_HISTORY_ROUNDS,
     RecordKeys,
@@ -74,9 +73,9 @@ from edgefleet.strategies.timing import (
     exchange,
     reported_compute,
 )
+from edgefleet.wire import BATTERY_LEVEL, DEVICE_ID, ENERGY_RECORD, FEASIBLE
 
 # A train reply's energy after the round's cost: a ConfigRecord the energy mod adds.
-ENERGY_RECORD, BATTERY_LEVEL, FEASIBLE = "energy", "battery-level", "feasible"
 TRAIN_TIME = "train-time-s"  # the seconds a ClientApp says it trained (EdgeFleet's reports it)
 EvaluateFn = Callable[[int, ArrayRecord], dict[str, float]]
 

@@ -49,6 +49,7 @@ import numpy as np
 from flwr.common import log
 
 from edgefleet.strategies.timing import LinkEstimate
+from edgefleet.wire import LINK_KBPS
 
 # How many rejection reasons a device's record keeps (the newest), for the fleet view.
 REJECTIONS_KEPT = 20
@@ -71,8 +72,6 @@ class FleetMismatch(RegistryError):
 
 # -- telemetry -------------------------------------------------------------------------------
 
-TELEMETRY_RECORD = "telemetry"  # the status answer's record that carries it
-LINK_KBPS = "link-kbps"  # a device's declared link rate (node config), kbit/s
 
 # A string value: a short name (architecture, accelerator, version), nothing a page or a
 # metric label could choke on.

@@ -66,8 +66,8 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.pruning.wire import KEPT  # NumPy only: CA-HFP's kept-channels record
 from edgefleet.strategies.registry import BindingMode
+from edgefleet.wire import DEVICE_ID
 
-DEVICE_ID = "device-id"
 ENERGY_SPENT = "energy-spent"
 NUM_EXAMPLES = "num-examples"
 # The largest weight without a known bound: every integer up to it is exact in a float64,
