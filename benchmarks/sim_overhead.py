@@ -38,6 +38,11 @@ Start-up is the wall time from spawning ``edgefleet run`` to the first call of
 timed by ``benchmarks/_trace/sitecustomize.py`` on the run's ``PYTHONPATH`` (no app change);
 for plain Flower, from spawning ``flwr run`` to its ClientApp's first call.
 
+Where the CPU goes: each run's processes are sampled (psutil, every 0.5 s) and their CPU
+seconds per steady round reported by kind (``cpu_per_round_s``: actors, the simulation
+process, SuperLink, SuperExec, Ray's own); ``engine_cpu_per_round_s`` is the SuperLink's and
+the SuperExec's, which on 2 cores is taken from the actors.
+
 One JSON line on stdout, progress on stderr::
 
     python benchmarks/sim_overhead.py                                # 10 x 10 x 20, mnist-5k
@@ -47,6 +52,7 @@ One JSON line on stdout, progress on stderr::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -56,6 +62,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import defaultdict
@@ -63,6 +70,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import torch
 from _flower_app.flower_app import device_data, new_model  # the same task code as the app
 from _provenance import stamp
@@ -214,7 +222,8 @@ def run_edgefleet(
         cmd += ["--engine", "inprocess"]
         cmd += ["--workers", str(args.workers)] if args.workers else []
     t_cmd = time.time()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    with CpuSampler(f"EDGEFLEET_BENCH_TAG={tag}") as cpu:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     # `edgefleet run` stops its processes itself: anything left with our tag is a bug.
     left = processes_with_env(f"EDGEFLEET_BENCH_TAG={tag}")
     for entry in left:
@@ -232,6 +241,7 @@ def run_edgefleet(
         "final_accuracy": json.loads((run_dir / "summary.json").read_text())["final_accuracy"],
         "evaluated_rounds": sum(bool(r.get("evaluated")) for r in rows),
         **trace_figures(events, t_cmd),
+        **cpu_figures(cpu, sorted(e["t0"] + e["dt"] for e in events if e["kind"] == "round")),
         "leftover_processes": left,
     }
 
@@ -263,6 +273,93 @@ def trace_figures(events: list[dict[str, Any]], t_cmd: float) -> dict[str, Any]:
     }
 
 
+# -- where the CPU goes --------------------------------------------------------------------
+
+# A process's kind from its command line, first match wins.
+KINDS = (
+    ("ClientAppActor", "actor"),
+    ("flwr-simulation", "simulation"),
+    ("flower-superlink", "superlink"),
+    ("flower-superexec", "superexec"),
+    ("raylet", "ray"),
+    ("gcs_server", "ray"),
+    ("ray", "ray"),
+)
+
+
+def process_kind(cmdline: list[str]) -> str:
+    text = " ".join(cmdline)
+    return next((kind for needle, kind in KINDS if needle in text), "other")
+
+
+class CpuSampler:
+    """CPU seconds (user + system) of every process of one run, sampled every ``interval``
+    s while it runs: how much of the 2 cores the engine's own processes take from the
+    actors that train. A process is the run's when its environment holds ``marker`` (each
+    new PID's environment is read once); one that ended keeps its last reading."""
+
+    def __init__(self, marker: str, interval: float = 0.5) -> None:
+        self.marker, self.interval = marker.encode(), interval
+        self.samples: list[tuple[float, dict[int, tuple[str, float]]]] = []
+        self._procs: dict[int, psutil.Process | None] = {}
+        self._last: dict[int, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for pid in psutil.pids():
+                if pid not in self._procs:
+                    self._procs[pid] = self._claim(pid)
+            for pid, proc in self._procs.items():
+                if proc is not None:
+                    with contextlib.suppress(psutil.Error):
+                        # the kind read again: a Ray worker becomes an actor after it starts
+                        t, kind = proc.cpu_times(), process_kind(proc.cmdline())
+                        self._last[pid] = (kind, t.user + t.system)
+            self.samples.append((time.time(), dict(self._last)))
+            self._stop.wait(self.interval)
+
+    def _claim(self, pid: int) -> psutil.Process | None:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                return psutil.Process(pid) if self.marker in f.read() else None
+        except (OSError, psutil.Error):
+            return None
+
+    def per_round(self, t0: float, t1: float, rounds: int) -> dict[str, float]:
+        """CPU seconds per round by kind between wall times ``t0`` and ``t1``."""
+
+        def at(t: float) -> dict[str, float]:
+            snap = max((s for s in self.samples if s[0] <= t), key=lambda s: s[0], default=None)
+            out: dict[str, float] = defaultdict(float)
+            for kind, cpu in (snap[1] if snap else {}).values():
+                out[kind] += cpu
+            return out
+
+        a, b = at(t0), at(t1)
+        return {k: round((b[k] - a.get(k, 0.0)) / rounds, 3) for k in sorted(b)}
+
+
+def cpu_figures(cpu: CpuSampler, round_ends: list[float]) -> dict[str, Any]:
+    """CPU per steady round (rounds 3..R: round 1 carries start-up, round 2 the first
+    builds of many devices), by kind; ``engine_cpu_per_round_s``: the SuperLink's and the
+    SuperExec's, which train nothing."""
+    if len(round_ends) < 4:
+        return {}
+    by_kind = cpu.per_round(round_ends[1], round_ends[-1], len(round_ends) - 2)
+    engine = by_kind.get("superlink", 0.0) + by_kind.get("superexec", 0.0)
+    return {"cpu_per_round_s": by_kind, "engine_cpu_per_round_s": round(engine, 3)}
+
+
 # -- the same app on plain Flower --------------------------------------------------------
 
 
@@ -288,7 +385,10 @@ def run_flower(args: argparse.Namespace, raw: dict[str, Any], work: Path) -> dic
            config_arg(federation), "--run-config", config_arg(run_config)]  # fmt: skip
     t_cmd = time.time()
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        with CpuSampler(f"EDGEFLEET_BENCH_TAG={tag}") as cpu:
+            proc = subprocess.run(
+                cmd, env=env, capture_output=True, text=True, timeout=args.timeout
+            )
     finally:  # `flwr run` leaves its local SuperLink running, by design
         for entry in processes_with_env(f"EDGEFLEET_BENCH_TAG={tag}"):
             os.kill(int(entry.split(":")[0]), signal.SIGKILL)
@@ -303,6 +403,7 @@ def run_flower(args: argparse.Namespace, raw: dict[str, Any], work: Path) -> dic
     return {
         "round_s": median(rounds),
         "startup_to_first_client_call_s": round(first_calls[0] - t_cmd, 3),
+        **cpu_figures(cpu, ends),
     }
 
 
@@ -415,6 +516,7 @@ def main() -> None:
         "startup_to_first_client_call_s": over_reps(
             "edgefleet_every_round", "startup_to_first_client_call_s"
         ),
+        "engine_cpu_per_round_s": over_reps("edgefleet_every_round", "engine_cpu_per_round_s"),
         **(
             {
                 "flower_round_s": over_reps("flower", "round_s"),
@@ -426,6 +528,7 @@ def main() -> None:
                 "flower_startup_to_first_client_call_s": over_reps(
                     "flower", "startup_to_first_client_call_s"
                 ),
+                "flower_engine_cpu_per_round_s": over_reps("flower", "engine_cpu_per_round_s"),
             }
             if args.flower
             else {}
