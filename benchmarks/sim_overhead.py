@@ -41,7 +41,9 @@ for plain Flower, from spawning ``flwr run`` to its ClientApp's first call.
 Where the CPU goes: each run's processes are sampled (psutil, every 0.5 s) and their CPU
 seconds per steady round reported by kind (``cpu_per_round_s``: actors, the simulation
 process, SuperLink, SuperExec, Ray's own); ``engine_cpu_per_round_s`` is the SuperLink's and
-the SuperExec's, which on 2 cores is taken from the actors.
+the SuperExec's, which on 2 cores is taken from the actors. ``--poll-also S`` runs EdgeFleet a
+second time per repeat with its SuperExec polling for tasks every S seconds (0.1 was
+EdgeFleet's setting before 2026-12-05), side by side with the default.
 
 One JSON line on stdout, progress on stderr::
 
@@ -77,7 +79,7 @@ from _provenance import stamp
 from flwr.app import Array, ArrayRecord
 
 from edgefleet.config import RunConfig, parse_run_config
-from edgefleet.processes import config_arg, processes_with_env, toml_value
+from edgefleet.processes import POLL_VAR, config_arg, processes_with_env, toml_value
 from edgefleet.server.app import central_evaluation
 from edgefleet.task.train import seed_for, train_local
 
@@ -201,9 +203,14 @@ def run_plain(args: argparse.Namespace, raw: dict[str, Any], procs: int) -> dict
 
 
 def run_edgefleet(
-    args: argparse.Namespace, raw: dict[str, Any], work: Path, engine: str = "simulation"
+    args: argparse.Namespace,
+    raw: dict[str, Any],
+    work: Path,
+    engine: str = "simulation",
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """``edgefleet run`` (on ``engine``) in a subprocess with the timing hook; its figures."""
+    """``edgefleet run`` (on ``engine``) in a subprocess with the timing hook; its figures.
+    ``extra_env``: environment variables for this run only."""
     name = f"simovh-{uuid.uuid4().hex[:8]}"
     federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
     scenario = work / f"{name}.toml"
@@ -213,7 +220,8 @@ def run_edgefleet(
         + f'"output-dir" = {toml_value(str(work))}\n"run-name" = "{name}"\n'
     )  # fmt: skip
     trace, tag = work / f"{name}.trace.jsonl", uuid.uuid4().hex
-    env = {**os.environ, "EDGEFLEET_BENCH_TRACE": str(trace), "EDGEFLEET_BENCH_TAG": tag}
+    env = {**os.environ, **(extra_env or {})}
+    env |= {"EDGEFLEET_BENCH_TRACE": str(trace), "EDGEFLEET_BENCH_TAG": tag}
     if args.cold_cache:  # an empty data and partition cache, as on a machine's first run
         env["EDGEFLEET_CACHE_DIR"] = str(Path(tempfile.mkdtemp(prefix="cache-", dir=work)))
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HOOK_DIR), env.get("PYTHONPATH")]))
@@ -437,6 +445,13 @@ def main() -> None:
     p.add_argument(
         "--workers", type=int, default=0, help="the in-process engine's workers (0: one per core)"
     )
+    p.add_argument(
+        "--poll-also",
+        type=float,
+        default=0.0,
+        help="also run EdgeFleet (every round) with its SuperExec polling for tasks every this "
+        "many seconds (FLWR_SUPEREXEC_TASK_POLL_INTERVAL; 0: not run), beside the default",
+    )
     p.add_argument("--repeat", type=int, default=1, help="interleaved repetitions")
     p.add_argument(
         "--cold-cache",
@@ -486,6 +501,17 @@ def main() -> None:
                         ef["ratio_to_flower"] = round(ef["round_s"] / fig["flower"]["round_s"], 3)
                     fig[f"{ENGINE_KEYS[engine]}_{name}"] = ef
                     log.info("repeat %d, %s %s: %s", rep + 1, engine, name, ef)
+            if args.poll_also:
+                env = {POLL_VAR: str(args.poll_also)}
+                ef = run_edgefleet(args, {**raw, "evaluate-every": 1}, Path(tmp), extra_env=env)
+                ef["ratio"] = round(ef["round_s"] / floor["round_s"], 3)
+                ef["ratio_to_default"] = round(
+                    ef["round_s"] / fig["edgefleet_every_round"]["round_s"], 3
+                )
+                if args.flower:
+                    ef["ratio_to_flower"] = round(ef["round_s"] / fig["flower"]["round_s"], 3)
+                fig["edgefleet_poll_also"] = ef
+                log.info("repeat %d, SuperExec poll %g s: %s", rep + 1, args.poll_also, ef)
             fig["loadavg_end"] = loadavg()
             reps.append(fig)
 
@@ -557,6 +583,19 @@ def main() -> None:
             if args.inprocess
             else {}
         ),
+        **(
+            {
+                "poll_also_s": args.poll_also,
+                "poll_also_ratio_to_flower": over_reps("edgefleet_poll_also", "ratio_to_flower"),
+                "poll_also_engine_cpu_per_round_s": over_reps(
+                    "edgefleet_poll_also", "engine_cpu_per_round_s"
+                ),
+                # its rounds over the default's, side by side in each repeat
+                "poll_also_ratio_to_default": over_reps("edgefleet_poll_also", "ratio_to_default"),
+            }
+            if args.poll_also
+            else {}
+        ),
         "targets": {
             "ratio_every_round": 1.10,
             "startup_to_first_client_call_s": 10.0,
@@ -579,6 +618,7 @@ def main() -> None:
         "flower": args.flower,
         "inprocess": args.inprocess,
         "workers": args.workers or os.cpu_count(),
+        "poll_also": args.poll_also,
         "federation": config_arg({"client-resources-num-cpus": 1}),
     }
     line = {"benchmark": "sim_overhead", "sizes": sizes, **headline, "repeats": reps}
