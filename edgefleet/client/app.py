@@ -51,7 +51,7 @@ from edgefleet.client.mods import (
 )
 from edgefleet.config import RunConfig
 from edgefleet.task.cache import CacheUnwritableError
-from edgefleet.wire import DEVICE_ID, LABELS, NUM_PARTITIONS, PRESENT
+from edgefleet.wire import DEVICE_ID, LABELS, NUM_PARTITIONS, PRESENT, STATUS_RECORD
 
 if TYPE_CHECKING:
     from torch import nn
@@ -115,7 +115,7 @@ def status(msg: Message, context: Context) -> Message:
     }
     if labels:
         status[LABELS] = labels
-    return Message(RecordDict({"status": MetricRecord(status)}), reply_to=msg)
+    return Message(RecordDict({STATUS_RECORD: MetricRecord(status)}), reply_to=msg)
 
 
 # Where the device keeps warm start's teacher between messages.

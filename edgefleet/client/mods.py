@@ -70,6 +70,8 @@ from edgefleet.wire import (  # the protocol's names, one spelling for both side
     FEASIBLE,
     LINK_KBPS,
     NUM_PARTITIONS,
+    PRESENT,
+    STATUS_RECORD,
     TELEMETRY_RECORD,
 )
 
@@ -192,8 +194,8 @@ class _EnergyMod:
         reply = call_next(msg, context)
         if reply.has_error():
             return reply
-        status = reply.content.metric_records.get("status")
-        fields: dict[str, Any] = dict(status) if status is not None else {"present": 1}
+        status = reply.content.metric_records.get(STATUS_RECORD)
+        fields: dict[str, Any] = dict(status) if status is not None else {PRESENT: 1}
         fields.update(
             {
                 BATTERY_LEVEL: float(battery.level),
@@ -201,7 +203,7 @@ class _EnergyMod:
             }
         )
         _add_device_id(fields, context)
-        content = RecordDict({"status": MetricRecord(fields)})
+        content = RecordDict({STATUS_RECORD: MetricRecord(fields)})
         telemetry = device_telemetry(battery, _take_harvest(context))
         content[TELEMETRY_RECORD] = ConfigRecord({**telemetry, **_declared_link(context)})
         return Message(content, reply_to=msg)
@@ -367,6 +369,6 @@ def save_battery(battery: Battery, context: Context) -> None:
 def status_query(msg: Message, context: Context) -> Message:
     """A query function for a ClientApp that has none: the device is present (it answered),
     and ``energy_mod`` adds the battery. Register it with ``app.query()(status_query)``."""
-    fields: dict[str, Any] = {"present": 1}
+    fields: dict[str, Any] = {PRESENT: 1}
     _add_device_id(fields, context)
-    return Message(RecordDict({"status": MetricRecord(fields)}), reply_to=msg)
+    return Message(RecordDict({STATUS_RECORD: MetricRecord(fields)}), reply_to=msg)

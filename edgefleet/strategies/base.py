@@ -51,6 +51,7 @@ from edgefleet.wire import (
     LABELS,
     NUM_PARTITIONS,
     PRESENT,
+    STATUS_RECORD,
     TELEMETRY_RECORD,
 )
 
@@ -129,7 +130,7 @@ class StatusQuery:
                 continue
             # content.get, not content.metric_records (a new typed view of the records per
             # call): a "status" record that is not a MetricRecord is no status.
-            status = reply.content.get("status")
+            status = reply.content.get(STATUS_RECORD)
             if not isinstance(status, MetricRecord):
                 new.append(node)
                 continue
