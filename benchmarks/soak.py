@@ -159,6 +159,32 @@ def sample_rss(fleet: LinkFleet) -> dict[str, tuple[int, int]]:
     return out
 
 
+def rss_parts(status: str) -> tuple[int, int] | None:
+    """(anonymous, file-backed and shared) resident bytes from a ``/proc/PID/status`` text
+    (Linux: ``RssAnon``, ``RssFile`` + ``RssShmem``, in kB); None without them. A process's
+    heap is anonymous; a file it maps (SQLite's mmap of the SuperLink's database) is not."""
+    kb: dict[str, int] = {}
+    for line in status.splitlines():
+        name, _, value = line.partition(":")
+        if name in ("RssAnon", "RssFile", "RssShmem") and value.split():
+            kb[name] = int(value.split()[0])
+    if "RssAnon" not in kb or "RssFile" not in kb:
+        return None
+    return kb["RssAnon"] * 1024, (kb["RssFile"] + kb.get("RssShmem", 0)) * 1024
+
+
+def sample_parts(pids: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+    """``{role: (pid, anonymous bytes, file-backed bytes)}`` of the roles whose process is
+    still there (see :func:`rss_parts`)."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for role, pid in pids.items():
+        with contextlib.suppress(OSError):
+            parts = rss_parts(Path(f"/proc/{pid}/status").read_text())
+            if parts is not None:
+                out[role] = (pid, *parts)
+    return out
+
+
 def growth(
     samples: list[tuple[int, str, int, int]], warmup: int, min_span: int
 ) -> list[dict[str, Any]]:
@@ -205,6 +231,9 @@ class SoakRecord:
         self.down: dict[int, int] = {}  # node -> the round after which it is started again
         self.log: list[dict[str, Any]] = []
         self.samples: list[tuple[int, str, int, int]] = []  # (round, role, pid, bytes)
+        # The same RSS in two parts, where /proc shows them: anonymous and file-backed.
+        self.samples_anon: list[tuple[int, str, int, int]] = []
+        self.samples_file: list[tuple[int, str, int, int]] = []
         # When each round's row was first seen: the rows' own ``wall_s`` counts from the
         # start of each ServerApp process, so it starts over at every resume.
         self.seen_at: dict[int, float] = {}
@@ -354,8 +383,13 @@ class Soak(SoakRecord):
                 rnd = int(rows[-1]["round"])
                 for row in rows:
                     self.seen_at.setdefault(int(row["round"]), time.monotonic())
-                for role, (pid, rss) in sample_rss(self.fleet).items():
+                sampled = sample_rss(self.fleet)
+                for role, (pid, rss) in sampled.items():
                     self.samples.append((rnd, role, pid, rss))
+                parts = sample_parts({role: pid for role, (pid, _) in sampled.items()})
+                for role, (pid, anon, mapped) in parts.items():
+                    self.samples_anon.append((rnd, role, pid, anon))
+                    self.samples_file.append((rnd, role, pid, mapped))
                 while pending and pending[0].after <= rnd:
                     self.apply(pending.pop(0), rnd)
             elif self.run.popen.poll() not in (None, 0):
@@ -425,8 +459,38 @@ def summarize(
         "rss_growth_worst": worst,
         "rss_growth_max_by_kind": by_role,
         "rss_growth_ok": bool(judged) and all(p["growth"] < GROWTH_TARGET for p in judged),
+        # Not judged: where the server side's growth lies, heap or mapped files.
+        "rss_split_server": split_growth(soak, args),
         "per_process": per_process,
     }
+
+
+SERVER_KINDS = ("superlink", "serverapp", "superexec")
+
+
+def split_growth(soak: SoakRecord, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per judged process of the server side, its anonymous and its file-backed RSS at the
+    start and the end of the judged span and their growth (the same rule as RSS's)."""
+    parts = {
+        name: {
+            (p["role"], p["pid"]): p
+            for p in growth(samples, args.warmup_rounds, args.min_span)
+            if p["judged"] and p["role"] in SERVER_KINDS
+        }
+        for name, samples in (("anon", soak.samples_anon), ("file", soak.samples_file))
+    }
+    out = []
+    for key in sorted(parts["anon"].keys() & parts["file"].keys()):
+        entry: dict[str, Any] = {"role": key[0], "pid": key[1]}
+        for name in ("anon", "file"):
+            p = parts[name][key]
+            entry |= {
+                f"{name}_mb_base": p["rss_mb_base"],
+                f"{name}_mb_end": p["rss_mb_end"],
+                f"{name}_growth": p["growth"],
+            }
+        out.append(entry)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

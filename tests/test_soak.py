@@ -77,4 +77,54 @@ def test_a_short_soak_loses_and_repeats_no_round_and_leaves_nothing() -> None:
     roles = {p["role"] for p in line["per_process"]}
     assert {"superlink", "serverapp"} <= roles, roles
     assert {f"node-{i}/supernode" for i in range(4)} <= roles, roles
+    assert isinstance(line["rss_split_server"], list)  # judged processes only: empty here
     assert proc.returncode in (0, 1), proc.stderr[-4000:]  # 1: RSS not judged at this size
+
+
+def _soak_module() -> Any:
+    import importlib.util
+
+    paths = [str(ROOT / "benchmarks"), str(ROOT / "deploy")]
+    sys.path[:0] = paths
+    try:
+        spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["soak"] = module  # its dataclasses look their module up by name
+        spec.loader.exec_module(module)
+    finally:
+        for p in paths:
+            sys.path.remove(p)
+    return module
+
+
+STATUS = """Name:\tflower-superli
+VmRSS:\t  190000 kB
+RssAnon:\t  120000 kB
+RssFile:\t   69000 kB
+RssShmem:\t    1000 kB
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (STATUS, (120000 * 1024, 70000 * 1024)),
+        (STATUS.replace("RssShmem:\t    1000 kB\n", ""), (120000 * 1024, 69000 * 1024)),
+        ("Name:\tx\nVmRSS:\t 5 kB\n", None),  # a kernel without the split
+        ("RssAnon:\t\nRssFile:\t 3 kB\n", None),  # a value missing
+    ],
+)
+def test_rss_parts_splits_heap_from_mapped_files(text: str, expected: Any) -> None:
+    assert _soak_module().rss_parts(text) == expected
+
+
+def test_rss_parts_of_this_process_add_up_to_its_rss() -> None:
+    soak = _soak_module()
+    parts = soak.sample_parts({"me": os.getpid()})
+    if not parts:
+        pytest.skip("this kernel's /proc/PID/status has no RssAnon/RssFile")
+    pid, anon, mapped = parts["me"]
+    rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert anon > 0 and mapped > 0
+    assert abs(anon + mapped - rss) < 0.05 * rss  # two reads a moment apart
