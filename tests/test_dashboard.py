@@ -483,7 +483,11 @@ def _browser(tmp_path: Path, url: str) -> Iterator[_DevTools]:
     stack = contextlib.ExitStack()
     try:
         port_file = profile / "DevToolsActivePort"
-        port = _until("DevTools", lambda: port_file.exists() and port_file.read_text().split()[0])
+        # Chromium creates the file before it writes the port: an empty file is not ready yet.
+        port = _until(
+            "DevTools",
+            lambda: port_file.exists() and next(iter(port_file.read_text().split()), None),
+        )
         targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list"))
         page = next(t for t in targets if t["type"] == "page")
         ws = stack.enter_context(connect(page["webSocketDebuggerUrl"], max_size=2**26))
