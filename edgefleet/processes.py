@@ -277,7 +277,7 @@ class FlowerFleet:
         env = self.env
         if simulation and POLL_VAR not in os.environ:
             # Here its SuperExec launches one task a run, and each poll costs the SuperLink
-            # and the SuperExec about 2.5 ms of CPU: polling every 0.1 s took ~0.2 CPU-s a
+            # and the SuperExec about 4-5 ms of CPU: polling every 0.1 s took ~0.18 CPU-s a
             # round from the Ray actors at 100 devices (docs/benchmarks.md). Flower's default,
             # once a second, costs at most 1 s of a run's start-up instead.
             env = {k: v for k, v in self.env.items() if k != POLL_VAR}
