@@ -185,6 +185,37 @@ def sample_parts(pids: dict[str, int]) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+def db_connections(pid: int, database: Path) -> int | None:
+    """How many SQLite connections process ``pid`` holds open on ``database``: the file
+    descriptors on the database file itself (each connection opens it once; its ``-wal`` and
+    ``-shm`` files are apart). None when the process is gone. Flower's SQL link state pools its
+    connections (SQLAlchemy) and gives each its own page cache (``SQLITE_PRAGMAS``: 64 MB), so a
+    SuperLink's heap can step up with the number it holds."""
+    target = str(database.resolve())
+    fds = Path(f"/proc/{pid}/fd")
+    count = 0
+    try:
+        entries = list(fds.iterdir())
+    except OSError:
+        return None
+    for fd in entries:
+        with contextlib.suppress(OSError):
+            if os.readlink(fd) == target:
+                count += 1
+    return count
+
+
+def connection_steps(samples: list[tuple[int, int, int]]) -> list[dict[str, Any]]:
+    """Per SuperLink process, its connection counts as (round, count) where the count changed
+    (the first sample included); ``samples`` are (round, pid, count) in round order."""
+    steps: dict[int, list[list[int]]] = {}
+    for rnd, pid, count in samples:
+        seen = steps.setdefault(pid, [])
+        if not seen or seen[-1][1] != count:
+            seen.append([rnd, count])
+    return [{"pid": pid, "steps": s} for pid, s in steps.items()]
+
+
 def growth(
     samples: list[tuple[int, str, int, int]], warmup: int, min_span: int
 ) -> list[dict[str, Any]]:
@@ -234,6 +265,8 @@ class SoakRecord:
         # The same RSS in two parts, where /proc shows them: anonymous and file-backed.
         self.samples_anon: list[tuple[int, str, int, int]] = []
         self.samples_file: list[tuple[int, str, int, int]] = []
+        # The SuperLink's open SQLite connections each round: (round, pid, count).
+        self.db_conns: list[tuple[int, int, int]] = []
         # When each round's row was first seen: the rows' own ``wall_s`` counts from the
         # start of each ServerApp process, so it starts over at every resume.
         self.seen_at: dict[int, float] = {}
@@ -390,6 +423,11 @@ class Soak(SoakRecord):
                 for role, (pid, anon, mapped) in parts.items():
                     self.samples_anon.append((rnd, role, pid, anon))
                     self.samples_file.append((rnd, role, pid, mapped))
+                if "superlink" in sampled and self.fleet.database is not None:
+                    pid = sampled["superlink"][0]
+                    conns = db_connections(pid, self.fleet.database)
+                    if conns is not None:
+                        self.db_conns.append((rnd, pid, conns))
                 while pending and pending[0].after <= rnd:
                     self.apply(pending.pop(0), rnd)
             elif self.run.popen.poll() not in (None, 0):
@@ -461,6 +499,7 @@ def summarize(
         "rss_growth_ok": bool(judged) and all(p["growth"] < GROWTH_TARGET for p in judged),
         # Not judged: where the server side's growth lies, heap or mapped files.
         "rss_split_server": split_growth(soak, args),
+        "superlink_db_connections": connection_steps(soak.db_conns),
         "per_process": per_process,
     }
 

@@ -128,3 +128,32 @@ def test_rss_parts_of_this_process_add_up_to_its_rss() -> None:
     rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     assert anon > 0 and mapped > 0
     assert abs(anon + mapped - rss) < 0.05 * rss  # two reads a moment apart
+
+
+def test_db_connections_counts_this_process_sqlite_connections(tmp_path: Path) -> None:
+    import sqlite3
+
+    soak = _soak_module()
+    db = tmp_path / "state.db"
+    assert soak.db_connections(os.getpid(), db) == 0
+    first = sqlite3.connect(db)
+    first.execute("PRAGMA journal_mode=WAL")  # -wal and -shm files: not connections
+    first.execute("CREATE TABLE t (x)")
+    second = sqlite3.connect(db)
+    second.execute("SELECT * FROM t").fetchall()
+    try:
+        assert soak.db_connections(os.getpid(), db) == 2
+    finally:
+        first.close()
+        second.close()
+    assert soak.db_connections(os.getpid(), db) == 0
+    assert soak.db_connections(2**22 + 12345, db) is None  # no such process
+
+
+def test_connection_steps_keeps_only_changes() -> None:
+    soak = _soak_module()
+    samples = [(50, 7, 2), (51, 7, 2), (52, 7, 4), (53, 7, 4), (60, 9, 1), (61, 9, 1)]
+    assert soak.connection_steps(samples) == [
+        {"pid": 7, "steps": [[50, 2], [52, 4]]},
+        {"pid": 9, "steps": [[60, 1]]},
+    ]
