@@ -27,8 +27,9 @@ shows it) is sampled too and reported as ``per_container``, not judged: a Client
 container holds its executor and, while a run's ClientApp lives, that process, so its total
 swings with when it is sampled. Targets as the soak's: every round on record
 exactly once, no container left after ``down -v``, RSS growth under 5 % for every judged
-process. One JSON line on stdout, progress on stderr; needs a Docker engine and the images
-(``deploy/build-images.sh``, built here if missing)::
+process; Prometheus (the overlay's monitoring, not the fleet) is sampled and its growth
+reported as ``monitoring_growth``, not judged. One JSON line on stdout, progress on stderr;
+needs a Docker engine and the images (``deploy/build-images.sh``, built here if missing)::
 
     python benchmarks/compose_soak.py                       # 3 boards, 40 rounds
     python benchmarks/compose_soak.py --rounds 12 --node-kills 2 --warmup-rounds 2 --min-span 4
@@ -61,6 +62,7 @@ class ComposeSoak(SoakRecord):
     """The compose fleet, the run and the plan, driven from one polling loop."""
 
     NAME = "compose_soak"
+    MONITORING = ("prometheus",)
 
     def __init__(self, fleet: cf.ComposeFleet, work: Path, args: argparse.Namespace) -> None:
         super().__init__()

@@ -157,3 +157,26 @@ def test_connection_steps_keeps_only_changes() -> None:
         {"pid": 7, "steps": [[50, 2], [52, 4]]},
         {"pid": 9, "steps": [[60, 1]]},
     ]
+
+
+def test_monitoring_is_reported_not_judged() -> None:
+    import argparse
+
+    soak = _soak_module()
+
+    class Record(soak.SoakRecord):
+        MONITORING = ("prometheus",)
+
+    record = Record()
+    for rnd in range(1, 41):
+        record.samples.append((rnd, "superlink/superlink", 10, 100 * 2**20))
+        record.samples.append((rnd, "prometheus/prometheus", 11, (40 + rnd) * 2**20))
+    rows = [{"round": r, "participants": ["0"]} for r in range(1, 41)]
+    args = argparse.Namespace(rounds=40, warmup_rounds=5, min_span=20)
+    line = soak.summarize(record, rows, args)
+    assert line["rss_growth_ok"] and line["processes_judged"] == 1
+    assert line["monitoring_growth"]["prometheus/prometheus"] > 0.3
+    # Without the exemption the same samples fail the target.
+    plain = soak.SoakRecord()
+    plain.samples = record.samples
+    assert not soak.summarize(plain, rows, args)["rss_growth_ok"]
