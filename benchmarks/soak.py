@@ -188,9 +188,10 @@ def sample_parts(pids: dict[str, int]) -> dict[str, tuple[int, int, int]]:
 def db_connections(pid: int, database: Path) -> int | None:
     """How many SQLite connections process ``pid`` holds open on ``database``: the file
     descriptors on the database file itself (each connection opens it once; its ``-wal`` and
-    ``-shm`` files are apart). None when the process is gone. Flower's SQL link state pools its
-    connections (SQLAlchemy) and gives each its own page cache (``SQLITE_PRAGMAS``: 64 MB), so a
-    SuperLink's heap can step up with the number it holds."""
+    ``-shm`` files are apart). None when the process is gone. Flower's SQL link state and object
+    store each pool their connections (SQLAlchemy) and give each a page cache of up to 64 MB
+    (``SQLITE_PRAGMAS``): a step in the SuperLink's memory that came with new connections
+    would show here (in the soaks of 2026-12-05 it did not: README)."""
     target = str(database.resolve())
     fds = Path(f"/proc/{pid}/fd")
     count = 0
