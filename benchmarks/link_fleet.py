@@ -61,6 +61,7 @@ for p in (ROOT, ROOT / "deploy"):
 from _provenance import dumps  # noqa: E402
 from linkfleet import PROFILES, LinkFleet, node_configs, running_fleet, unavailable  # noqa: E402
 
+from edgefleet.config import STRATEGIES  # noqa: E402
 from edgefleet.processes import FleetError, config_arg  # noqa: E402
 from edgefleet.simulation.runner import app_copy  # noqa: E402
 
@@ -261,6 +262,11 @@ def main(argv: list[str] | None = None) -> int:
         "--declare-links", action="store_true",
         help="each node declares its profile's rate (node config link-kbps), restarted per mix",
     )  # fmt: skip
+    ap.add_argument(
+        "--strategy", default="fedavg", choices=STRATEGIES,
+        help="the strategy of every run (fedsag: a skipped device's last update stays in the "
+        "server's SAGA memory)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="4 nodes, 3 rounds, 3 local steps")
     args = ap.parse_args(argv)
@@ -292,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         "round-timeout": args.round_timeout,
         "eval-samples": args.eval_samples,
         "seed": args.seed,
+        "strategy": args.strategy,
         "output-dir": str(work / "out"),
     }
     results: dict[str, dict[str, Any]] = {}
@@ -340,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         "deadline_retry": args.deadline_retry,
         "status_max_age": args.status_max_age,
         "declare_links": args.declare_links,
+        "strategy": args.strategy,
         "seed": args.seed,
     }
     line = {
