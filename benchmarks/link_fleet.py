@@ -61,7 +61,8 @@ for p in (ROOT, ROOT / "deploy"):
 from _provenance import dumps  # noqa: E402
 from linkfleet import PROFILES, LinkFleet, node_configs, running_fleet, unavailable  # noqa: E402
 
-from edgefleet.config import STRATEGIES  # noqa: E402
+from edgefleet.cli import _overrides as overrides  # noqa: E402
+from edgefleet.config import STRATEGIES, parse_run_config  # noqa: E402
 from edgefleet.processes import FleetError, config_arg  # noqa: E402
 from edgefleet.simulation.runner import app_copy  # noqa: E402
 
@@ -267,6 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the strategy of every run (fedsag: a skipped device's last update stays in the "
         "server's SAGA memory)",
     )  # fmt: skip
+    ap.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a run-config key for every run (as `edgefleet run --set`); repeatable",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="4 nodes, 3 rounds, 3 local steps")
     args = ap.parse_args(argv)
@@ -283,6 +288,11 @@ def main(argv: list[str] | None = None) -> int:
         bad = [v for v in value if v not in valid]
         if bad:
             ap.error(f"{what}: unknown {bad}; valid: {', '.join(valid)}")
+    sets = overrides(ap, args.set)
+    try:  # a bad key or value fails here, before a fleet starts
+        parse_run_config({**sets, **deadline_config(args.nodes, args.deadline, 0)})
+    except ValueError as e:
+        ap.error(str(e))
     why = unavailable()
     if why:
         print(f"link_fleet: {why}", file=sys.stderr)
@@ -300,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "strategy": args.strategy,
         "output-dir": str(work / "out"),
+        **sets,
     }
     results: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
@@ -348,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         "status_max_age": args.status_max_age,
         "declare_links": args.declare_links,
         "strategy": args.strategy,
+        "set": sets,
         "seed": args.seed,
     }
     line = {
