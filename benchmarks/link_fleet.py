@@ -61,7 +61,7 @@ for p in (ROOT, ROOT / "deploy"):
 from _provenance import dumps  # noqa: E402
 from linkfleet import PROFILES, LinkFleet, node_configs, running_fleet, unavailable  # noqa: E402
 
-from edgefleet.cli import _overrides as overrides  # noqa: E402
+from edgefleet.cli import parse_overrides  # noqa: E402
 from edgefleet.config import STRATEGIES, parse_run_config  # noqa: E402
 from edgefleet.processes import FleetError, config_arg  # noqa: E402
 from edgefleet.simulation.runner import app_copy  # noqa: E402
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         bad = [v for v in value if v not in valid]
         if bad:
             ap.error(f"{what}: unknown {bad}; valid: {', '.join(valid)}")
-    sets = overrides(ap, args.set)
+    sets = parse_overrides(ap, args.set)
     try:  # a bad key or value fails here, before a fleet starts
         parse_run_config({**sets, **deadline_config(args.nodes, args.deadline, 0)})
     except ValueError as e:

@@ -117,7 +117,10 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, Any]:
+def parse_overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, Any]:
+    """``--set KEY=VALUE`` items as a run-config mapping (values parsed as TOML values, see
+    ``parse_value``); a malformed item is ``parser``'s usage error. Shared with the benchmarks
+    that take ``--set`` (``benchmarks/link_fleet.py``)."""
     from edgefleet.simulation.runner import parse_value
 
     out: dict[str, Any] = {}
@@ -216,7 +219,7 @@ def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine:
         run_scenario,
     )
 
-    overrides = _overrides(parser, args.set)
+    overrides = parse_overrides(parser, args.set)
     if args.resume:
         overrides["resume"] = True
     dashboard = None
@@ -405,7 +408,7 @@ def _sweep(argv: list[str]) -> int:
     parser = sweep_parser()
     args = parser.parse_args(argv)
     try:
-        base = load_scenario(args.scenario, _overrides(parser, args.set))
+        base = load_scenario(args.scenario, parse_overrides(parser, args.set))
         points = grid_points(parse_grid(args.grid))
         seeds = parse_seeds(args.seeds)
         out = Path(str(base.run_config.get("output-dir", "runs"))) / (
