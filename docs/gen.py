@@ -126,9 +126,59 @@ def results_page() -> str:
     return "".join(rows)
 
 
+def _type_name(tp: object) -> str:
+    text = tp if isinstance(tp, str) else getattr(tp, "__name__", repr(tp))
+    return str(text).replace("typing.", "").replace("|", "or")
+
+
+def columns_page() -> str:
+    import dataclasses
+    import inspect
+
+    from edgefleet.server.results import SECTIONS, MetricsRow
+
+    def rows(cls: type, skip: set[str], written: bool = True) -> list[str]:
+        out = []
+        for f in dataclasses.fields(cls):
+            if f.name in skip:
+                continue
+            when = "only when set" if f.metadata.get("optional") else "every row"
+            cell = f" {when} |" if written else ""
+            out.append(f"| `{f.name}` | `{_type_name(f.type)}` |{cell}\n")
+        return out
+
+    def doc(cls: type) -> str:
+        text = " ".join((inspect.getdoc(cls) or "").split())
+        # Sphinx roles and double backticks, as Markdown code.
+        text = re.sub(r":[a-z]+:`~?([^`]+)`", r"`\1`", text)
+        return text.replace("``", "`")
+
+    lines = [
+        NOTICE,
+        "# `metrics.jsonl` columns\n\n",
+        "One JSON object per round. The loop's own columns come first, then one section per\n",
+        "component, each a dataclass in `edgefleet/strategies/context.py` written only while\n",
+        "that component is on; read them back typed with\n",
+        "`edgefleet.server.results.read_metrics(path)` (a `MetricsRow` per round,\n",
+        "`row.section(SessionRow)` a component's section). What each column means:\n",
+        "[the run folder](outputs.md).\n\n",
+        f"## The loop's columns (`MetricsRow`)\n\n{doc(MetricsRow)}\n\n",
+        "| column | type |\n|---|---|\n",
+        *rows(MetricsRow, {"sections", "extra"}, written=False),
+    ]
+    for cls in SECTIONS:
+        lines += [
+            f"\n## `{cls.__name__}`\n\n{doc(cls)}\n\n",
+            "| column | type | written |\n|---|---|---|\n",
+            *rows(cls, set()),
+        ]
+    return "".join(lines)
+
+
 PAGES = {
     "reference/run-config.md": run_config_page,
     "reference/cli.md": cli_page,
+    "reference/metrics-columns.md": columns_page,
     "benchmarks/claims.md": claims_page,
     "benchmarks/results-files.md": results_page,
 }
