@@ -38,10 +38,11 @@ lint: install ## ruff and mypy
 	$(BIN)/mypy edgefleet
 
 # --durations: the slowest tests in the log, for keeping CI's run within its budget.
-# The site in strict mode (a broken link, a missing page or symbol fails; about 10 s), then pytest
+# The site in strict mode (a broken link, a missing page or symbol fails; about 10 s; not
+# --quiet, which hides the warnings that --strict counts), then pytest
 # (tests/test_docs.py keeps the generated pages equal to a fresh generation).
 test: lint ## lint, build the docs strictly, run the test suite
-	$(BIN)/mkdocs build --strict --quiet
+	$(BIN)/mkdocs build --strict
 	$(BIN)/pytest -q --durations=25
 
 # The docker compose fleet against a real engine (root, dockerd running; builds the images
