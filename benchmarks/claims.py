@@ -1,6 +1,7 @@
-"""The README's claims table, generated from the committed results files.
+"""The claims table (docs/benchmarks/claims.md, written by docs/gen.py), generated from the
+committed results files.
 
-``python benchmarks/claims.py`` prints what goes between the README's ``claims-table``
+``python benchmarks/claims.py`` prints what goes between the docs page's ``claims-table``
 markers; ``tests/test_claims.py`` keeps the two equal, so every figure in the table can be
 re-derived from a file under ``benchmarks/results/``.
 
@@ -735,7 +736,7 @@ def _command_cell(row: Row, lines: Sequence[Line]) -> str:
 
 
 def markdown() -> str:
-    """What goes between the README's claims-table markers (the markers included)."""
+    """What goes between the claims page's claims-table markers (the markers included)."""
     out = [
         BEGIN,
         "| paper | claim | measured here | command (wall time; results file) | verdict "
@@ -758,5 +759,5 @@ def markdown() -> str:
     return "".join(out)
 
 
-if __name__ == "__main__":  # python benchmarks/claims.py: print the README's claims table
+if __name__ == "__main__":  # python benchmarks/claims.py: print the claims table
     sys.stdout.write(markdown())

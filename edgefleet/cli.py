@@ -68,7 +68,7 @@ def top_parser() -> argparse.ArgumentParser:
 
 
 def command_parsers() -> dict[str, argparse.ArgumentParser]:
-    """Each command's parser, by command (what the README's command reference lists)."""
+    """Each command's parser, by command (what docs/reference/cli.md lists)."""
     from edgefleet.client.worker import supernode_parser, worker_parser
     from edgefleet.simulation.report import report_parser
 

@@ -204,9 +204,9 @@ def test_a_bad_recommend_stops_before_any_run(tmp_path: Path) -> None:
 
 
 def test_the_committed_grid_judged_per_fleet() -> None:
-    """The README's recommendation (median on FedAvg and CA-HFP fleets, none for FedSAG
-    under energy-age selection) against the committed grid: its ``fleets`` is what a new
-    line's is."""
+    """The docs' recommendation (docs/how-to/robust-aggregation.md: median on FedAvg and
+    CA-HFP fleets, none for FedSAG under energy-age selection) against the committed grid: its
+    ``fleets`` is what a new line's is."""
     line = json.loads(RESULTS.read_text())
     v = ag.verdicts(line["fleets"], {"fedavg": "median", "cahfp": "median"})
     assert v["fedavg"]["targets"] == {ATTACKS: True, BACKDOOR: True, COST: True}

@@ -1,10 +1,10 @@
 """Every claim benchmark runs as written: ``--smoke`` (the smallest sizes that still run its
-whole path) as a subprocess, exactly one JSON line on stdout with the keys the README and the
+whole path) as a subprocess, exactly one JSON line on stdout with the keys the docs and the
 files under ``benchmarks/results/`` rely on, and verdicts that are computed from the figures
 (a bool, or null/absent when nothing was run to judge them by, never a constant true).
 
 Runs go to a tmp folder; a second call on the same ``--out`` reuses the finished runs, so the
-"nothing to judge" cases cost a benchmark's start-up, not new runs. Also: the README commands
+"nothing to judge" cases cost a benchmark's start-up, not new runs. Also: the claims page's commands
 that must configure what their rows say (FedSAG's harvest probability, CA-HFP's budget).
 """
 
@@ -26,7 +26,8 @@ from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.simulation.runner import load_scenario, parse_value, resolve_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+# The claims page (docs/benchmarks/claims.md) renders each unmeasured claim's command.
+README = (ROOT / "docs" / "benchmarks" / "claims.md").read_text()
 
 
 def smoke(script: str, out: Path, *extra: str) -> dict[str, Any]:
@@ -157,7 +158,7 @@ def test_earlystop_claims_smoke(tmp_path: Path) -> None:
     assert all(isinstance(v, bool) for v in targets.values())
     assert all(Path(p).is_file() for p in line["plots"])
 
-    # No bad configuration run (the README's command): that target is left out, not true.
+    # No bad configuration run (the claims page's command): that target is left out, not true.
     no_bad = smoke("earlystop_claims", tmp_path, "--bad-lrs", "")
     assert no_bad["bad_configs"] == []
     assert "bad_configs_stopped_within_30" not in no_bad["targets_met"]
@@ -237,11 +238,11 @@ def test_attack_grid_smoke(tmp_path: Path) -> None:
     assert verdict["targets_by_defence"]["off"]["clean_cost_within_1_point"] is None
 
 
-# -- README commands that must configure what their rows measured -------------------------
+# -- claims-page commands that must configure what their rows measured --------------------
 
 
 def _command(paper: str) -> str:
-    """The README's command for a claim (benchmarks/claims.py renders it there)."""
+    """The claims page's command for a claim (benchmarks/claims.py renders it there)."""
     spec = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
     assert spec is not None and spec.loader is not None
     claims = importlib.util.module_from_spec(spec)
@@ -281,7 +282,7 @@ def test_harvest_prob_beside_a_per_device_list_is_refused() -> None:
     assert parse_run_config({"energy.harvest-prob": 0.05}).energy.harvest_prob == 0.05
     listed = parse_run_config({"energy.harvest-probs": "0.1,0.3,0.6"}).energy
     assert listed.harvest_probs == (0.1, 0.3, 0.6)
-    # The README's command without clearing the list: refused before any work.
+    # The claims page's command without clearing the list: refused before any work.
     scenario = load_scenario(ROOT / "scenarios" / "eh-fedsag.toml", {"energy.harvest-prob": 0.05})
     with pytest.raises(ConfigError, match="harvest-prob"):
         resolve_run_config(scenario)

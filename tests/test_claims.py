@@ -1,4 +1,5 @@
-"""The README's claims table is ``benchmarks/claims.py``'s output from the committed results
+"""The docs' claims table (docs/benchmarks/claims.md) is ``benchmarks/claims.py``'s output
+from the committed results
 files: every figure in it can be re-derived from a file under ``benchmarks/results/``, every
 results file says how it was made, and a verdict follows from the numbers (reading JSON only,
 no benchmark runs)."""
@@ -32,7 +33,7 @@ claims = _load_claims()
 
 
 def _readme_table() -> str:
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "benchmarks" / "claims.md").read_text()
     start = readme.index(claims.BEGIN)
     end = readme.index(claims.END) + len(claims.END)
     return readme[start:end]
@@ -40,7 +41,7 @@ def _readme_table() -> str:
 
 def test_readme_claims_table_is_the_generated_one() -> None:
     assert _readme_table() == claims.markdown(), (
-        "run `python benchmarks/claims.py` and paste its output over the README's claims table"
+        "run `python docs/gen.py` (it writes benchmarks/claims.py's table into the docs)"
     )
 
 

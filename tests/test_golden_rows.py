@@ -34,7 +34,7 @@ RECORD = os.environ.get("EDGEFLEET_RECORD_GOLDEN") == "1"
 SCENARIOS: dict[str, tuple[str, dict[str, Any]]] = {
     # make demo: sessions + pilot warm start + energy-age + FedSAG + pruning + stopping. The
     # rows were recorded before the pilot sessions became candidates by default (a measured
-    # change, README "Devices that come and go"): they pin the rest with the old rule.
+    # change, docs/how-to/sessions-warm-start.md): they pin the rest with the old rule.
     "default": ("default.toml", {"warmstart.pilot-candidates": False}),
     # EH-FedSAG: batteries, energy-aware age-based selection in batches, SAGA memory.
     "eh-fedsag": (

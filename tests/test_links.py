@@ -175,7 +175,7 @@ def test_fleet_on_shaped_links_and_a_node_that_comes_back(tmp_path: Path) -> Non
             if not restarted and len(metrics_rows(metrics)) >= 1:
                 # A clean stop (SIGTERM): the node deactivates itself, so its key is let in
                 # again at once. After a SIGKILL Flower refuses the key until the node's
-                # heartbeat lapses (up to 60 s; see LinkFleet.kill_node and the README).
+                # heartbeat lapses (up to 60 s; see LinkFleet.kill_node and docs/how-to/).
                 fleet.stop_node(1)
                 fleet.start_node(1, configs[1])
                 restarted.append(time.monotonic() - t0)

@@ -113,7 +113,8 @@ def test_serverapp_and_superlink_restarts_lose_no_round(tmp_path: Path) -> None:
         assert runs_before <= {r["run-id"] for r in _runs(fleet)}, "the database lost runs"
         time.sleep(3.0)
         assert not [p for p in fleet.members() if "flwr-serverapp" in p.cmd], (
-            "Flower restarted a ServerApp by itself: the run may go on (update the README)"
+            "Flower restarted a ServerApp by itself: the run may go on "
+            "(update docs/how-to/restarts-resume.md)"
         )
         if done_2 < NUM_ROUNDS:
             third = submit(fleet, tmp_path / "s3", {**run_config, "resume": True})

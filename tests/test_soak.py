@@ -11,7 +11,7 @@ power is restarted with its key and data (again every 10 s while the SuperLink r
 key, as a supervisor would). Checked: every round on record exactly once, nothing left behind,
 node 2 trains again under its own device id, and memory was sampled for every process. RSS
 growth is printed, not judged: 16 rounds are too few to tell growth from warm-up (the long run
-in the README is where the 5 % target is judged). About 4 minutes on 2 cores.
+in docs/benchmarks/soak.md is where the 5 % target is judged). About 4 minutes on 2 cores.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A device's energy-harvesting battery as a Flower mod any ClientApp can add (EH-FedSAG).
 
-Add it to your own ClientApp (see the README's "Use EdgeFleet's strategies in your own
+Add it to your own ClientApp (see docs/reference/library.md, "The library in your own
 Flower app")::
 
     from edgefleet.client.mods import energy_mod, status_query

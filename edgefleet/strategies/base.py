@@ -146,7 +146,7 @@ class StatusQuery:
                 "query function, or answers without a 'status' record): taking them as "
                 "present and feasible from now on, under their node ids. Add EdgeFleet's "
                 "energy_mod and status_query to that ClientApp for battery-aware selection "
-                "(README: 'Use EdgeFleet's strategies in your own Flower app').",
+                "(docs/reference/library.md).",
                 len(new),
             )
             registry.unreported.update(new)
