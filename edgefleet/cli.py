@@ -306,7 +306,7 @@ def _start_dashboard(path: str, overrides: dict[str, Any], scenario: Any) -> tup
 
 
 def dashboard_parser() -> argparse.ArgumentParser:
-    from edgefleet.dashboard.app import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV
+    from edgefleet.dashboard.app import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV, TRUSTED_PROXIES
 
     parser = argparse.ArgumentParser(
         prog="edgefleet dashboard",
@@ -335,6 +335,13 @@ def dashboard_parser() -> argparse.ArgumentParser:
         help=f"password every request must carry (default ${TOKEN_ENV}): header "
         "`Authorization: Bearer TOKEN`, or open /?token=TOKEN once in a browser",
     )
+    parser.add_argument(
+        "--trusted-proxies",
+        default=TRUSTED_PROXIES,
+        metavar="ADDRESSES",
+        help="the TLS proxy in front (comma-separated addresses; default "
+        f"{TRUSTED_PROXIES}) whose X-Forwarded-Proto: https marks the cookie Secure",
+    )
     return parser
 
 
@@ -353,7 +360,14 @@ def _dashboard(argv: list[str]) -> int:
         return 2
     token = token_from(args.token)
     try:
-        dashboard = Dashboard(run_dir, args.host, args.port, token, latest=args.latest)
+        dashboard = Dashboard(
+            run_dir,
+            args.host,
+            args.port,
+            token,
+            latest=args.latest,
+            trusted_proxies=args.trusted_proxies,
+        )
     except DashboardError as err:
         print(f"edgefleet dashboard: error: {err}", file=sys.stderr)
         return 2

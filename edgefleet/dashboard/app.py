@@ -12,14 +12,21 @@ in a worker thread, so that one slow render never holds up the event streams.
 
 The page shows device ids and rejection reasons, which devices chose: it is bound to
 127.0.0.1 unless a token is given (:func:`check_bind`), and with a token every request must
-carry it (``Authorization: Bearer TOKEN``, or ``?token=TOKEN`` once, which sets a cookie).
+carry it (``Authorization: Bearer TOKEN``, or ``?token=TOKEN`` once, which sets a cookie
+holding a value derived from the token, never the token itself: :func:`session_value`).
 Without a token it answers only requests addressed to a loopback name, so that a web page
 elsewhere cannot read it through DNS rebinding.
+
+Everything before the token check is bounded (``docs/reference/service-limits.md``): uvicorn's
+h11 parser with a cap on an unfinished request head (its httptools parser buffers a header
+without limit), a deadline for the head (:class:`BoundedH11Protocol`), and a cap on open
+connections.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -30,6 +37,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -68,6 +76,13 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8050
 MAX_DEVICE_SERIES = 6  # devices whose own battery series one request may ask for
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+# Before the token check: what one unauthenticated client can make the server hold.
+MAX_REQUEST_HEAD = 16 * 1024  # bytes of an unfinished request line + headers (h11)
+HEADER_TIMEOUT_S = 10.0  # seconds from a connection's start (or its last answer) to a request
+MAX_CONNECTIONS = 256  # open connections, event streams included; over it: 503
+# The proxy whose X-Forwarded-Proto says the page was reached over TLS (uvicorn's default).
+TRUSTED_PROXIES = "127.0.0.1"
+SESSION_LABEL = b"edgefleet-dashboard-session-v1"
 # Scripts and styles from the package only: a string that slipped into the page as markup
 # would still not run.
 CSP = (
@@ -249,6 +264,7 @@ class _Guard:
 
     def __init__(self, token: str | None) -> None:
         self.token = token
+        self.session = session_value(token) if token is not None else ""
 
     async def __call__(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
@@ -272,15 +288,24 @@ class _Guard:
         scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and self._ok(bearer.strip()):
             return await call_next(request)
-        if self._ok(request.cookies.get(COOKIE, "")):
+        if _same(request.cookies.get(COOKIE, ""), self.session):
             return await call_next(request)
         if self._ok(request.query_params.get("token", "")):
-            # The token leaves the address bar (and the history) at once; the cookie carries it.
+            # The token leaves the address bar (and the history) at once; the cookie carries
+            # a value derived from it, so a cookie read off a disk is not the password.
             target = request.url.remove_query_params("token")
             response: Response = RedirectResponse(
-                str(target.path) + (f"?{target.query}" if target.query else ""), 303
+                local_path(target.path) + (f"?{target.query}" if target.query else ""), 303
             )
-            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
+            response.set_cookie(
+                COOKIE,
+                self.session,
+                httponly=True,
+                samesite="strict",
+                # Behind TLS (uvicorn reads X-Forwarded-Proto from a trusted proxy into the
+                # scheme), the browser must never send it over plain HTTP.
+                secure=request.url.scheme == "https",
+            )
             return response
         return PlainTextResponse(
             "401: this dashboard needs its token (Authorization: Bearer TOKEN, or open "
@@ -291,7 +316,26 @@ class _Guard:
 
     def _ok(self, given: str) -> bool:
         assert self.token is not None
-        return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
+        return _same(given, self.token)
+
+
+def _same(given: str, expected: str) -> bool:
+    """Constant-time comparison (a timing difference would reveal the value byte by byte)."""
+    return bool(given) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def session_value(token: str) -> str:
+    """The cookie's value: an HMAC of a fixed label keyed by the token. It admits the holder
+    as the token does, but a copy of the cookie (a browser profile, a proxy's log) does not
+    reveal the password, which may be used elsewhere (Prometheus' scrape config)."""
+    return hmac.new(token.encode(), SESSION_LABEL, hashlib.sha256).hexdigest()
+
+
+def local_path(path: str) -> str:
+    """``path`` as a path on this site, whatever it holds: one leading slash, and every
+    character a browser could read as a scheme, a host or a break (``\\``, tabs, newlines)
+    percent-encoded, so ``//evil.example/`` or ``/\\evil`` redirect here, not there."""
+    return "/" + quote(path, safe="/:@!$&'()*+,;=-._~").lstrip("/")
 
 
 def token_from(arg: str | None) -> str | None:
@@ -330,9 +374,60 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{host}:{port}/"
 
 
+def bounded_h11(header_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol, with a deadline for each request's head: a connection that has
+    not sent a whole request line and headers ``header_timeout_s`` after it opened (or after
+    its last answer) is closed. uvicorn has no such timeout of its own (its keep-alive timer
+    stops at the first byte), so a client sending a byte a second would hold a connection,
+    and with :data:`MAX_CONNECTIONS` of them the dashboard, forever."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedH11Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            self._arm()  # first: a pipelined request handled below disarms it again
+            super().on_response_complete()
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:  # a whole request head arrived
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(header_timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _expire(self) -> None:
+            self._head_timer = None
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.close()
+
+    return BoundedH11Protocol
+
+
 class Dashboard:
     """A dashboard served by uvicorn: :meth:`serve` in the foreground, or :meth:`start` in
-    a thread beside a run and :meth:`stop` at its end."""
+    a thread beside a run and :meth:`stop` at its end.
+
+    ``max_connections``, ``header_timeout_s`` and ``max_request_head`` bound what clients
+    that have not shown the token yet can make it hold; ``trusted_proxies``: the addresses
+    (comma-separated, ``*`` any) whose ``X-Forwarded-Proto`` is believed, so that behind a
+    TLS proxy the cookie is ``Secure``."""
 
     def __init__(
         self,
@@ -344,6 +439,10 @@ class Dashboard:
         events_max_s: float = 300.0,
         latest: bool = False,
         static: Path = STATIC,
+        max_connections: int = MAX_CONNECTIONS,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        max_request_head: int = MAX_REQUEST_HEAD,
+        trusted_proxies: str = TRUSTED_PROXIES,
     ) -> None:
         import uvicorn
 
@@ -352,7 +451,18 @@ class Dashboard:
         self.url = url_of(self.sock)
         app = create_app(run_dir, token, events_max_s=events_max_s, latest=latest, static=static)
         config = uvicorn.Config(
-            app, log_level="warning", timeout_graceful_shutdown=2, access_log=False
+            app,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+            access_log=False,
+            # h11, not httptools (uvicorn's pick when installed): httptools buffers an
+            # unfinished header without limit, before the app (and its token check) runs.
+            http=bounded_h11(header_timeout_s),
+            h11_max_incomplete_event_size=max_request_head,
+            limit_concurrency=max_connections,
+            ws="none",  # the dashboard has no websocket route
+            proxy_headers=True,
+            forwarded_allow_ips=trusted_proxies,
         )
         self.server = uvicorn.Server(config)
         self.thread: threading.Thread | None = None
