@@ -68,6 +68,7 @@ from edgefleet.dashboard.data import (
     parse_rounds,
     signature,
 )
+from edgefleet.fileio import read_regular
 
 STATIC = Path(__file__).parent / "static"
 TOKEN_ENV = "EDGEFLEET_DASHBOARD_TOKEN"
@@ -175,7 +176,7 @@ def create_app(
         if run_dir is None:
             return _json({"run": "", "summary": {}})
         try:
-            data = json.loads((run_dir / "summary.json").read_text())
+            data = json.loads(read_regular(run_dir / "summary.json"))
         except (OSError, ValueError):
             data = None
         if isinstance(data, dict):

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from edgefleet.fileio import read_regular
+
 FLEET = "fleet.json"
 ROUNDS = "metrics.jsonl"
 BATTERIES = "batteries.jsonl"  # edgefleet.server.fleet.BATTERIES; not imported: no torch here
@@ -38,9 +40,11 @@ def _loads(raw: bytes) -> Any:
 
 
 def read_bytes(run_dir: Path, name: str) -> bytes | None:
-    """A run file's bytes, or None while it does not exist (or cannot be read)."""
+    """A run file's bytes, or None while it does not exist (or cannot be read). A link, a FIFO
+    or a device there reads as nothing (:func:`~edgefleet.fileio.read_regular`): a link would
+    serve another file to the page, a FIFO hold a worker thread forever."""
     try:
-        return (Path(run_dir) / name).read_bytes()
+        return read_regular(Path(run_dir) / name)
     except OSError:
         return None
 
