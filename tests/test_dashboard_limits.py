@@ -267,3 +267,106 @@ def test_the_bounds_need_no_client_library(served: Dashboard) -> None:
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(served.url + "api/fleet", timeout=60)
     assert err.value.code == 401
+
+
+# --- /metrics: a bounded number of devices -------------------------------------------------
+
+
+def _big_fleet(n: int, rnd: int = 40, telemetry: int = 4) -> dict:
+    devices = []
+    for i in range(n):
+        devices.append(
+            {
+                "device": f"board-{i:05d}-{'x' * 30}",
+                "node": 10_000 + i,
+                "online": True,
+                "last_seen": rnd - (i % 7),
+                "battery": float(i % 11),
+                "participations": i % 13,
+                "last_trained": rnd - 1,
+                "declines": 0,
+                "telemetry": {f"field_{k}": float(k) for k in range(telemetry)},
+            }
+        )
+    return {"round": rnd, "session": 1, "devices": devices}
+
+
+def _families(body: bytes) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: f for f in text_string_to_metric_families(body.decode())}
+
+
+def test_a_large_fleet_costs_a_bounded_scrape(tmp_path: Path) -> None:
+    # Before: every device of fleet.json was exported (5,000 devices: 40,089 samples, 2.27 MB
+    # a scrape), and the server's registry never forgets a device.
+    from starlette.testclient import TestClient
+
+    from edgefleet.dashboard.app import create_app
+    from edgefleet.dashboard.metrics import MAX_DEVICES
+
+    sizes = {}
+    for n in (5_000, 10_000):
+        run = tmp_path / f"run{n}"
+        run.mkdir()
+        (run / "fleet.json").write_text(json.dumps(_big_fleet(n)))
+        body = TestClient(create_app(run), base_url="http://127.0.0.1:8050").get("/metrics")
+        sizes[n] = len(body.content)
+        families = _families(body.content)
+        per_device = {
+            s.labels["device"]
+            for name, f in families.items()
+            if name.startswith("edgefleet_device_")
+            for s in f.samples
+        }
+        assert len(per_device) == MAX_DEVICES
+        assert families["edgefleet_devices"].samples[0].value == n  # the cut is visible
+        assert families["edgefleet_devices_exported"].samples[0].value == MAX_DEVICES
+        assert families["edgefleet_devices_export_limit"].samples[0].value == MAX_DEVICES
+    assert max(sizes.values()) < 1_000_000, sizes
+    assert sizes[10_000] <= sizes[5_000] * 1.01, sizes  # flat in the fleet's size
+
+
+def test_offline_devices_leave_metrics_after_a_while() -> None:
+    from edgefleet.dashboard.metrics import render_data
+
+    def dev(name: str, online: bool, last_seen: int | None) -> dict:
+        return {"device": name, "online": online, "last_seen": last_seen, "battery": 1.0}
+
+    fleet = {
+        "round": 50,
+        "devices": [
+            dev("gone-long-ago", False, 30),
+            dev("never-seen", False, None),
+            dev("just-left", False, 45),
+            dev("here-old", True, 20),
+            dev("here", True, 50),
+        ],
+    }
+
+    def exported(**limits: int) -> list[str]:
+        samples = _families(render_data(fleet, [], **limits))["edgefleet_device_battery"].samples
+        return [s.labels["device"] for s in samples]
+
+    assert sorted(exported()) == ["here", "here-old", "just-left"]  # default: 10 rounds
+    assert sorted(exported(offline_rounds=3)) == ["here", "here-old"]
+    # Over the cap: online first, then the most recently seen.
+    assert exported(max_devices=2) == ["here", "here-old"]
+    assert exported(max_devices=2, offline_rounds=100) == ["here", "here-old"]
+    assert exported(max_devices=3, offline_rounds=100) == ["here", "here-old", "just-left"]
+
+
+def test_per_device_samples_are_capped_whatever_the_fields() -> None:
+    from edgefleet.dashboard.metrics import MAX_DEVICE_SAMPLES, MAX_LABEL, render_data
+
+    fleet = _big_fleet(300, telemetry=100)  # 100 telemetry fields a device
+    for d in fleet["devices"]:
+        d["device"] = d["device"] + "y" * 1_000  # ids far longer than a label needs
+    families = _families(render_data(fleet, []))
+    samples = [
+        s for name, f in families.items() if name.startswith("edgefleet_device_") for s in f.samples
+    ]
+    assert len(samples) <= MAX_DEVICE_SAMPLES
+    assert max(len(s.labels["device"]) for s in samples) == MAX_LABEL
+    exported = families["edgefleet_devices_exported"].samples[0].value
+    assert len({s.labels["device"] for s in samples}) == exported  # whole devices only

@@ -124,12 +124,16 @@ def create_app(
     poll_s: float = 1.0,
     latest: bool = False,
     static: Path = STATIC,
+    metrics_max_devices: int = metrics.MAX_DEVICES,
+    metrics_offline_rounds: int = metrics.OFFLINE_ROUNDS,
 ) -> Starlette:
     """The dashboard of ``run_dir``; with ``latest``, of the run folder under ``run_dir``
     written to last (:func:`~edgefleet.dashboard.data.latest_run`), looked up on every
     request. ``events_max_s`` ends each event stream after that long (the browser reconnects
     by itself), so that a stopping server never waits on it long. ``static``: the page's
-    files (``benchmarks/dashboard_scale.py --baseline`` serves an older page's)."""
+    files (``benchmarks/dashboard_scale.py --baseline`` serves an older page's).
+    ``metrics_max_devices``, ``metrics_offline_rounds``: which devices ``/metrics`` exports
+    (:func:`~edgefleet.dashboard.metrics.exported_devices`)."""
     base = Path(run_dir)
 
     def folder() -> Path | None:
@@ -191,7 +195,12 @@ def create_app(
             "metrics",
             current(),
             (FLEET, ROUNDS),
-            lambda f, r: metrics.render_data(parse_fleet(f), parse_rounds(r)),
+            lambda f, r: metrics.render_data(
+                parse_fleet(f),
+                parse_rounds(r),
+                max_devices=metrics_max_devices,
+                offline_rounds=metrics_offline_rounds,
+            ),
         )
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
@@ -428,7 +437,8 @@ class Dashboard:
     ``max_connections``, ``header_timeout_s`` and ``max_request_head`` bound what clients
     that have not shown the token yet can make it hold; ``trusted_proxies``: the addresses
     (comma-separated, ``*`` any) whose ``X-Forwarded-Proto`` is believed, so that behind a
-    TLS proxy the cookie is ``Secure``."""
+    TLS proxy the cookie is ``Secure``; ``metrics_max_devices``, ``metrics_offline_rounds``:
+    which devices ``/metrics`` exports."""
 
     def __init__(
         self,
@@ -444,13 +454,23 @@ class Dashboard:
         header_timeout_s: float = HEADER_TIMEOUT_S,
         max_request_head: int = MAX_REQUEST_HEAD,
         trusted_proxies: str = TRUSTED_PROXIES,
+        metrics_max_devices: int = metrics.MAX_DEVICES,
+        metrics_offline_rounds: int = metrics.OFFLINE_ROUNDS,
     ) -> None:
         import uvicorn
 
         check_bind(host, token)
         self.sock = bind(host, port)
         self.url = url_of(self.sock)
-        app = create_app(run_dir, token, events_max_s=events_max_s, latest=latest, static=static)
+        app = create_app(
+            run_dir,
+            token,
+            events_max_s=events_max_s,
+            latest=latest,
+            static=static,
+            metrics_max_devices=metrics_max_devices,
+            metrics_offline_rounds=metrics_offline_rounds,
+        )
         config = uvicorn.Config(
             app,
             log_level="warning",
