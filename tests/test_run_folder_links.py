@@ -215,3 +215,24 @@ def test_a_new_run_refuses_a_linked_folder(tmp_path: Path) -> None:
     with pytest.raises(RunDirError, match="is a symbolic link"):
         prepare_run_dir(_cfg(tmp_path / "out"))  # type: ignore[arg-type]
     assert list((tmp_path / "elsewhere-dir").iterdir()) == []
+
+
+def test_a_run_refuses_a_planted_lock_before_it_starts(tmp_path: Path, target: Path) -> None:
+    # `edgefleet run` checks the folder's lock before any process starts: the planted link is
+    # a clear ConfigError, not a traceback from inside the ServerApp.
+    from edgefleet.config import ConfigError
+    from edgefleet.simulation.inprocess import InProcessEngine
+    from edgefleet.simulation.runner import load_scenario
+
+    root = Path(__file__).resolve().parents[1]
+    run_dir = tmp_path / "out" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / runlock.LOCK_FILE).symlink_to(target)
+    scenario = load_scenario(
+        root / "scenarios" / "fedavg.toml", {"output-dir": str(tmp_path / "out"), "run-name": "r"}
+    )
+    engine = InProcessEngine(workers=1)
+    with pytest.raises(ConfigError, match="writer.lock is a symbolic link"):
+        engine.run(scenario, timeout=60)
+    assert not engine.started  # no worker was forked
+    assert target.read_text() == PRECIOUS

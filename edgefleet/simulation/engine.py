@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, TextIO
 
-from edgefleet.fileio import atomic_write_text
+from edgefleet.fileio import NotARegularFile, atomic_write_text
 from edgefleet.processes import FleetError, FlowerFleet, FlowerProcess, config_arg
 
 if TYPE_CHECKING:
@@ -223,7 +223,7 @@ class Engine:
         try:
             # Checked, not held: the ServerApp, another process, takes the writer lock.
             run_dir = prepare_run_dir(cfg, lock=False)
-        except (ValueError, FileExistsError, RunLocked) as err:
+        except (ValueError, FileExistsError, RunLocked, NotARegularFile) as err:
             raise ConfigError(str(err)) from None
         if not self.started:
             self.start(lambda: check_data(cfg))

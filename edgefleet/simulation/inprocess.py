@@ -65,7 +65,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from edgefleet.fileio import atomic_write_text
+from edgefleet.fileio import NotARegularFile, atomic_write_text
 
 if TYPE_CHECKING:
     from edgefleet.simulation.runner import Scenario
@@ -707,7 +707,7 @@ class InProcessEngine:
         with_gpu_share(scenario.federation, cfg.train.accelerator)  # the accelerator's check
         try:
             run_dir = prepare_run_dir(cfg, lock=False)  # the ServerApp takes the lock
-        except (ValueError, FileExistsError, RunLocked) as err:
+        except (ValueError, FileExistsError, RunLocked, NotARegularFile) as err:
             raise ConfigError(str(err)) from None
         check_data(cfg)
         self.start()
