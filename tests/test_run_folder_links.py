@@ -236,3 +236,18 @@ def test_a_run_refuses_a_planted_lock_before_it_starts(tmp_path: Path, target: P
         engine.run(scenario, timeout=60)
     assert not engine.started  # no worker was forked
     assert target.read_text() == PRECIOUS
+
+
+def test_the_latest_run_is_never_a_link(tmp_path: Path) -> None:
+    from edgefleet.dashboard.data import latest_run
+
+    runs = tmp_path / "runs"
+    (runs / "real").mkdir(parents=True)
+    (runs / "real" / "fleet.json").write_text("{}")
+    os.utime(runs / "real" / "fleet.json", (1_000, 1_000))
+    os.utime(runs / "real", (1_000, 1_000))
+    elsewhere = tmp_path / "elsewhere-run"
+    elsewhere.mkdir()
+    (elsewhere / "fleet.json").write_text('{"secret": 1}')  # newer than the real run
+    (runs / "planted").symlink_to(elsewhere)
+    assert latest_run(runs) == runs / "real"

@@ -167,6 +167,8 @@ def latest_run(parent: Path) -> Path | None:
     except OSError:
         return None
     for entry in entries:
+        if entry.is_symlink():  # a run's folder is made by its run, never a link to elsewhere
+            continue
         times = []
         for path in (entry, entry / FLEET, entry / ROUNDS):
             with contextlib.suppress(OSError):
