@@ -306,7 +306,8 @@ def _start_dashboard(path: str, overrides: dict[str, Any], scenario: Any) -> tup
 
 
 def dashboard_parser() -> argparse.ArgumentParser:
-    from edgefleet.dashboard.app import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV
+    from edgefleet.dashboard.app import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV, TRUSTED_PROXIES
+    from edgefleet.dashboard.metrics import MAX_DEVICES, OFFLINE_ROUNDS
 
     parser = argparse.ArgumentParser(
         prog="edgefleet dashboard",
@@ -335,7 +336,40 @@ def dashboard_parser() -> argparse.ArgumentParser:
         help=f"password every request must carry (default ${TOKEN_ENV}): header "
         "`Authorization: Bearer TOKEN`, or open /?token=TOKEN once in a browser",
     )
+    parser.add_argument(
+        "--trusted-proxies",
+        default=TRUSTED_PROXIES,
+        metavar="ADDRESSES",
+        help="the TLS proxy in front (comma-separated addresses; default "
+        f"{TRUSTED_PROXIES}) whose X-Forwarded-Proto: https marks the cookie Secure",
+    )
+    parser.add_argument(
+        "--metrics-max-devices",
+        type=_positive_int,
+        default=MAX_DEVICES,
+        metavar="N",
+        help=f"devices /metrics exports at most (default {MAX_DEVICES}; online first, then "
+        "the most recently seen; edgefleet_devices still counts all)",
+    )
+    parser.add_argument(
+        "--metrics-offline-rounds",
+        type=_positive_int,
+        default=OFFLINE_ROUNDS,
+        metavar="ROUNDS",
+        help=f"a device offline for more rounds than this leaves /metrics (default "
+        f"{OFFLINE_ROUNDS})",
+    )
     return parser
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return value
 
 
 def _dashboard(argv: list[str]) -> int:
@@ -353,7 +387,16 @@ def _dashboard(argv: list[str]) -> int:
         return 2
     token = token_from(args.token)
     try:
-        dashboard = Dashboard(run_dir, args.host, args.port, token, latest=args.latest)
+        dashboard = Dashboard(
+            run_dir,
+            args.host,
+            args.port,
+            token,
+            latest=args.latest,
+            trusted_proxies=args.trusted_proxies,
+            metrics_max_devices=args.metrics_max_devices,
+            metrics_offline_rounds=args.metrics_offline_rounds,
+        )
     except DashboardError as err:
         print(f"edgefleet dashboard: error: {err}", file=sys.stderr)
         return 2

@@ -21,6 +21,10 @@ recreated under another host name, ``docker compose down`` and ``up``, is on the
 kernel, and a host that has rebooted has the same name, so both take over.) Where
 ``flock`` fails outright (a mount without locks) the run goes on unlocked, with a warning.
 
+The lock file is opened never through a link (:func:`edgefleet.fileio.open_regular`): one
+planted in the folder in its place is refused, by :func:`check` too, before any Flower
+process starts, and its target is left untouched.
+
 Within one process the lock is re-entrant: a ServerApp run in-process twice (a run, then
 its resume) takes it again. A forked child is another process: while its parent holds
 the lock, the child's :func:`acquire` is refused.
@@ -37,6 +41,8 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+
+from edgefleet.fileio import NotARegularFile, open_regular
 
 LOCK_FILE = "writer.lock"
 HOST = socket.gethostname()
@@ -128,6 +134,8 @@ def check(run_dir: str | Path) -> None:
             return
     try:
         acquire(run_dir)
+    except NotARegularFile:
+        raise  # a planted link: refused now, before any Flower process starts
     except OSError:
         return  # no lock file can be made there (read-only): the writer's checks say why
     release(run_dir)
@@ -135,7 +143,9 @@ def check(run_dir: str | Path) -> None:
 
 def _take(path: Path) -> int | None:
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        # Never through a link planted in the folder: O_CREAT would create (or truncate
+        # below) its target.
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -180,7 +190,7 @@ def _take(path: Path) -> int | None:
 
 def _same_file(fd: int, path: Path) -> bool:
     try:
-        st = path.stat()
+        st = path.lstat()  # a link put there since is not our file
     except FileNotFoundError:
         return False
     mine = os.fstat(fd)

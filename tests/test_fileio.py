@@ -74,3 +74,32 @@ def test_files_are_readable_by_others_like_any_new_file(tmp_path: Path) -> None:
     finally:
         os.umask(umask)
     assert stat.S_IMODE((tmp_path / "cached.npz").stat().st_mode) == 0o644
+
+
+def test_an_atomic_write_refuses_a_link_in_place_of_its_target(tmp_path: Path) -> None:
+    from edgefleet.fileio import NotARegularFile
+
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("keep")
+    link = tmp_path / "fleet.json"
+    link.symlink_to(elsewhere)
+    with pytest.raises(NotARegularFile, match="fleet.json is a symbolic link .*elsewhere.txt"):
+        atomic_write_text(link, "{}")
+    assert link.is_symlink() and elsewhere.read_text() == "keep" and not _temps(link)
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(NotARegularFile, match="is a folder"):
+        atomic_write_text(tmp_path / "folder", "{}")
+
+
+def test_open_regular_truncates_only_a_regular_file(tmp_path: Path) -> None:
+    from edgefleet.fileio import NotARegularFile, open_regular, read_regular
+
+    path = tmp_path / "flower.log"
+    path.write_text("old log")
+    fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.close(fd)
+    assert path.read_text() == ""
+    with pytest.raises(NotARegularFile, match="is a folder"):
+        read_regular(tmp_path)
+    with pytest.raises(FileNotFoundError):
+        read_regular(tmp_path / "absent")

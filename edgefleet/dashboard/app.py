@@ -12,14 +12,21 @@ in a worker thread, so that one slow render never holds up the event streams.
 
 The page shows device ids and rejection reasons, which devices chose: it is bound to
 127.0.0.1 unless a token is given (:func:`check_bind`), and with a token every request must
-carry it (``Authorization: Bearer TOKEN``, or ``?token=TOKEN`` once, which sets a cookie).
+carry it (``Authorization: Bearer TOKEN``, or ``?token=TOKEN`` once, which sets a cookie
+holding a value derived from the token, never the token itself: :func:`session_value`).
 Without a token it answers only requests addressed to a loopback name, so that a web page
 elsewhere cannot read it through DNS rebinding.
+
+Everything before the token check is bounded (``docs/reference/service-limits.md``): uvicorn's
+h11 parser with a cap on an unfinished request head (its httptools parser buffers a header
+without limit), a deadline for the head (:class:`BoundedH11Protocol`), and a cap on open
+connections.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import ipaddress
 import json
@@ -30,6 +37,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
@@ -60,6 +68,7 @@ from edgefleet.dashboard.data import (
     parse_rounds,
     signature,
 )
+from edgefleet.fileio import read_regular
 
 STATIC = Path(__file__).parent / "static"
 TOKEN_ENV = "EDGEFLEET_DASHBOARD_TOKEN"
@@ -68,6 +77,13 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8050
 MAX_DEVICE_SERIES = 6  # devices whose own battery series one request may ask for
 LOOPBACK_NAMES = {"localhost", "127.0.0.1", "::1"}
+# Before the token check: what one unauthenticated client can make the server hold.
+MAX_REQUEST_HEAD = 16 * 1024  # bytes of an unfinished request line + headers (h11)
+HEADER_TIMEOUT_S = 10.0  # seconds from a connection's start (or its last answer) to a request
+MAX_CONNECTIONS = 256  # open connections, event streams included; over it: 503
+# The proxy whose X-Forwarded-Proto says the page was reached over TLS (uvicorn's default).
+TRUSTED_PROXIES = "127.0.0.1"
+SESSION_LABEL = b"edgefleet-dashboard-session-v1"
 # Scripts and styles from the package only: a string that slipped into the page as markup
 # would still not run.
 CSP = (
@@ -108,12 +124,16 @@ def create_app(
     poll_s: float = 1.0,
     latest: bool = False,
     static: Path = STATIC,
+    metrics_max_devices: int = metrics.MAX_DEVICES,
+    metrics_offline_rounds: int = metrics.OFFLINE_ROUNDS,
 ) -> Starlette:
     """The dashboard of ``run_dir``; with ``latest``, of the run folder under ``run_dir``
     written to last (:func:`~edgefleet.dashboard.data.latest_run`), looked up on every
     request. ``events_max_s`` ends each event stream after that long (the browser reconnects
     by itself), so that a stopping server never waits on it long. ``static``: the page's
-    files (``benchmarks/dashboard_scale.py --baseline`` serves an older page's)."""
+    files (``benchmarks/dashboard_scale.py --baseline`` serves an older page's).
+    ``metrics_max_devices``, ``metrics_offline_rounds``: which devices ``/metrics`` exports
+    (:func:`~edgefleet.dashboard.metrics.exported_devices`)."""
     base = Path(run_dir)
 
     def folder() -> Path | None:
@@ -160,7 +180,7 @@ def create_app(
         if run_dir is None:
             return _json({"run": "", "summary": {}})
         try:
-            data = json.loads((run_dir / "summary.json").read_text())
+            data = json.loads(read_regular(run_dir / "summary.json"))
         except (OSError, ValueError):
             data = None
         if isinstance(data, dict):
@@ -175,7 +195,12 @@ def create_app(
             "metrics",
             current(),
             (FLEET, ROUNDS),
-            lambda f, r: metrics.render_data(parse_fleet(f), parse_rounds(r)),
+            lambda f, r: metrics.render_data(
+                parse_fleet(f),
+                parse_rounds(r),
+                max_devices=metrics_max_devices,
+                offline_rounds=metrics_offline_rounds,
+            ),
         )
         return Response(body, media_type=metrics.CONTENT_TYPE)
 
@@ -249,6 +274,7 @@ class _Guard:
 
     def __init__(self, token: str | None) -> None:
         self.token = token
+        self.session = session_value(token) if token is not None else ""
 
     async def __call__(
         self, request: Request, call_next: Callable[[Request], Awaitable[Response]]
@@ -272,15 +298,24 @@ class _Guard:
         scheme, _, bearer = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() == "bearer" and self._ok(bearer.strip()):
             return await call_next(request)
-        if self._ok(request.cookies.get(COOKIE, "")):
+        if _same(request.cookies.get(COOKIE, ""), self.session):
             return await call_next(request)
         if self._ok(request.query_params.get("token", "")):
-            # The token leaves the address bar (and the history) at once; the cookie carries it.
+            # The token leaves the address bar (and the history) at once; the cookie carries
+            # a value derived from it, so a cookie read off a disk is not the password.
             target = request.url.remove_query_params("token")
             response: Response = RedirectResponse(
-                str(target.path) + (f"?{target.query}" if target.query else ""), 303
+                local_path(target.path) + (f"?{target.query}" if target.query else ""), 303
             )
-            response.set_cookie(COOKIE, self.token, httponly=True, samesite="strict")
+            response.set_cookie(
+                COOKIE,
+                self.session,
+                httponly=True,
+                samesite="strict",
+                # Behind TLS (uvicorn reads X-Forwarded-Proto from a trusted proxy into the
+                # scheme), the browser must never send it over plain HTTP.
+                secure=request.url.scheme == "https",
+            )
             return response
         return PlainTextResponse(
             "401: this dashboard needs its token (Authorization: Bearer TOKEN, or open "
@@ -291,7 +326,26 @@ class _Guard:
 
     def _ok(self, given: str) -> bool:
         assert self.token is not None
-        return bool(given) and hmac.compare_digest(given.encode(), self.token.encode())
+        return _same(given, self.token)
+
+
+def _same(given: str, expected: str) -> bool:
+    """Constant-time comparison (a timing difference would reveal the value byte by byte)."""
+    return bool(given) and hmac.compare_digest(given.encode(), expected.encode())
+
+
+def session_value(token: str) -> str:
+    """The cookie's value: an HMAC of a fixed label keyed by the token. It admits the holder
+    as the token does, but a copy of the cookie (a browser profile, a proxy's log) does not
+    reveal the password, which may be used elsewhere (Prometheus' scrape config)."""
+    return hmac.new(token.encode(), SESSION_LABEL, hashlib.sha256).hexdigest()
+
+
+def local_path(path: str) -> str:
+    """``path`` as a path on this site, whatever it holds: one leading slash, and every
+    character a browser could read as a scheme, a host or a break (``\\``, tabs, newlines)
+    percent-encoded, so ``//evil.example/`` or ``/\\evil`` redirect here, not there."""
+    return "/" + quote(path, safe="/:@!$&'()*+,;=-._~").lstrip("/")
 
 
 def token_from(arg: str | None) -> str | None:
@@ -330,9 +384,61 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{host}:{port}/"
 
 
+def bounded_h11(header_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's h11 protocol, with a deadline for each request's head: a connection that has
+    not sent a whole request line and headers ``header_timeout_s`` after it opened (or after
+    its last answer) is closed. uvicorn has no such timeout of its own (its keep-alive timer
+    stops at the first byte), so a client sending a byte a second would hold a connection,
+    and with :data:`MAX_CONNECTIONS` of them the dashboard, forever."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class BoundedH11Protocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            self._arm()  # first: a pipelined request handled below disarms it again
+            super().on_response_complete()
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:  # a whole request head arrived
+                self._disarm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._head_timer = self.loop.call_later(header_timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _expire(self) -> None:
+            self._head_timer = None
+            if self.cycle is None or self.cycle.response_complete:
+                self.transport.close()
+
+    return BoundedH11Protocol
+
+
 class Dashboard:
     """A dashboard served by uvicorn: :meth:`serve` in the foreground, or :meth:`start` in
-    a thread beside a run and :meth:`stop` at its end."""
+    a thread beside a run and :meth:`stop` at its end.
+
+    ``max_connections``, ``header_timeout_s`` and ``max_request_head`` bound what clients
+    that have not shown the token yet can make it hold; ``trusted_proxies``: the addresses
+    (comma-separated, ``*`` any) whose ``X-Forwarded-Proto`` is believed, so that behind a
+    TLS proxy the cookie is ``Secure``; ``metrics_max_devices``, ``metrics_offline_rounds``:
+    which devices ``/metrics`` exports."""
 
     def __init__(
         self,
@@ -344,15 +450,40 @@ class Dashboard:
         events_max_s: float = 300.0,
         latest: bool = False,
         static: Path = STATIC,
+        max_connections: int = MAX_CONNECTIONS,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
+        max_request_head: int = MAX_REQUEST_HEAD,
+        trusted_proxies: str = TRUSTED_PROXIES,
+        metrics_max_devices: int = metrics.MAX_DEVICES,
+        metrics_offline_rounds: int = metrics.OFFLINE_ROUNDS,
     ) -> None:
         import uvicorn
 
         check_bind(host, token)
         self.sock = bind(host, port)
         self.url = url_of(self.sock)
-        app = create_app(run_dir, token, events_max_s=events_max_s, latest=latest, static=static)
+        app = create_app(
+            run_dir,
+            token,
+            events_max_s=events_max_s,
+            latest=latest,
+            static=static,
+            metrics_max_devices=metrics_max_devices,
+            metrics_offline_rounds=metrics_offline_rounds,
+        )
         config = uvicorn.Config(
-            app, log_level="warning", timeout_graceful_shutdown=2, access_log=False
+            app,
+            log_level="warning",
+            timeout_graceful_shutdown=2,
+            access_log=False,
+            # h11, not httptools (uvicorn's pick when installed): httptools buffers an
+            # unfinished header without limit, before the app (and its token check) runs.
+            http=bounded_h11(header_timeout_s),
+            h11_max_incomplete_event_size=max_request_head,
+            limit_concurrency=max_connections,
+            ws="none",  # the dashboard has no websocket route
+            proxy_headers=True,
+            forwarded_allow_ips=trusted_proxies,
         )
         self.server = uvicorn.Server(config)
         self.thread: threading.Thread | None = None

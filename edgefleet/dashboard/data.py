@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from edgefleet.fileio import read_regular
+
 FLEET = "fleet.json"
 ROUNDS = "metrics.jsonl"
 BATTERIES = "batteries.jsonl"  # edgefleet.server.fleet.BATTERIES; not imported: no torch here
@@ -38,9 +40,11 @@ def _loads(raw: bytes) -> Any:
 
 
 def read_bytes(run_dir: Path, name: str) -> bytes | None:
-    """A run file's bytes, or None while it does not exist (or cannot be read)."""
+    """A run file's bytes, or None while it does not exist (or cannot be read). A link, a FIFO
+    or a device there reads as nothing (:func:`~edgefleet.fileio.read_regular`): a link would
+    serve another file to the page, a FIFO hold a worker thread forever."""
     try:
-        return (Path(run_dir) / name).read_bytes()
+        return read_regular(Path(run_dir) / name)
     except OSError:
         return None
 
@@ -163,6 +167,8 @@ def latest_run(parent: Path) -> Path | None:
     except OSError:
         return None
     for entry in entries:
+        if entry.is_symlink():  # a run's folder is made by its run, never a link to elsewhere
+            continue
         times = []
         for path in (entry, entry / FLEET, entry / ROUNDS):
             with contextlib.suppress(OSError):

@@ -8,8 +8,13 @@ last exposition while both files hold the same bytes: see ``app.py``.)
 
 Per device (label ``device``): battery, online, last round seen, participations, declines,
 last round trained, and any other numeric field the server adds to a device's entry
-(telemetry), as ``edgefleet_device_<field>``. Counters over the rows: rounds, replies
-accepted, declined and rejected (by reason), bytes up and down, energy spent. Run gauges:
+(telemetry), as ``edgefleet_device_<field>``. Not of every device ``fleet.json`` names (the
+server never forgets one): a device offline for more than ``offline_rounds`` rounds leaves,
+and of the rest at most ``max_devices`` are exported (online first, then the most recently
+seen), within :data:`MAX_DEVICE_SAMPLES` samples; ``edgefleet_devices`` (all known) beside
+``edgefleet_devices_exported`` and ``edgefleet_devices_export_limit`` shows the cut.
+Counters over the rows: rounds, replies accepted, declined and rejected (by reason), bytes up
+and down, energy spent. Run gauges:
 round, session, accuracy and loss, task-vector growth and its tau, devices known and online.
 """
 
@@ -44,6 +49,12 @@ SKIP = {"node"}  # an id, not a measure
 MAX_EXTRA = 64  # generic per-device gauges at most: a field name is server-made, but bounded
 MAX_REASONS = 20  # rejection reasons as label values at most (the rest: "other")
 NAME = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+# Per scrape, so that a fleet of any size costs a bounded exposition (5,000 devices made
+# 2.27 MB, 40,089 samples, a scrape): docs/reference/service-limits.md.
+MAX_DEVICES = 1000  # devices exported at most (the default; the dashboard's --metrics-max-devices)
+OFFLINE_ROUNDS = 10  # rounds offline after which a device leaves (--metrics-offline-rounds)
+MAX_DEVICE_SAMPLES = 16384  # per-device samples at most, whole devices only
+MAX_LABEL = 128  # characters of a device id as a label value
 
 
 def reason_kind(reason: str) -> str:
@@ -58,8 +69,17 @@ def reason_kind(reason: str) -> str:
 class RunCollector(Collector):
     """The metrics of one run folder's ``fleet.json`` and rows, as read for one scrape."""
 
-    def __init__(self, fleet: dict[str, Any], rows: list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        fleet: dict[str, Any],
+        rows: list[dict[str, Any]],
+        *,
+        max_devices: int = MAX_DEVICES,
+        offline_rounds: int = OFFLINE_ROUNDS,
+    ) -> None:
         self.fleet, self.rows = fleet, rows
+        self.max_devices, self.offline_rounds = max_devices, offline_rounds
+        self.exported = 0
 
     def collect(self) -> Iterator[Metric]:
         yield from self._devices(self.fleet.get("devices", []))
@@ -72,16 +92,19 @@ class RunCollector(Collector):
             for key, text in DEVICE_GAUGES.items()
         }
         extra: dict[str, GaugeMetricFamily] = {}
-        seen: set[str] = set()
-        for device in devices:
-            name = device_id(device)
-            if name in seen:  # one sample per label set, or the exposition is invalid
-                continue
-            seen.add(name)
-            for key, value in _numeric_fields(device):
+        samples = 0
+        chosen = exported_devices(
+            devices, number(self.fleet.get("round")), self.max_devices, self.offline_rounds
+        )
+        for name, device in chosen:
+            fields = [(k, v) for k, v in _numeric_fields(device) if k not in SKIP]
+            if samples + len(fields) > MAX_DEVICE_SAMPLES:
+                break  # whole devices only: a device's series are all there or none
+            self.exported += 1
+            for key, value in fields:
                 family = families.get(key) or extra.get(key)
                 if family is None:
-                    if key in SKIP or len(extra) >= MAX_EXTRA:
+                    if len(extra) >= MAX_EXTRA:
                         continue
                     family = extra[key] = GaugeMetricFamily(
                         f"{PREFIX}_device_{key}",
@@ -89,6 +112,7 @@ class RunCollector(Collector):
                         labels=["device"],
                     )
                 family.add_metric([name], value)
+                samples += 1
         yield from families.values()
         yield from extra.values()
 
@@ -156,6 +180,15 @@ class RunCollector(Collector):
                 number(fleet.get("stopping_tau")),
             ),
             "devices": ("devices the server knows", float(len(devices))),
+            "devices_exported": (
+                "devices with per-device series in this scrape (offline ones leave, and "
+                "there is a cap)",
+                float(self.exported),
+            ),
+            "devices_export_limit": (
+                "devices exported at most (the cap of edgefleet_devices_exported)",
+                float(self.max_devices),
+            ),
             "devices_online": (
                 "devices whose node is connected",
                 float(sum(1 for d in devices if d.get("online") is True)),
@@ -168,6 +201,33 @@ class RunCollector(Collector):
         for key, (text, value) in values.items():
             if value is not None:
                 yield GaugeMetricFamily(f"{PREFIX}_{key}", text, value=value)
+
+
+def exported_devices(
+    devices: list[dict[str, Any]],
+    fleet_round: float | None,
+    max_devices: int = MAX_DEVICES,
+    offline_rounds: int = OFFLINE_ROUNDS,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The devices of ``fleet.json`` that get series, with their label values: each id once
+    (cut to :data:`MAX_LABEL` characters); none offline for more than ``offline_rounds``
+    rounds before ``fleet_round`` (one never seen counts as long gone); online first, then
+    the most recently seen, at most ``max_devices``."""
+    kept: list[tuple[bool, float, str, dict[str, Any]]] = []
+    seen: set[str] = set()
+    for device in devices:
+        name = device_id(device)[:MAX_LABEL]
+        if name in seen:  # one sample per label set, or the exposition is invalid
+            continue
+        seen.add(name)
+        online = device.get("online") is True
+        last = number(device.get("last_seen"))
+        gone = last is None or (fleet_round is not None and fleet_round - last > offline_rounds)
+        if not online and fleet_round is not None and gone:
+            continue
+        kept.append((online, -1.0 if last is None else last, name, device))
+    kept.sort(key=lambda k: (not k[0], -k[1]))  # stable: ties keep the file's order
+    return [(name, device) for _, _, name, device in kept[: max(0, max_devices)]]
 
 
 def _last(rows: list[dict[str, Any]], key: str) -> float | None:
@@ -195,13 +255,22 @@ def _numeric_fields(device: dict[str, Any]) -> Iterator[tuple[str, float]]:
             yield key.lower(), v
 
 
-def render(run_dir: Path) -> bytes:
+def render(run_dir: Path, **limits: int) -> bytes:
     """The exposition of ``run_dir`` now, from a registry made for this scrape."""
-    return render_data(read_fleet(run_dir), read_rounds(run_dir))
+    return render_data(read_fleet(run_dir), read_rounds(run_dir), **limits)
 
 
-def render_data(fleet: dict[str, Any], rows: list[dict[str, Any]]) -> bytes:
-    """The exposition of a run's parsed ``fleet.json`` and rows."""
+def render_data(
+    fleet: dict[str, Any],
+    rows: list[dict[str, Any]],
+    *,
+    max_devices: int = MAX_DEVICES,
+    offline_rounds: int = OFFLINE_ROUNDS,
+) -> bytes:
+    """The exposition of a run's parsed ``fleet.json`` and rows (``max_devices``,
+    ``offline_rounds``: which devices get series, :func:`exported_devices`)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RunCollector(fleet, rows))
+    registry.register(
+        RunCollector(fleet, rows, max_devices=max_devices, offline_rounds=offline_rounds)
+    )
     return generate_latest(registry)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from edgefleet.fileio import atomic_write_text
+from edgefleet.fileio import atomic_write_text, open_append
 from edgefleet.strategies.context import SelectionRow, SessionRow, StoppingRow
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 
@@ -85,6 +85,6 @@ class FleetWriter(RoundCallback):
         line = batteries_line(fleet)
         if line is not None:
             # One write of one whole line: a reader drops a last line cut short by a crash.
-            with self.batteries.open("a") as f:
+            with open_append(self.batteries) as f:  # never through a planted link
                 f.write(json.dumps(line) + "\n")
         return None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 import tempfile
 import time
 from collections.abc import Mapping
@@ -20,7 +22,7 @@ from flwr.common import log
 
 from edgefleet import runlock
 from edgefleet.config import RunConfig
-from edgefleet.fileio import atomic_write_text
+from edgefleet.fileio import atomic_write_text, open_append, read_regular
 from edgefleet.server.checkpoint import check_resumable
 from edgefleet.strategies.context import (
     PruningRow,
@@ -92,7 +94,13 @@ def prepare_run_dir(cfg: RunConfig, *, lock: bool = True) -> Path:
 
 def _make_run_dir(output: Path, run_dir: Path) -> None:
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        output.mkdir(parents=True, exist_ok=True)
+        try:
+            # Exclusively: a folder someone else made, or filled with links, beforehand
+            # is not where a new run starts.
+            run_dir.mkdir()
+        except FileExistsError:
+            _check_fresh(run_dir)
         with tempfile.TemporaryFile(dir=run_dir):
             pass  # the folder exists; can we write in it?
     except OSError as err:
@@ -104,6 +112,30 @@ def _make_run_dir(output: Path, run_dir: Path) -> None:
             f"output-dir {str(output)!r} cannot hold the run folder {run_dir.name!r}: {why}. "
             "Choose another output-dir (--set output-dir=...)."
         ) from None
+
+
+def _check_fresh(run_dir: Path) -> None:
+    """An existing folder a new run may start in: this user's own, a real folder (not a link
+    to one) and empty but for its writer lock, whose own rules judge it (:mod:`~edgefleet.
+    runlock`). (``edgefleet run`` makes the folder before the ServerApp, which prepares it
+    again, starts: it finds it so.) Anything else is a :class:`RunDirError`."""
+    st = run_dir.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        why = f"is a symbolic link (to {os.readlink(run_dir)}), not a folder this run made"
+    elif not stat.S_ISDIR(st.st_mode):
+        why = "is a file, not a folder"
+    elif st.st_uid != os.getuid():
+        why = f"belongs to another user (uid {st.st_uid}), who could plant files in it"
+    elif held := sorted(p.name for p in run_dir.iterdir() if p.name != runlock.LOCK_FILE):
+        shown = ", ".join(held[:5]) + (f" and {len(held) - 5} more" if len(held) > 5 else "")
+        why = f"already holds {shown} (a run that ended before its first row?)"
+    else:
+        return
+    raise RunDirError(
+        f"run folder {run_dir} {why}: a new run starts in a new folder. Choose another "
+        "run-name (--set run-name=...), remove it, or continue an interrupted run there "
+        "with --resume."
+    )
 
 
 def round_row(result: RoundResult) -> dict[str, Any]:
@@ -163,7 +195,7 @@ class MetricsWriter(RoundCallback):
     def after_round(self, result: RoundResult) -> str | None:
         row = round_row(result)
         self.rows.append(row)
-        with self.path.open("a") as f:
+        with open_append(self.path) as f:  # never through a planted link
             f.write(json.dumps(row) + "\n")
             f.flush()
         return None
@@ -171,7 +203,7 @@ class MetricsWriter(RoundCallback):
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``metrics.jsonl``; a cut-short last line is left out (logged)."""
-    lines = path.read_text().splitlines()
+    lines = read_regular(path).decode().splitlines()
     rows: list[dict[str, Any]] = []
     for i, line in enumerate(lines):
         if not line.strip():

@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, TextIO
 
+from edgefleet.fileio import NotARegularFile, atomic_write_text
 from edgefleet.processes import FleetError, FlowerFleet, FlowerProcess, config_arg
 
 if TYPE_CHECKING:
@@ -222,7 +223,7 @@ class Engine:
         try:
             # Checked, not held: the ServerApp, another process, takes the writer lock.
             run_dir = prepare_run_dir(cfg, lock=False)
-        except (ValueError, FileExistsError, RunLocked) as err:
+        except (ValueError, FileExistsError, RunLocked, NotARegularFile) as err:
             raise ConfigError(str(err)) from None
         if not self.started:
             self.start(lambda: check_data(cfg))
@@ -396,7 +397,7 @@ def _write_log(
         parts.append(("Ray head (ray start)", head.tail(60)))
     text = "".join(f"===== {title} =====\n{body.rstrip()}\n\n" for title, body in parts)
     if run_dir.exists():
-        (run_dir / "flower.log").write_text(text)
+        atomic_write_text(run_dir / "flower.log", text)  # never through a planted link
 
 
 def resume_hint(scenario_path: str, run_dir: Path, overrides: list[str]) -> str:

@@ -65,6 +65,8 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from edgefleet.fileio import NotARegularFile, atomic_write_text
+
 if TYPE_CHECKING:
     from edgefleet.simulation.runner import Scenario
 
@@ -705,7 +707,7 @@ class InProcessEngine:
         with_gpu_share(scenario.federation, cfg.train.accelerator)  # the accelerator's check
         try:
             run_dir = prepare_run_dir(cfg, lock=False)  # the ServerApp takes the lock
-        except (ValueError, FileExistsError, RunLocked) as err:
+        except (ValueError, FileExistsError, RunLocked, NotARegularFile) as err:
             raise ConfigError(str(err)) from None
         check_data(cfg)
         self.start()
@@ -805,7 +807,8 @@ def _end(proc: Any) -> None:
 def _write_log(run_dir: Path, log_path: Path, title: str) -> None:
     if run_dir.exists() and log_path.exists():
         body = log_path.read_text(errors="replace").rstrip()
-        (run_dir / "flower.log").write_text(f"===== ServerApp ({title}) =====\n{body}\n")
+        # never through a planted link
+        atomic_write_text(run_dir / "flower.log", f"===== ServerApp ({title}) =====\n{body}\n")
 
 
 __all__ = [

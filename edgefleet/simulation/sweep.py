@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from edgefleet import runlock
 from edgefleet.config import ConfigError
+from edgefleet.fileio import atomic_write_text
 from edgefleet.simulation.runner import (
     RAY_ADDRESS_WITH_SIZES,
     RAY_CLUSTER_KEYS,
@@ -218,7 +219,7 @@ class Sweep:
             ]
             mine["seeds"] = sorted(set(stored["seeds"]) | set(self.seeds))
         self.out.mkdir(parents=True, exist_ok=True)
-        manifest.write_text(json.dumps(mine, indent=2) + "\n")
+        atomic_write_text(manifest, json.dumps(mine, indent=2) + "\n")
         datasets = {}
         for run in self.runs:
             cfg, _ = resolve_run_config(self.scenario(run))
