@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
-from edgefleet.bounds import MAX_LABELS, bound_reason, describe
+from edgefleet.bounds import MAX_LABELS, bound_reason, describe, preview
 from edgefleet.bounds import REJECTIONS_KEPT as REJECTIONS_KEPT  # declared with the other caps
 from edgefleet.strategies.timing import LinkEstimate
 from edgefleet.wire import LINK_KBPS
@@ -128,10 +128,11 @@ def _check(spec: TelemetryField, value: object) -> float | str:
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"is a {type(value).__name__}, not a number")
-    number = float(value)
-    if not math.isfinite(number) or not spec.low <= number <= spec.high:
-        raise ValueError(f"{number!r} is not in [{spec.low:g}, {spec.high:g}]")
-    return number
+    # compared as sent (NaN and the infinities fail it), before float(): an int too large
+    # for a float raises OverflowError there
+    if not spec.low <= value <= spec.high:
+        raise ValueError(f"{preview(value)} is not in [{spec.low:g}, {spec.high:g}]")
+    return float(value)
 
 
 def screen_telemetry(record: object) -> Telemetry:
