@@ -39,6 +39,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edgefleet import bounds
+from edgefleet.config import parse_run_config
+from edgefleet.server.app import build_strategy
 from edgefleet.server.fleet import FILENAME, FleetWriter
 from edgefleet.server.results import MetricsWriter
 from edgefleet.strategies.context import ScreeningRow
@@ -226,10 +228,22 @@ def run_fleet(
     return keep
 
 
+STACKS: dict[str, Callable[[], Any]] = {
+    "fedavg": lambda: FedAvg(**KW),  # type: ignore[arg-type]
+    # EdgeFleet's own server stack from the run config: CA-HFP's reconstruction (which takes
+    # compact replies with a `kept` record) around FedSAG
+    "edgefleet": lambda: build_strategy(parse_run_config({"strategy": "fedsag"})),
+}
+
+
 @PROPERTY
-@given(reply=hostile_replies(), from_round=st.sampled_from([1, 2]))
+@given(
+    reply=hostile_replies(),
+    from_round=st.sampled_from([1, 2]),
+    stack=st.sampled_from(sorted(STACKS)),
+)
 def test_a_hostile_train_reply_costs_bounded_bytes(
-    reply: Callable[[Message, Message], Message], from_round: int
+    reply: Callable[[Message, Message], Message], from_round: int, stack: str
 ) -> None:
     rounds = iter(range(1, 10))
     sent: list[Message] = []
@@ -242,7 +256,7 @@ def test_a_hostile_train_reply_costs_bounded_bytes(
     handlers = {d + 1: (lambda m, d=d: honest_reply(m, d)) for d in range(HONEST)}
     handlers[HOSTILE_NODE] = hostile
     with tempfile.TemporaryDirectory() as tmp:
-        keep = run_fleet(handlers, FedAvg(**KW), Path(tmp))  # type: ignore[arg-type]
+        keep = run_fleet(handlers, STACKS[stack](), Path(tmp))
     claims = [m.content if m.has_content() else None for m in sent]
     for res, content in zip(keep.results, claims, strict=True):  # no honest device loses
         assert _honest(content) <= set(res.participants), res.rejected

@@ -550,3 +550,22 @@ def test_a_huge_status_answer_costs_a_bounded_row_log_and_state(
     costs.assert_bounded()
     for res in costs.results:  # the honest devices still train
         assert set(map(str, range(HONEST))) <= set(res.participants), res.participants
+
+
+def test_a_list_metric_the_reconstruction_reads_is_logged_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """CA-HFP's reconstruction reads each accepted reply's ``kept-fraction``. A list is kept
+    by the metrics screening when every reply of the round has one of the same length (here
+    the round's only reply), and the reconstruction logged it whole."""
+    import logging
+
+    def only(msg: Message) -> Message:
+        return _metrics(honest_reply(msg, 0), kept_fraction=MANY_FLOATS)
+
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        _, results = _run("edgefleet-fedsag", FakeGrid({1: only}), Screening(max_examples=1000.0))
+    for res in results:
+        assert res.context.section(ScreeningRow).round_dropped is None
+        assert res.participants == ["0"]
+    assert sum(len(r.getMessage()) for r in caplog.records) < LOG_BYTES

@@ -472,7 +472,8 @@ class RoundLoop:
         try:
             metrics = self.strategy.aggregate_evaluate(rnd, common_metrics(good, self.keys))
         except Exception as err:  # noqa: BLE001
-            log(WARNING, "Round %d: federated evaluation not aggregated: %r", rnd, err)
+            log(WARNING, "Round %d: federated evaluation not aggregated: %s", rnd,
+                bound_reason(f"{type(err).__name__}: {err}"))  # fmt: skip
             return {}
         return numbers(metrics)
 
