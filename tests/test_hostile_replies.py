@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.config import parse_run_config
@@ -61,7 +61,8 @@ def honest_reply(msg: Message, device: int) -> Message:
     return Message(RecordDict({"arrays": rec(new), "metrics": metrics}), reply_to=msg)
 
 
-Spoil = Callable[[Message, int], Message]  # (honest reply, round) -> what the liar sends
+# (honest reply, round) -> what the liar sends (an Error: it declines with it)
+Spoil = Callable[[Message, int], Any]
 
 
 def _metrics(reply: Message, **changes: Any) -> Message:
@@ -211,7 +212,8 @@ def _fleet(spoil: Spoil | None, without: tuple[int, ...] = ()) -> FakeGrid:
         rounds = iter(range(1, 100))
 
         def liar(msg: Message) -> Message:
-            return spoil(honest_reply(msg, HONEST), next(rounds))
+            out = spoil(honest_reply(msg, HONEST), next(rounds))
+            return Message(out, reply_to=msg) if isinstance(out, Error) else out  # declines
 
         handlers[LIAR_NODE] = liar
     return FakeGrid(handlers)
@@ -395,3 +397,175 @@ def test_bindings_survive_a_restart_of_the_loop() -> None:
     (res,) = keep.results
     assert res.participants == ["0", "1", "2", "3"]
     assert "bound to node 2" in res.rejected[0]["reason"]
+
+
+# -- what a hostile reply costs ---------------------------------------------------------------
+#
+# Every byte a reply or a status answer holds could reach a reason, a log line, a metrics row,
+# fleet.json or the checkpoint. The issue's cases (#44): each must cost a bounded row, log and
+# state, whatever its size. The bounds here are loose (a few times what an honest round of
+# this fleet costs) and absolute: the same for a value of 8 MB as for one of 8 KB.
+
+ROW_BYTES = 6_000  # one metrics.jsonl row
+FLEET_BYTES = 12_000  # fleet.json
+LOG_BYTES = 12_000  # the run's log, both rounds
+STATE_BYTES = 6_000  # the loop's checkpoint state (the device registry)
+
+MANY_FLOATS = [0.5] * 1_000_000  # 8 MB as float64: the issue's num-examples
+
+
+def _with_many_arrays(reply: Message, _: int) -> Message:
+    arrays = dict(reply.content["arrays"])
+    one = Array(np.zeros(1, dtype=np.float32))
+    arrays.update({f"name-{i:05d}-" + "x" * 180: one for i in range(20_000)})
+    return _with(reply, arrays=ArrayRecord(arrays))
+
+
+def _with_many_metric_records(reply: Message, _: int) -> Message:
+    extra = MetricRecord({"x": 1.0})
+    return _with(reply, **{f"metrics-{i:05d}-" + "y" * 90: extra for i in range(20_000)})
+
+
+_MANY_KEYS = {f"extra-metric-{i:06d}-" + "z" * 200: 1.0 for i in range(100_000)}
+
+
+def _with_many_metric_keys(reply: Message, _: int) -> Message:
+    return _with(reply, metrics=MetricRecord({**dict(reply.content["metrics"]), **_MANY_KEYS}))
+
+
+def _declines_at_length(reply: Message, _: int) -> Error:
+    return Error(code=0, reason="battery low\n" + "w" * 2_000_000)
+
+
+HUGE_CASES: list[tuple[str, Spoil]] = [
+    ("num-examples an 8 MB list of floats", lambda r, _: _metrics(r, num_examples=MANY_FLOATS)),
+    ("device-id an 8 MB list of floats", lambda r, _: _metrics(r, device_id=MANY_FLOATS)),
+    ("energy-spent an 8 MB list", lambda r, _: _metrics(r, energy_spent=MANY_FLOATS)),
+    ("20,000 array names", _with_many_arrays),
+    ("20,000 MetricRecords", _with_many_metric_records),
+    ("100,000 extra metric keys", _with_many_metric_keys),
+    ("a 2 MB decline reason", _declines_at_length),
+]
+
+
+@dataclass
+class Costs:
+    rows: list[int]  # bytes of each metrics.jsonl row
+    fleet: int  # bytes of fleet.json after the run
+    log: int  # bytes the run logged
+    state: int  # bytes of the loop's checkpoint state
+    results: list[RoundResult] = field(repr=False)
+
+    def assert_bounded(self) -> None:
+        assert max(self.rows) < ROW_BYTES, self.rows
+        assert self.fleet < FLEET_BYTES, self.fleet
+        assert self.log < LOG_BYTES, self.log
+        assert self.state < STATE_BYTES, self.state
+
+
+def run_costs(
+    grid: FakeGrid, tmp_path: Any, caplog: pytest.LogCaptureFixture, strategy: Any = None
+) -> Costs:
+    """Two rounds of the real loop over ``grid`` with the ServerApp's own writers of
+    metrics.jsonl and fleet.json; what the run wrote, logged and would checkpoint."""
+    import json
+    import logging
+
+    from edgefleet.server.fleet import FILENAME, FleetWriter
+    from edgefleet.server.results import MetricsWriter
+
+    strategy = strategy or FedAvg(**COMMON)  # type: ignore[arg-type]
+    keep = Keep()
+    callbacks = [*getattr(strategy, "round_callbacks", list)(), MetricsWriter(tmp_path),
+                 FleetWriter(tmp_path), keep]  # fmt: skip
+    loop = RoundLoop(strategy, grid, evaluate_fn=no_eval, callbacks=callbacks,
+                     screening=Screening(max_examples=1000.0))  # fmt: skip
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="flwr"):
+        loop.run(rec(W0), ROUNDS)
+    logged = sum(len(r.getMessage()) for r in caplog.records)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    return Costs(
+        rows=[len(line) for line in lines],
+        fleet=len((tmp_path / FILENAME).read_text()),
+        log=logged,
+        state=len(json.dumps(loop.state_dict())),
+        results=keep.results,
+    )
+
+
+@pytest.mark.parametrize(("name", "spoil"), HUGE_CASES, ids=[c[0] for c in HUGE_CASES])
+def test_a_huge_reply_costs_a_bounded_row_log_and_state(
+    name: str, spoil: Spoil, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Honest in round 1 (so its device is bound, and keeps its rejections), hostile after.
+    costs = run_costs(_fleet(lambda r, rnd: spoil(r, rnd) if rnd > 1 else r), tmp_path, caplog)
+    costs.assert_bounded()
+    first, second = costs.results
+    assert first.participants == [str(d) for d in range(HONEST + 1)], first.participants
+    assert second.participants == [str(d) for d in range(HONEST)], second.participants
+    assert second.context.section(ScreeningRow).round_dropped is None
+    assert len(second.rejected) + len(second.declined) == 1
+
+
+def _status_fleet(status: dict[str, Any]) -> FakeGrid:
+    """Four honest devices that answer status queries and train; a fifth whose status
+    answer is ``status`` (it trains honestly)."""
+
+    def node(device: int, answer: dict[str, Any]) -> Callable[[Message], Message]:
+        def handle(msg: Message) -> Message:
+            if msg.metadata.message_type == MessageType.QUERY:
+                record = MetricRecord(answer)  # type: ignore[arg-type]
+                return Message(RecordDict({"status": record}), reply_to=msg)
+            return honest_reply(msg, device)
+
+        return handle
+
+    handlers = {d + 1: node(d, {"device-id": d, "feasible": 1, "labels": [d % 3]})
+                for d in range(HONEST)}  # fmt: skip
+    handlers[LIAR_NODE] = node(HONEST, status)
+    return FakeGrid(handlers)  # type: ignore[arg-type]
+
+
+STATUS_CASES: list[tuple[str, dict[str, Any]]] = [
+    ("200,000 labels", {"device-id": HONEST, "feasible": 1, "labels": list(range(200_000))}),
+    ("labels of huge class numbers",
+     {"device-id": HONEST, "feasible": 1, "labels": [10**18 + i for i in range(1000)]}),
+    ("device-id an 8 MB list", {"device-id": MANY_FLOATS, "feasible": 1}),
+    ("feasible an 8 MB list", {"device-id": HONEST, "feasible": MANY_FLOATS}),
+    ("battery-level an 8 MB list", {"device-id": HONEST, "battery-level": MANY_FLOATS}),
+    ("num-partitions a long list", {"device-id": HONEST, "num-partitions": list(range(10**6))}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "status"), STATUS_CASES, ids=[c[0] for c in STATUS_CASES])
+def test_a_huge_status_answer_costs_a_bounded_row_log_and_state(
+    name: str, status: dict[str, Any], tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from edgefleet.strategies.sessions import WarmStartInitializer
+
+    # The sessions wrapper asks for the devices' labels (its rows' session accuracy).
+    strategy = WarmStartInitializer(FedAvg(**COMMON), store=tmp_path / "store", initial=rec(W0))  # type: ignore[arg-type]
+    costs = run_costs(_status_fleet(status), tmp_path, caplog, strategy)
+    costs.assert_bounded()
+    for res in costs.results:  # the honest devices still train
+        assert set(map(str, range(HONEST))) <= set(res.participants), res.participants
+
+
+def test_a_list_metric_the_reconstruction_reads_is_logged_bounded(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """CA-HFP's reconstruction reads each accepted reply's ``kept-fraction``. A list is kept
+    by the metrics screening when every reply of the round has one of the same length (here
+    the round's only reply), and the reconstruction logged it whole."""
+    import logging
+
+    def only(msg: Message) -> Message:
+        return _metrics(honest_reply(msg, 0), kept_fraction=MANY_FLOATS)
+
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        _, results = _run("edgefleet-fedsag", FakeGrid({1: only}), Screening(max_examples=1000.0))
+    for res in results:
+        assert res.context.section(ScreeningRow).round_dropped is None
+        assert res.participants == ["0"]
+    assert sum(len(r.getMessage()) for r in caplog.records) < LOG_BYTES

@@ -169,3 +169,59 @@ def test_the_selection_line_names_devices_caps_the_list_and_never_says_zero_aske
     many = selection_line([str(i) for i in range(25)], 30, {}, 30)
     assert many.endswith("9, and 15 more; 30 status queries")
     assert selection_line([], 0, {}, 0) == "0 of 0 nodes selected"
+
+
+def test_every_telemetry_value_the_mod_sends_reaches_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The names on /metrics are those of what the devices really send (the energy mod's
+    record, hyphens and all), not a list typed here: each numeric value the mod sent reaches
+    ``edgefleet_device_telemetry_<name with underscores>`` with its value."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from edgefleet.client import mods
+    from edgefleet.dashboard.metrics import render
+    from edgefleet.server.results import MetricsWriter
+
+    # Board readings this machine may lack (no thermal zone in a container), so that the mod
+    # sends every field of its table; the link rate is what an operator declares.
+    monkeypatch.setattr(mods, "cpu_temperature", lambda *_: 47.5)
+    monkeypatch.setattr(mods, "free_memory_mb", lambda *_: 2048.0)
+    app = _device_app()
+    context = Context(
+        run_id=1, node_id=1, node_config={"device-id": 0, "link-kbps": 512}, state=RecordDict(),
+        run_config={},
+    )  # fmt: skip
+    sent: list[dict[str, object]] = []
+
+    def node(msg: Message) -> Message:
+        reply = app(msg, context)
+        if msg.metadata.message_type == MessageType.QUERY:
+            sent.append(dict(reply.content[TELEMETRY_RECORD]))
+        return reply
+
+    strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=1, slots_per_round=4)
+    callbacks = [*strategy.round_callbacks(), FleetWriter(tmp_path), MetricsWriter(tmp_path)]
+    loop = RoundLoop(strategy, FakeGrid({1: node}), evaluate_fn=no_eval, callbacks=callbacks)  # type: ignore[arg-type]
+    loop.run(rec(w=np.zeros(1)), 1)
+
+    numeric = {k: v for k, v in sent[-1].items() if isinstance(v, float)}
+    assert any("-" in k for k in numeric)  # the case the name check used to drop
+    assert set(numeric) == {k for k, f in TELEMETRY_FIELDS.items() if f.kind is float}
+    families = {f.name: f for f in text_string_to_metric_families(render(tmp_path).decode())}
+    for key, value in numeric.items():
+        name = "edgefleet_device_telemetry_" + key.replace("-", "_")
+        assert name in families, (key, sorted(families))
+        assert {s.labels["device"]: s.value for s in families[name].samples} == {"0": value}
+
+
+def test_a_field_name_prometheus_cannot_hold_is_refused_not_guessed() -> None:
+    from edgefleet.dashboard.metrics import _numeric_fields, metric_name
+
+    assert metric_name("cpu-temp-c") == "cpu_temp_c" and metric_name("Load-1M") == "load_1m"
+    for bad in ("a.b", "temp c", "températ", "1st", "x" * 65, "", "a{b}", "a\nb"):
+        assert metric_name(bad) is None, bad
+    device = {"device": "3", "battery": 1.0,
+              "telemetry": {"load-1m": 0.5, "load_1m": 9.0, "a.b": 1.0, "arch": "arm"}}  # fmt: skip
+    # load-1m and load_1m map to one name: the first is kept, never two samples of one name
+    assert dict(_numeric_fields(device)) == {"battery": 1.0, "telemetry_load_1m": 0.5}

@@ -8,13 +8,16 @@ last exposition while both files hold the same bytes: see ``app.py``.)
 
 Per device (label ``device``): battery, online, last round seen, participations, declines,
 last round trained, and any other numeric field the server adds to a device's entry
-(telemetry), as ``edgefleet_device_<field>``. Not of every device ``fleet.json`` names (the
-server never forgets one): a device offline for more than ``offline_rounds`` rounds leaves,
-and of the rest at most ``max_devices`` are exported (online first, then the most recently
-seen), within :data:`MAX_DEVICE_SAMPLES` samples; ``edgefleet_devices`` (all known) beside
-``edgefleet_devices_exported`` and ``edgefleet_devices_export_limit`` shows the cut.
-Counters over the rows: rounds, replies accepted, declined and rejected (by reason), bytes up
-and down, energy spent. Run gauges:
+(telemetry), as ``edgefleet_device_<field>``: a field's hyphens become underscores (the
+devices' telemetry is spelled ``load-1m``, ``cpu-temp-c``, ``link-kbps``: the gauge is
+``edgefleet_device_telemetry_load_1m``), and a field whose name has any other character a
+Prometheus name cannot hold is left out (:func:`metric_name`). Not of every device
+``fleet.json`` names (the server never forgets one): a device offline for more than
+``offline_rounds`` rounds leaves, and of the rest at most ``max_devices`` are exported (online
+first, then the most recently seen), within :data:`MAX_DEVICE_SAMPLES` samples;
+``edgefleet_devices`` (all known) beside ``edgefleet_devices_exported`` and
+``edgefleet_devices_export_limit`` shows the cut. Counters over the rows: rounds, replies
+accepted, declined and rejected (by reason), bytes up and down, energy spent. Run gauges:
 round, session, accuracy and loss, task-vector growth and its tau, devices known and online.
 """
 
@@ -237,22 +240,38 @@ def _last(rows: list[dict[str, Any]], key: str) -> float | None:
     return None
 
 
+def metric_name(field: str) -> str | None:
+    """The metric-name part for a ``fleet.json`` field: lower case, hyphens as underscores
+    (``load-1m`` -> ``load_1m``); None for a name with any other character outside
+    ``[a-z0-9_]`` (or too long), which is refused rather than guessed at."""
+    name = field.lower().replace("-", "_")
+    return name if NAME.match(name) else None
+
+
 def _numeric_fields(device: dict[str, Any]) -> Iterator[tuple[str, float]]:
-    """A device entry's numeric fields, one level of nesting flattened (``telemetry.load`` is
-    ``telemetry_load``); bools as 0/1, anything else (strings, NaN) left out."""
+    """A device entry's numeric fields, one level of nesting flattened (``telemetry.load-1m``
+    is ``telemetry_load_1m``); bools as 0/1, anything else (strings, NaN) left out, and a
+    second field that maps to a name already given too (one sample per name and device)."""
+    seen: set[str] = set()
+
+    def field(key: str, value: Any) -> tuple[str, float] | None:
+        name = metric_name(key)
+        v = 1.0 if value is True else 0.0 if value is False else number(value)
+        if v is None or name is None or name in seen:
+            return None
+        seen.add(name)
+        return name, v
+
     for key, value in device.items():
         if not isinstance(key, str):
             continue
         if isinstance(value, dict):
             for sub, inner in value.items():
-                name = f"{key}_{sub}".lower()
-                v = 1.0 if inner is True else 0.0 if inner is False else number(inner)
-                if v is not None and NAME.match(name):
-                    yield name, v
+                if isinstance(sub, str) and (item := field(f"{key}_{sub}", inner)) is not None:
+                    yield item
             continue
-        v = 1.0 if value is True else 0.0 if value is False else number(value)
-        if v is not None and NAME.match(key.lower()):
-            yield key.lower(), v
+        if (item := field(key, value)) is not None:
+            yield item
 
 
 def render(run_dir: Path, **limits: int) -> bytes:

@@ -58,6 +58,7 @@ import torch
 import torch_pruning as tp
 from torch import Tensor, nn
 
+from edgefleet.bounds import names
 from edgefleet.pruning.importance import evaluating
 from edgefleet.pruning.names import BUDGETS
 
@@ -347,12 +348,12 @@ class PruningPlan:
         """Why ``kept`` (e.g. a client's reply) cannot be used with this plan, or None."""
         if not isinstance(kept, Mapping):
             return f"kept channels must be a mapping of group name to indices, got {type(kept)}"
-        unknown = sorted(set(kept) - set(self._groups))
-        missing = sorted(set(self._groups) - set(kept))
-        if unknown:
-            return f"unknown groups {unknown}"
+        unknown = set(kept) - set(self._groups)
+        missing = set(self._groups) - set(kept)
+        if unknown:  # a reply's names: listed bounded
+            return f"unknown groups {names(unknown)}"
         if missing:
-            return f"missing groups {missing}"
+            return f"missing groups {names(missing)}"
         for g, n in self._groups.items():
             idx = kept[g]
             if not isinstance(idx, np.ndarray):

@@ -32,6 +32,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
+from edgefleet.bounds import MAX_LABELS, bound_reason, describe
 from edgefleet.strategies.context import RoundContext, ScreeningRow, TelemetryRow, current_round
 from edgefleet.strategies.hooks import StrategyHooks, hooks_of
 from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult, numbers
@@ -170,11 +171,12 @@ def _screened(
     out: dict[int, DeviceStatus] = {}
     for node, status in parsed.items():
         if node in reasons:
-            log(WARNING, "Ignoring the status of node %d: %s", node, reasons[node])
+            reason = bound_reason(reasons[node])
+            log(WARNING, "Ignoring the status of node %d: %s", node, reason)
             row = ctx.section(ScreeningRow)
             row.status_refused = [
                 *(row.status_refused or []),
-                {"device": registry.name(node), "reason": reasons[node]},
+                {"device": registry.name(node), "reason": reason},
             ]
             continue
         out[node] = status
@@ -201,7 +203,7 @@ def _feasible(value: object) -> bool:
     but 0 or 1 makes the answer malformed (NaN, 0.5 or a list once counted as feasible)."""
     feasible = parse_feasible(value)
     if feasible is None:
-        raise ValueError(f"feasible {value!r} is not 0 or 1")
+        raise ValueError(f"feasible ({describe(value)}) is not 0 or 1")
     return feasible
 
 
@@ -210,30 +212,52 @@ def _partitions(node: int, value: object) -> int | None:
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 10**7:
-        log(WARNING, "Node %d: num-partitions %r is not a whole number in [1, 1e7]; dropped",
-            node, value)  # fmt: skip
+        log(WARNING, "Node %d: num-partitions (%s) is not a whole number in [1, 1e7]; dropped",
+            node, describe(value))  # fmt: skip
         return None
     return value
+
+
+def _labels(value: object) -> tuple[int, ...]:
+    """A status answer's ``labels``: at most MAX_LABELS class indices, each a whole number in
+    [0, MAX_LABELS); else ValueError (the answer is malformed: no data set of an honest
+    device has more classes, and the sessions wrapper writes their union into every row)."""
+    if not isinstance(value, list):
+        raise ValueError(f"labels ({describe(value)}) is not a list")
+    if len(value) > MAX_LABELS:
+        raise ValueError(f"labels is a list of {len(value):,} (at most {MAX_LABELS})")
+    if not all(_class_index(c) for c in value):
+        raise ValueError(f"labels must be whole numbers in [0, {MAX_LABELS})")
+    return tuple(int(c) for c in value)
+
+
+def _class_index(value: object) -> bool:
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and 0 <= value < MAX_LABELS
+        and float(value).is_integer()
+    )
 
 
 def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
     raw_id = status.get(DEVICE_ID)
     device = f"node-{node}" if raw_id is None else parse_device_id(raw_id)
-    labels = status.get(LABELS, [])
-    if device is None or not isinstance(labels, list):
-        log(WARNING, "Ignoring a malformed status from node %d: device-id %r", node, raw_id)
+    if device is None:
+        log(WARNING, "Ignoring a malformed status from node %d: device-id (%s)", node,
+            describe(raw_id))  # fmt: skip
         return None
     try:
         return DeviceStatus(
             device=device,
             feasible=_feasible(status.get(FEASIBLE, 1)),
             present=bool(status.get(PRESENT, 1)),
-            labels=tuple(int(c) for c in labels),
+            labels=_labels(status.get(LABELS, [])),
             battery=parse_battery(node, status.get(BATTERY_LEVEL)),
             partitions=_partitions(node, status.get(NUM_PARTITIONS)),
         )
     except (TypeError, ValueError, OverflowError) as err:  # int(inf) is an OverflowError
-        log(WARNING, "Ignoring a malformed status from node %d: %r", node, err)
+        log(WARNING, "Ignoring a malformed status from node %d: %s", node, bound_reason(err))
         return None
 
 

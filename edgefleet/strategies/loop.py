@@ -39,6 +39,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
+from edgefleet.bounds import bound_reason
 from edgefleet.strategies.context import (
     RoundContext,
     ScreeningRow,
@@ -59,6 +60,7 @@ from edgefleet.strategies.screening import (
     Screening,
     array_values,
     check_bounds,
+    check_metric_sizes,
     common_metrics,
     first_metrics,
     model_norm,
@@ -425,7 +427,8 @@ class RoundLoop:
         try:
             new, metrics = self.strategy.aggregate_train(rnd, accepted)
         except Exception as err:  # noqa: BLE001 - a device's reply must never end a run
-            reason = f"aggregation failed: {type(err).__name__}: {err}"
+            # bounded: an error's message may quote what a reply held
+            reason = bound_reason(f"aggregation failed: {type(err).__name__}: {err}")
             log(WARNING, "Round %d dropped (model unchanged): %s", rnd, reason)
             row.round_dropped = reason
             return None, {}
@@ -458,13 +461,19 @@ class RoundLoop:
             if len(records) != 1 or not weight > 0:
                 log(WARNING, "Dropping evaluation reply from %s", self.device_of(msg))
                 continue
+            # its keys would be kept in the row's federated metrics
+            too_big = check_metric_sizes(reply_metrics(msg.content))
+            if too_big:
+                log(WARNING, "Dropping evaluation reply from %s: %s", self.device_of(msg), too_big)
+                continue
             good.append(msg)
         if not good:
             return {}
         try:
             metrics = self.strategy.aggregate_evaluate(rnd, common_metrics(good, self.keys))
         except Exception as err:  # noqa: BLE001
-            log(WARNING, "Round %d: federated evaluation not aggregated: %r", rnd, err)
+            log(WARNING, "Round %d: federated evaluation not aggregated: %s", rnd,
+                bound_reason(f"{type(err).__name__}: {err}"))  # fmt: skip
             return {}
         return numbers(metrics)
 
@@ -495,13 +504,15 @@ class RoundLoop:
 
         def reject(msg: Message, reason: str, device: str | None = None) -> None:
             device = device or self.device_of(msg)
+            reason = bound_reason(reason)  # the row, the log and the registry keep it
             log(WARNING, "Dropping reply from device %s: %s", device, reason)
             rejected.append({"device": device, "reason": reason})
 
         candidates: list[Message] = []
         for msg in replies:
             if msg.has_error():
-                log(INFO, "Device %s declined: %s", self.device_of(msg), msg.error.reason)
+                why = bound_reason(msg.error.reason)  # the device's own words
+                log(INFO, "Device %s declined: %s", self.device_of(msg), why)
                 declined.append(self.device_of(msg))
                 continue
             try:

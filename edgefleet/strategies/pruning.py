@@ -56,6 +56,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import State, to_numpy, to_record
+from edgefleet.bounds import describe
 from edgefleet.pruning.names import RECONSTRUCTIONS
 from edgefleet.pruning.reconstruct import compact_slice, elementwise_average, scatter
 from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
@@ -325,6 +326,6 @@ def _metric(msg: Message, key: str, default: float) -> float:
     value = reply_metrics(msg.content).get(key, default)
     try:
         return float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        log(WARNING, "metric %r is not a number: %r", key, value)
+    except (TypeError, ValueError, OverflowError):  # a list; an int too large for a float
+        log(WARNING, "metric %r is not a number: %s", key, describe(value))
         return default

@@ -48,11 +48,10 @@ from typing import Any
 import numpy as np
 from flwr.common import log
 
+from edgefleet.bounds import MAX_LABELS, bound_reason, describe, preview
+from edgefleet.bounds import REJECTIONS_KEPT as REJECTIONS_KEPT  # declared with the other caps
 from edgefleet.strategies.timing import LinkEstimate
 from edgefleet.wire import LINK_KBPS
-
-# How many rejection reasons a device's record keeps (the newest), for the fleet view.
-REJECTIONS_KEPT = 20
 
 
 class BindingMode(StrEnum):
@@ -129,10 +128,11 @@ def _check(spec: TelemetryField, value: object) -> float | str:
         return value
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"is a {type(value).__name__}, not a number")
-    number = float(value)
-    if not math.isfinite(number) or not spec.low <= number <= spec.high:
-        raise ValueError(f"{number!r} is not in [{spec.low:g}, {spec.high:g}]")
-    return number
+    # compared as sent (NaN and the infinities fail it), before float(): an int too large
+    # for a float raises OverflowError there
+    if not spec.low <= value <= spec.high:
+        raise ValueError(f"{preview(value)} is not in [{spec.low:g}, {spec.high:g}]")
+    return float(value)
 
 
 def screen_telemetry(record: object) -> Telemetry:
@@ -169,11 +169,12 @@ def parse_battery(node: int, value: object) -> float | None:
     if value is None:
         return None
     if not isinstance(value, int | float) or isinstance(value, bool):
-        log(WARNING, "Node %d: battery-level %r is not a number; dropped", node, value)
+        log(WARNING, "Node %d: battery-level (%s) is not a number; dropped", node,
+            describe(value))  # fmt: skip
         return None
-    if not (0.0 <= float(value) <= MAX_BATTERY):  # also NaN
-        log(WARNING, "Node %d: battery-level %r is not in [0, %g]; dropped", node, value,
-            MAX_BATTERY)  # fmt: skip
+    if not (0.0 <= value <= MAX_BATTERY):  # also NaN; no float(): an int may not fit one
+        log(WARNING, "Node %d: battery-level (%s) is not in [0, %g]; dropped", node,
+            describe(value), MAX_BATTERY)  # fmt: skip
         return None
     return float(value)
 
@@ -514,7 +515,8 @@ class DeviceRegistry:
                 record.last_seen = rnd
         for item in rejected:
             if (record := self.devices.get(item["device"])) is not None:
-                record.rejections = [*record.rejections, (rnd, item["reason"])][-REJECTIONS_KEPT:]
+                reason = bound_reason(item["reason"])  # the loop's are; a caller's may not be
+                record.rejections = [*record.rejections, (rnd, reason)][-REJECTIONS_KEPT:]
 
     # -- checkpoint ------------------------------------------------------------------------
 
@@ -570,12 +572,14 @@ class DeviceRegistry:
                 str(d): DeviceRecord(
                     device=str(d),
                     node=int(r["node"]),
-                    labels=tuple(int(c) for c in r.get("labels", [])),
+                    labels=tuple(int(c) for c in r.get("labels", []))[:MAX_LABELS],
                     last_seen=int(r.get("last_seen", 0)),
                     participations=int(r.get("participations", 0)),
                     last_trained=int(r.get("last_trained", 0)),
                     declines=int(r.get("declines", 0)),
-                    rejections=[(int(a), str(b)) for a, b in r.get("rejections", [])],
+                    rejections=[(int(a), bound_reason(b)) for a, b in r.get("rejections", [])][
+                        -REJECTIONS_KEPT:
+                    ],
                     link=None if r.get("link") is None else LinkEstimate.from_state(r["link"]),
                     kept_fraction=None
                     if r.get("kept_fraction") is None

@@ -45,6 +45,11 @@ do to a round is bounded by what the server knows:
 - Metrics other than the weight are not grounds for rejection: :func:`common_metrics`
   keeps the keys every reply holds with one numeric kind and leaves the rest out of the
   average (a device on another client version may send an extra key).
+
+Sizes (:mod:`edgefleet.bounds`): a reply with more records, arrays in one ArrayRecord,
+metric keys or longer metric keys than the caps there is rejected before anything lists
+them, and every reason describes what a device sent by type and size (``got list of
+1,000,000 floats``), never by its value.
 """
 
 from __future__ import annotations
@@ -64,6 +69,17 @@ from flwr.common import log
 from flwr.common.constant import SType
 from flwr.serverapp.strategy import Strategy
 
+from edgefleet.bounds import (
+    MAX_ARRAYS,
+    MAX_DEVICE_ID_DIGITS,
+    MAX_METRIC_KEY_CHARS,
+    MAX_METRIC_KEYS,
+    MAX_RECORDS,
+    describe,
+    names,
+    preview,
+    truncate,
+)
 from edgefleet.pruning.wire import KEPT  # NumPy only: CA-HFP's kept-channels record
 from edgefleet.strategies.registry import BindingMode
 from edgefleet.wire import DEVICE_ID
@@ -96,9 +112,8 @@ NORM_FLOOR = 0.5
 MIN_NORM_REPLIES = 3  # a median of fewer norms is not robust to one outlier
 NORM_HISTORY_ROUNDS = 5  # rounds of accepted norms a round with few replies may draw on
 BINDINGS: tuple[str, ...] = tuple(m.value for m in BindingMode)  # declared by the registry
-# Device ids are small integers on EdgeFleet's devices; anything longer than this is not an
-# id a fleet hands out, and would bloat every row it is written to.
-MAX_DEVICE_ID_DIGITS = 18
+# Device ids are small integers on EdgeFleet's devices; one longer than MAX_DEVICE_ID_DIGITS
+# (edgefleet.bounds) is not an id a fleet hands out, and would bloat every row it is in.
 
 
 @dataclass(frozen=True)
@@ -150,7 +165,8 @@ def parse_device_id(value: object) -> str | None:
     if isinstance(value, float) and (not math.isfinite(value) or value != int(value)):
         return None
     number = int(value)
-    if number < 0 or len(str(number)) > MAX_DEVICE_ID_DIGITS:
+    # compared, not len(str(...)): str() of an int of thousands of digits raises
+    if number < 0 or number >= 10**MAX_DEVICE_ID_DIGITS:
         return None
     return str(number)
 
@@ -194,13 +210,38 @@ def check_train_reply(msg: Message, reference: ArrayRecord, keys: RecordKeys) ->
 
 def check_records(content: RecordDict) -> str | None:
     """Why ``content`` does not hold one model ArrayRecord (besides CA-HFP's ``kept``) and
-    one MetricRecord."""
-    model = [name for name in content.array_records if name != KEPT]
-    if len(model) != 1 or len(content.metric_records) != 1:
+    one MetricRecord, or holds more records, or an ArrayRecord more arrays, than the caps
+    allow (:mod:`edgefleet.bounds`)."""
+    if len(content) > MAX_RECORDS:
+        return f"the reply holds {len(content):,} records (at most {MAX_RECORDS})"
+    arrays = content.array_records
+    for name, record in arrays.items():
+        if len(record) > MAX_ARRAYS:
+            return (
+                f"ArrayRecord {truncate(name)!r} holds {len(record):,} arrays "
+                f"(at most {MAX_ARRAYS})"
+            )
+    model = [name for name in arrays if name != KEPT]
+    metrics = content.metric_records
+    if len(model) != 1 or len(metrics) != 1:
         return (
             f"expected one ArrayRecord with the model and one MetricRecord, got "
-            f"ArrayRecords {sorted(content.array_records)} and MetricRecords "
-            f"{sorted(content.metric_records)}"
+            f"ArrayRecords {names(arrays)} and MetricRecords {names(metrics)}"
+        )
+    return None
+
+
+def check_metric_sizes(metrics: MetricRecord) -> str | None:
+    """Why a reply's metrics hold more keys, or longer keys, than the caps allow, or None.
+    Checked before any key is listed or aggregated: what passes is kept in the aggregated
+    metrics (Flower's Result, a row's federated evaluation)."""
+    if len(metrics) > MAX_METRIC_KEYS:
+        return f"the reply holds {len(metrics):,} metric keys (at most {MAX_METRIC_KEYS})"
+    long = next((k for k in metrics if len(k) > MAX_METRIC_KEY_CHARS), None)
+    if long is not None:
+        return (
+            f"metric key {truncate(long)!r} has {len(long):,} characters "
+            f"(at most {MAX_METRIC_KEY_CHARS})"
         )
     return None
 
@@ -209,18 +250,22 @@ def check_metrics(metrics: MetricRecord, keys: RecordKeys) -> str | None:
     """Why a train reply's metrics are unusable (the weight, the optional device id), or None.
 
     The weight must be a positive finite number up to 2**53; ``num-examples`` (a count)
-    must also be a whole number. A custom weight key may be fractional."""
+    must also be a whole number. A custom weight key may be fractional. The metrics' sizes
+    first (:func:`check_metric_sizes`)."""
+    reason = check_metric_sizes(metrics)
+    if reason:
+        return reason
     n = metrics.get(keys.weight)
     if isinstance(n, bool) or not isinstance(n, int | float) or not _finite(n) or not n > 0:
-        return f"metric {keys.weight!r} must be a positive finite number, got {n!r}"
+        return f"metric {keys.weight!r} must be a positive finite number, got {describe(n)}"
     if n > MAX_WEIGHT:
-        return f"metric {keys.weight!r} = {n!r} is above {MAX_WEIGHT:.0f}"
+        return f"metric {keys.weight!r} = {preview(n)} is above {MAX_WEIGHT:.0f}"
     if keys.weight == NUM_EXAMPLES and not float(n).is_integer():
-        return f"metric {keys.weight!r} must be a whole number, got {n!r}"
+        return f"metric {keys.weight!r} must be a whole number, got {preview(n)}"
     if DEVICE_ID in metrics and parse_device_id(metrics[DEVICE_ID]) is None:
         return (
             f"metric {DEVICE_ID!r} must be a non-negative integer of at most "
-            f"{MAX_DEVICE_ID_DIGITS} digits, got {metrics[DEVICE_ID]!r}"
+            f"{MAX_DEVICE_ID_DIGITS} digits, got {describe(metrics[DEVICE_ID])}"
         )
     return None
 
@@ -230,9 +275,11 @@ def check_arrays(
 ) -> str | None:
     """Why ``arrays`` do not match ``expected`` (key -> (shape, dtype)) or hold non-finite
     values, or None."""
+    if len(arrays) > MAX_ARRAYS:  # before a set of their names is made
+        return f"the ArrayRecord holds {len(arrays):,} arrays (at most {MAX_ARRAYS})"
     if set(arrays) != set(expected):
         missing, extra = set(expected) - set(arrays), set(arrays) - set(expected)
-        return f"array keys differ: missing {sorted(missing)}, unexpected {sorted(extra)}"
+        return f"array keys differ: missing {names(missing)}, unexpected {names(extra)}"
     for key, (shape, dtype) in expected.items():
         got = arrays[key]
         if tuple(got.shape) != shape or got.dtype != dtype:
@@ -316,13 +363,13 @@ def check_bounds(metrics: MetricRecord, keys: RecordKeys, screening: Screening) 
     n = metrics.get(keys.weight)
     limit = screening.max_examples
     if limit is not None and isinstance(n, int | float) and n > limit:
-        return f"metric {keys.weight!r} = {n!r} is above the round's bound {limit:g}"
+        return f"metric {keys.weight!r} = {preview(n)} is above the round's bound {limit:g}"
     if ENERGY_SPENT in metrics:
         energy = metrics[ENERGY_SPENT]
         top = screening.max_energy
         if not _number(energy) or energy < 0 or (top is not None and energy > top):  # type: ignore[operator]
             span = f"[0, {top:g}]" if top is not None else ">= 0"
-            return f"metric {ENERGY_SPENT!r} must be a finite number {span}, got {energy!r}"
+            return f"metric {ENERGY_SPENT!r} must be a finite number {span}, got {describe(energy)}"
     return None
 
 
@@ -475,12 +522,12 @@ def common_metrics(replies: Sequence[Message], keys: RecordKeys) -> list[Message
     same_names = len({_record_names(m) for m in replies}) == 1
     if same_names and all(set(k) <= keep for k in kinds):
         return list(replies)
-    dropped = sorted(set().union(*kinds) - keep)
+    dropped = set().union(*kinds) - keep
     if dropped:
         log(
             INFO,
             "Metrics %s are not in every reply with one numeric kind: aggregating on the other %d",
-            dropped,
+            names(dropped),
             len(keep),
         )
     if not same_names:
