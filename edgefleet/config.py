@@ -34,6 +34,7 @@ from edgefleet.strategies.robust import ROBUST_RULES, RULE_PARAMS, RobustRule
 from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
 from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR, NORM_FLOOR
 from edgefleet.strategies.selection import SELECTION_ORDERS
+from edgefleet.strategies.stopping import FORMS as STOPPING_FORMS
 from edgefleet.strategies.stopping import NORMS as STOPPING_NORMS
 from edgefleet.strategies.stopping import VALIDATION_RULES
 from edgefleet.strategies.timing import WAIT_MODES
@@ -533,6 +534,13 @@ class StoppingConfig:
         "l2",
         _choice(STOPPING_NORMS),
         "`l2` or `squared` (then use tau' = (1+tau)^2 - 1, about 2 tau)",
+    )
+    form: str = key(
+        "stopping.form",
+        "reference",
+        _choice(STOPPING_FORMS),
+        "`reference` (the reference code's rule: patience counts rounds in a row, on "
+        "`stopping.norm`) or `seed` (the seed's: squared norm, a counter never reset)",
     )
     validation_rule: str = key(
         "stopping.validation-rule",

@@ -171,7 +171,13 @@ def build_strategy(
         enforce = sc.mode == StoppingMode.DATA_FREE
         keys = central.keys  # type: ignore[union-attr]
         strategy = TaskVectorStopping(
-            strategy, tau=sc.tau, patience=sc.patience, norm=sc.norm, keys=keys, enforce=enforce
+            strategy,
+            tau=sc.tau,
+            patience=sc.patience,
+            norm=sc.norm,
+            keys=keys,
+            enforce=enforce,
+            form=sc.form,
         )
     if sc.mode in ("validation", "observe"):
         strategy = ValidationStopping(
