@@ -50,8 +50,13 @@ class StrategyName(StrEnum):
     FEDAVG = "fedavg"
     FEDPROX = "fedprox"
     FEDSAG = "fedsag"
+    MIFA = "mifa"
+    FEDVARP = "fedvarp"
+    SCAFFOLD = "scaffold"
 
 
+# FedSAG and the baselines that are fixed configurations of it (robust rules go inside them).
+SAGA_FAMILY: tuple[str, ...] = ("fedsag", "mifa", "fedvarp")
 STRATEGIES: tuple[str, ...] = tuple(m.value for m in StrategyName)
 
 
@@ -272,7 +277,12 @@ def _float_list(low: float, high: float, low_open: bool, example: str) -> Check:
 class ServerConfig:
     num_rounds: int = key("num-server-rounds", 5, _at_least(1), "round budget")
     strategy: str = key(
-        "strategy", "fedavg", _choice(STRATEGIES), "`fedavg`, `fedprox`, `fedsag` (SAGA memory)"
+        "strategy",
+        "fedavg",
+        _choice(STRATEGIES),
+        "`fedavg`, `fedprox`, `fedsag` (SAGA memory), and the field's baselines: `mifa`, "
+        "`fedvarp`, `scaffold` (needs a ClientApp that applies its correction; "
+        "docs/explanation/field-baselines.md)",
     )
     fraction_train: float = key(
         "fraction-train", 1.0, _fraction, "fraction of online nodes asked to train each round"
@@ -1082,6 +1092,7 @@ def _check_together(cfg: RunConfig) -> None:
             f"run config 'energy.capacity' = {e.capacity}: below one round's cost "
             f"{e.round_cost:g} (energy.train-slots + 1), so no device could ever train"
         )
+    _check_baselines(cfg)
     p = cfg.pruning
     if p.reconstruction == "elementwise" and cfg.server.strategy not in ("fedavg", "fedprox"):
         raise ConfigError(
@@ -1112,6 +1123,36 @@ def _check_together(cfg: RunConfig) -> None:
             f"run config 'warmstart.aux-rounds' = {w.aux_rounds}: must be below "
             f"sessions.rounds = {s.rounds}, or no round of a session is left to train"
         )
+
+
+def _check_baselines(cfg: RunConfig) -> None:
+    """MIFA and FedVARP fix FedSAG's form; SCAFFOLD's correction fits only the full model
+    and replaces the aggregation a robust rule would."""
+    srv, strategy = cfg.server, cfg.server.strategy
+    if strategy in ("mifa", "fedvarp"):
+        form = ("saga.init", "saga.estimator", "saga.memory-mean", "saga.correction")
+        values = (srv.saga_init, srv.saga_estimator, srv.saga_memory_mean, srv.saga_correction)
+        changed = [k for k, v in zip(form, values, strict=True) if v != KEYS[k].default]
+        if changed:
+            raise ConfigError(
+                f"run config {', '.join(repr(k) for k in changed)} with strategy = "
+                f"{strategy!r}: {strategy} fixes FedSAG's form; use strategy 'fedsag' to "
+                "choose it, or leave these keys at their defaults"
+            )
+    if strategy == "scaffold":
+        p = cfg.pruning
+        if p.keep_ratio < 1 or any(r < 1 for r in p.keep_ratios):
+            raise ConfigError(
+                "run config strategy = 'scaffold' with pruning.keep-ratio(s) below 1: "
+                "SCAFFOLD's correction is a full-size model and fits no pruned submodel; "
+                "use keep ratio 1 or another strategy"
+            )
+        if cfg.robust.rule != "off":
+            raise ConfigError(
+                f"run config 'robust.rule' = {cfg.robust.rule!r} with strategy = 'scaffold': "
+                "SCAFFOLD's step updates its control variates from the same mean the rule "
+                "would replace; use robust.rule = 'off' or another strategy"
+            )
 
 
 if __name__ == "__main__":  # python -m edgefleet.config: print the README's key table

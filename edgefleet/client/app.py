@@ -33,7 +33,7 @@ import functools
 import hashlib
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
@@ -273,6 +273,7 @@ def train(msg: Message, context: Context) -> Message:
     from edgefleet.client.device import get_device, is_present
     from edgefleet.client.pruning import parameter_fraction, round_model
     from edgefleet.pruning.wire import KEPT, kept_record
+    from edgefleet.strategies.scaffold import SCAFFOLD_APPLIED
     from edgefleet.strategies.warmstart import CONFIG_KL_LAMBDA, CONFIG_LR
     from edgefleet.task.train import get_arrays, seed_for, train_local
 
@@ -304,6 +305,7 @@ def train(msg: Message, context: Context) -> Message:
         model, kept = round_model(
             device, msg.content.array_records["arrays"], msg.content.array_records.get(KEPT), seed
         )
+        correction = scaffold_correction(msg, model)
         result = train_local(
             model,
             attacked_train_data(device),
@@ -315,6 +317,7 @@ def train(msg: Message, context: Context) -> Message:
             proximal_mu=mu,
             teacher=teacher,
             kl_lambda=float(config.get(CONFIG_KL_LAMBDA, 0.0)),  # type: ignore[arg-type]
+            correction=correction,
         )
     except ValueError as err:  # no data, or a compact download that does not fit
         return Message(Error(ERR_TRAIN_FAILED, str(err)), reply_to=msg)
@@ -329,10 +332,37 @@ def train(msg: Message, context: Context) -> Message:
             "kept-fraction": parameter_fraction(model, device.model),
         }
     )
+    if correction is not None:
+        metrics[SCAFFOLD_APPLIED] = 1
     content = RecordDict({"arrays": get_arrays(model), "metrics": metrics})
     if kept is not None:  # a CA-HFP submodel: the server needs its channels to rebuild it
         content[KEPT] = kept_record(kept)
     return Message(content=content, reply_to=msg)
+
+
+def scaffold_correction(msg: Message, model: Any) -> dict[str, Any] | None:
+    """SCAFFOLD's c - c_i from a train message (None without one), as tensors by parameter
+    name; a ValueError when it does not fit the model (a pruned submodel, another model)."""
+    import torch
+
+    from edgefleet.strategies.scaffold import SCAFFOLD_CORRECTION
+
+    record = msg.content.array_records.get(SCAFFOLD_CORRECTION)
+    if record is None:
+        return None
+    params = dict(model.named_parameters())
+    out = {}
+    for name, p in params.items():
+        if name not in record or tuple(record[name].shape) != tuple(p.shape):
+            raise ValueError(
+                f"'{SCAFFOLD_CORRECTION}' does not fit this device's model at {name!r} "
+                "(SCAFFOLD does not work with pruned submodels)"
+            )
+        values = torch.from_numpy(np.asarray(record[name].numpy(), dtype=np.float32))
+        if not torch.isfinite(values).all():
+            raise ValueError(f"'{SCAFFOLD_CORRECTION}' has non-finite entries at {name!r}")
+        out[name] = values.to(p.device)
+    return out
 
 
 def evaluate(msg: Message, context: Context) -> Message:
