@@ -608,7 +608,8 @@ class PruningConfig:
         "pruning.criterion",
         "curvature",
         _choice(CRITERIA),
-        "channel importance: `curvature` (see `pruning.score`), `magnitude`, `random`",
+        "channel importance: `curvature` (see `pruning.score`), `magnitude`, `random`; or by "
+        "position: `prefix` (HeteroFL's static slice), `rolling` (FedRolex's window)",
     )
     score: str = key(
         "pruning.score",
@@ -1126,8 +1127,8 @@ def _check_together(cfg: RunConfig) -> None:
 
 
 def _check_baselines(cfg: RunConfig) -> None:
-    """MIFA and FedVARP fix FedSAG's form; SCAFFOLD's correction fits only the full model
-    and replaces the aggregation a robust rule would."""
+    """MIFA and FedVARP fix FedSAG's form; FedRolex's window moves every round; SCAFFOLD's
+    correction fits only the full model and replaces the aggregation a robust rule would."""
     srv, strategy = cfg.server, cfg.server.strategy
     if strategy in ("mifa", "fedvarp"):
         form = ("saga.init", "saga.estimator", "saga.memory-mean", "saga.correction")
@@ -1139,8 +1140,14 @@ def _check_baselines(cfg: RunConfig) -> None:
                 f"{strategy!r}: {strategy} fixes FedSAG's form; use strategy 'fedsag' to "
                 "choose it, or leave these keys at their defaults"
             )
+    p = cfg.pruning
+    if p.criterion == "rolling" and p.compact_download:
+        raise ConfigError(
+            "run config 'pruning.criterion' = 'rolling' with pruning.compact-download = true: "
+            "FedRolex's window moves every round, the compact download sends last round's "
+            "slice; set pruning.compact-download = false"
+        )
     if strategy == "scaffold":
-        p = cfg.pruning
         if p.keep_ratio < 1 or any(r < 1 for r in p.keep_ratios):
             raise ConfigError(
                 "run config strategy = 'scaffold' with pruning.keep-ratio(s) below 1: "

@@ -303,7 +303,11 @@ def train(msg: Message, context: Context) -> Message:
     start = time.perf_counter()
     try:
         model, kept = round_model(
-            device, msg.content.array_records["arrays"], msg.content.array_records.get(KEPT), seed
+            device,
+            msg.content.array_records["arrays"],
+            msg.content.array_records.get(KEPT),
+            seed,
+            server_round,
         )
         correction = scaffold_correction(msg, model)
         result = train_local(

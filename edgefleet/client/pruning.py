@@ -19,6 +19,8 @@ from torch import nn
 
 from edgefleet.client.device import Device
 from edgefleet.pruning.importance import weight_scores
+from edgefleet.pruning.names import POSITIONAL_CRITERIA
+from edgefleet.pruning.widthslice import prefix_kept, rolling_kept
 from edgefleet.pruning.wire import kept_from_record
 from edgefleet.task.train import set_arrays
 
@@ -41,7 +43,11 @@ def score_batches(device: Device, seed: int) -> list[tuple[torch.Tensor, torch.T
 
 
 def round_model(
-    device: Device, arrays: ArrayRecord, kept_in: ArrayRecord | None, seed: int
+    device: Device,
+    arrays: ArrayRecord,
+    kept_in: ArrayRecord | None,
+    seed: int,
+    server_round: int = 1,
 ) -> tuple[nn.Module, Kept | None]:
     """The model to train this round and the channels it keeps (None: the full model).
 
@@ -63,6 +69,13 @@ def round_model(
     if keep >= 1.0:
         return device.model, None
     p, plan = device.config.pruning, device.plan  # the plan only where something is pruned
+    if p.criterion in POSITIONAL_CRITERIA:  # HeteroFL's / FedRolex's slices: no scores
+        counts = plan.channel_counts(keep, p.budget)
+        if p.criterion == "prefix":
+            kept = prefix_kept(counts)
+        else:
+            kept = rolling_kept(plan.groups, counts, server_round)
+        return plan.extract(device.model, kept), kept
     scores = weight_scores(
         device.model, score_batches(device, seed), p.criterion, p.hessian, seed, score=p.score
     )

@@ -10,9 +10,13 @@ class Criterion(StrEnum):
     CURVATURE = "curvature"
     MAGNITUDE = "magnitude"
     RANDOM = "random"
+    # By position, not score (edgefleet.pruning.widthslice): HeteroFL's and FedRolex's slices.
+    PREFIX = "prefix"
+    ROLLING = "rolling"
 
 
 CRITERIA: tuple[str, ...] = tuple(m.value for m in Criterion)
+POSITIONAL_CRITERIA: tuple[str, ...] = (Criterion.PREFIX.value, Criterion.ROLLING.value)
 
 
 class HessianEstimator(StrEnum):
