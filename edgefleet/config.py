@@ -609,7 +609,8 @@ class PruningConfig:
         "curvature",
         _choice(CRITERIA),
         "channel importance: `curvature` (see `pruning.score`), `magnitude`, `random`; or by "
-        "position: `prefix` (HeteroFL's static slice), `rolling` (FedRolex's window)",
+        "position: `prefix` (HeteroFL's static slice), `rolling` (FedRolex's window), "
+        "`ordered-dropout` (FjORD: a width of `pruning.keep-ratios` drawn every local step)",
     )
     score: str = key(
         "pruning.score",
@@ -1147,6 +1148,20 @@ def _check_baselines(cfg: RunConfig) -> None:
             "FedRolex's window moves every round, the compact download sends last round's "
             "slice; set pruning.compact-download = false"
         )
+    if p.criterion == "ordered-dropout":
+        clash = []
+        if p.compact_download:
+            clash.append("pruning.compact-download = true (the device needs the full model)")
+        if strategy in ("fedprox", "scaffold"):
+            clash.append(f"strategy = {strategy!r} (its local term)")
+        if cfg.sessions_enabled and cfg.warmstart.mode == "continuous":
+            clash.append("warmstart.mode = 'continuous' (its distillation term)")
+        if clash:
+            raise ConfigError(
+                "run config 'pruning.criterion' = 'ordered-dropout' with "
+                + "; ".join(clash)
+                + ": FjORD's local steps are plain SGD steps on nested widths"
+            )
     if strategy == "scaffold":
         if p.keep_ratio < 1 or any(r < 1 for r in p.keep_ratios):
             raise ConfigError(

@@ -157,3 +157,102 @@ def test_rolling_with_compact_download_is_refused() -> None:
         parse_run_config({"pruning.criterion": "rolling", "pruning.compact-download": True})
     with pytest.raises(ConfigError, match="random, prefix, rolling"):
         parse_run_config({"pruning.criterion": "heterofl"})
+
+
+# ----------------------------------------------------------------------------- FjORD
+
+
+def test_ordered_dropout_step_is_an_sgd_step_on_the_drawn_prefix_only() -> None:
+    """FjORD's local step at width p: plain SGD on the p-prefix submodel, written back into
+    its positions; every other entry of the device's model is left as it was."""
+    from edgefleet.pruning.ordered_dropout import allowed_widths, train_ordered_dropout
+    from edgefleet.task.datasets import ArrayDataset
+
+    model, plan = _mlp()
+    (group,) = plan.groups
+    rng = np.random.default_rng(0)
+    data = ArrayDataset(rng.normal(size=(4, 3)).astype(np.float32), np.array([0, 1, 1, 0]))
+    before = _numpy(model)
+    # By hand: one full-batch step on the first 2 hidden channels, with torch's autograd.
+    w1, b1 = (torch.tensor(before[k][:2], requires_grad=True) for k in ("0.weight", "0.bias"))
+    w2 = torch.tensor(before["2.weight"][:, :2], requires_grad=True)
+    b2 = torch.tensor(before["2.bias"], requires_grad=True)
+    x, y = torch.from_numpy(data.x).double(), torch.from_numpy(data.y)
+    loss = nn.functional.cross_entropy(torch.relu(x @ w1.T + b1) @ w2.T + b2, y)
+    loss.backward()
+    sub, kept, result, drawn = train_ordered_dropout(
+        model, plan, data, p_max=0.5, widths=[0.5, 1.0], budget="channels",
+        steps=1, batch_size=4, lr=0.1, seed=3,
+    )  # fmt: skip
+    assert drawn == [0.5] and result.num_examples == 4
+    after = _numpy(model)
+    step = {k: (t - 0.1 * t.grad).detach().numpy() for k, t in {"w1": w1, "w2": w2}.items()}
+    np.testing.assert_allclose(after["0.weight"][:2], step["w1"], rtol=1e-5)
+    np.testing.assert_allclose(after["2.weight"][:, :2], step["w2"], rtol=1e-5)
+    np.testing.assert_allclose(after["2.bias"], (b2 - 0.1 * b2.grad).detach().numpy(), rtol=1e-5)
+    np.testing.assert_array_equal(after["0.weight"][2:], before["0.weight"][2:])
+    np.testing.assert_array_equal(after["2.weight"][:, 2:], before["2.weight"][:, 2:])
+    # the reply is the p_max prefix
+    np.testing.assert_array_equal(kept[group], [0, 1])  # type: ignore[index]
+    np.testing.assert_allclose(_numpy(sub)["0.weight"], after["0.weight"][:2])
+    assert allowed_widths([0.25, 0.5, 1.0], 0.5) == [0.25, 0.5]
+    assert allowed_widths([0.25, 1.0], 0.75) == [0.25, 0.75]
+
+
+def test_ordered_dropout_draws_every_allowed_width_and_trains_nested_slices() -> None:
+    from edgefleet.pruning.ordered_dropout import train_ordered_dropout
+    from edgefleet.task.datasets import ArrayDataset
+
+    model, plan = _mlp()
+    rng = np.random.default_rng(1)
+    data = ArrayDataset(rng.normal(size=(8, 3)).astype(np.float32), rng.integers(0, 2, 8))
+    before = _numpy(model)
+    sub, kept, _, drawn = train_ordered_dropout(
+        model, plan, data, p_max=1.0, widths=[0.25, 0.5, 1.0], budget="channels",
+        steps=12, batch_size=4, lr=0.1, seed=0,
+    )  # fmt: skip
+    assert set(drawn) == {0.25, 0.5, 1.0} and kept is None and sub is model
+    # the output layer is in every width's submodel: it moved (and stayed finite)
+    assert not np.allclose(_numpy(model)["2.bias"], before["2.bias"])
+    assert all(np.isfinite(v).all() for v in _numpy(model).values())
+    again, _, _, drawn_again = train_ordered_dropout(
+        _mlp()[0], plan, data, p_max=1.0, widths=[0.25, 0.5, 1.0], budget="channels",
+        steps=12, batch_size=4, lr=0.1, seed=0,
+    )  # fmt: skip
+    assert drawn_again == drawn  # seeded
+    np.testing.assert_array_equal(_numpy(again)["0.bias"], _numpy(model)["0.bias"])
+
+
+def test_edgefleet_client_trains_ordered_dropout_and_refuses_what_does_not_compose() -> None:
+    from edgefleet.client.app import app
+    from edgefleet.pruning.wire import KEPT
+    from edgefleet.simulation.inprocess import node_contexts
+    from edgefleet.task.train import get_arrays
+
+    FakeGrid({})
+    run_config = {
+        **DEFAULTS,
+        "local-steps": 2,
+        "batch-size": 4,
+        "pruning.keep-ratios": "0.5,1.0",
+        "pruning.budget": "channels",
+        "pruning.criterion": "ordered-dropout",
+        "pruning.reconstruction": "elementwise",
+    }
+    ctx = node_contexts(run_config, 4)[0 + 1]  # partition 0: keep ratio 0.5
+    from edgefleet.client.device import get_device
+
+    device = get_device(ctx.run_config, ctx.node_config)
+    arrays = get_arrays(device.model)
+    content = RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": 1})})
+    reply = app(Message(content, dst_node_id=1, message_type=MessageType.TRAIN), ctx)
+    assert not reply.has_error(), reply.error.reason if reply.has_error() else ""
+    kept = {g: a.numpy() for g, a in reply.content[KEPT].items()}
+    expected = prefix_kept(device.plan.channel_counts(0.5, "channels"))
+    for g in expected:
+        np.testing.assert_array_equal(kept[g], expected[g])
+    assert reply.content["metrics"]["num-examples"] == 8
+    with pytest.raises(ConfigError, match="FjORD's local steps"):
+        parse_run_config({**run_config, "strategy": "fedprox"})
+    with pytest.raises(ConfigError, match="compact-download"):
+        parse_run_config({**run_config, "pruning.compact-download": True})

@@ -271,9 +271,9 @@ def attacked_train_data(device: Device) -> ArrayDataset:
 
 def train(msg: Message, context: Context) -> Message:
     from edgefleet.client.device import get_device, is_present
-    from edgefleet.client.pruning import parameter_fraction, round_model
+    from edgefleet.client.pruning import ordered_dropout_round, parameter_fraction, round_model
     from edgefleet.pruning.wire import KEPT, kept_record
-    from edgefleet.strategies.scaffold import SCAFFOLD_APPLIED
+    from edgefleet.strategies.scaffold import SCAFFOLD_APPLIED, SCAFFOLD_CORRECTION
     from edgefleet.strategies.warmstart import CONFIG_KL_LAMBDA, CONFIG_LR
     from edgefleet.task.train import get_arrays, seed_for, train_local
 
@@ -302,27 +302,37 @@ def train(msg: Message, context: Context) -> Message:
     seed = seed_for(cfg.seed, profile.partition_id, server_round)
     start = time.perf_counter()
     try:
-        model, kept = round_model(
-            device,
-            msg.content.array_records["arrays"],
-            msg.content.array_records.get(KEPT),
-            seed,
-            server_round,
-        )
-        correction = scaffold_correction(msg, model)
-        result = train_local(
-            model,
-            attacked_train_data(device),
-            steps=cfg.train.local_steps,
-            batch_size=cfg.train.batch_size,
-            lr=lr,
-            momentum=cfg.train.momentum,
-            seed=seed,
-            proximal_mu=mu,
-            teacher=teacher,
-            kl_lambda=float(config.get(CONFIG_KL_LAMBDA, 0.0)),  # type: ignore[arg-type]
-            correction=correction,
-        )
+        if cfg.pruning.criterion == "ordered-dropout":  # FjORD: steps of its own
+            if teacher is not None or mu > 0 or SCAFFOLD_CORRECTION in msg.content.array_records:
+                reason = "ordered dropout trains with plain SGD steps only (no FedProx, "
+                reason += "Continuous warm start or SCAFFOLD term)"
+                return Message(Error(ERR_BAD_CONFIG, reason), reply_to=msg)
+            model, kept, result = ordered_dropout_round(
+                device, msg.content.array_records["arrays"], attacked_train_data(device), seed, lr
+            )
+            correction = None
+        else:
+            model, kept = round_model(
+                device,
+                msg.content.array_records["arrays"],
+                msg.content.array_records.get(KEPT),
+                seed,
+                server_round,
+            )
+            correction = scaffold_correction(msg, model)
+            result = train_local(
+                model,
+                attacked_train_data(device),
+                steps=cfg.train.local_steps,
+                batch_size=cfg.train.batch_size,
+                lr=lr,
+                momentum=cfg.train.momentum,
+                seed=seed,
+                proximal_mu=mu,
+                teacher=teacher,
+                kl_lambda=float(config.get(CONFIG_KL_LAMBDA, 0.0)),  # type: ignore[arg-type]
+                correction=correction,
+            )
     except ValueError as err:  # no data, or a compact download that does not fit
         return Message(Error(ERR_TRAIN_FAILED, str(err)), reply_to=msg)
     metrics = MetricRecord(

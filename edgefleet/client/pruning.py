@@ -12,6 +12,8 @@ submodel as it is, without scoring.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
@@ -22,7 +24,7 @@ from edgefleet.pruning.importance import weight_scores
 from edgefleet.pruning.names import POSITIONAL_CRITERIA
 from edgefleet.pruning.widthslice import prefix_kept, rolling_kept
 from edgefleet.pruning.wire import kept_from_record
-from edgefleet.task.train import set_arrays
+from edgefleet.task.train import TrainResult, set_arrays
 
 Kept = dict[str, np.ndarray]
 
@@ -81,6 +83,33 @@ def round_model(
     )
     kept = plan.select(plan.group_scores(scores), keep, p.budget)
     return plan.extract(device.model, kept), kept
+
+
+def ordered_dropout_round(
+    device: Device, arrays: ArrayRecord, data: Any, seed: int, lr: float
+) -> tuple[nn.Module, Kept | None, TrainResult]:
+    """FjORD's round (``pruning.criterion = "ordered-dropout"``): ordered-dropout steps on the
+    device's model from ``arrays``, widths the fleet's keep ratios up to the device's own;
+    the p_max prefix to send and its kept channels (None: the full model)."""
+    from edgefleet.pruning.ordered_dropout import train_ordered_dropout
+
+    set_arrays(device.model, arrays)
+    cfg = device.config
+    p = cfg.pruning
+    widths = p.keep_ratios or (p.keep_ratio,)
+    model, kept, result, _ = train_ordered_dropout(
+        device.model,
+        device.plan,
+        data,
+        p_max=device.profile.keep_ratio,
+        widths=widths,
+        budget=p.budget,
+        steps=cfg.train.local_steps,
+        batch_size=cfg.train.batch_size,
+        lr=lr,
+        seed=seed,
+    )
+    return model, kept, result
 
 
 def parameter_fraction(model: nn.Module, full: nn.Module) -> float:
