@@ -508,6 +508,18 @@ class EnergyConfig:
         _floats,
     )
     harvest_units: float = key("energy.harvest-units", 1.0, _at_least(0.0), "units per arrival")
+    panel_area: float = key(
+        "energy.panel-area", 0.001, _positive, "`solar`: panel area in m^2 (0.001 = 10 cm^2)"
+    )
+    panel_efficiency: float = key(
+        "energy.panel-efficiency", 0.2, _fraction, "`solar`: share of the irradiance harvested"
+    )
+    slot_seconds: float = key(
+        "energy.slot-seconds", 60.0, _positive, "`solar`: the length of a slot in seconds"
+    )
+    unit_joules: float = key(
+        "energy.unit-joules", 4.0, _positive, "`solar`: joules in one battery unit"
+    )
     train_slots: int = key(
         "energy.train-slots",
         3,

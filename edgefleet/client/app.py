@@ -40,7 +40,12 @@ from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, Record
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
-from edgefleet.client.battery import EnergySource, SourceUnavailableError, make_source
+from edgefleet.client.battery import (
+    SOLAR_SITES,
+    EnergySource,
+    SourceUnavailableError,
+    make_source,
+)
 from edgefleet.client.mods import (
     ERR_ABSENT,
     ERR_BAD_CONFIG,
@@ -79,7 +84,24 @@ def energy_source(p: DeviceProfile, cfg: RunConfig) -> EnergySource:
         return make_source("bernoulli", seed=seed, prob=p.harvest_prob, units=e.harvest_units)
     if p.energy_source == "trace":
         return make_source("trace", path=p.trace_path)
+    if p.energy_source == "solar":  # each device a site and a phase (whole days)
+        return make_source(
+            "solar",
+            site=solar_site(p.device_id),
+            phase_hours=24.0 * (seed_for(cfg.seed, p.device_id, 0x50) % 365),
+            panel_area=e.panel_area,
+            efficiency=e.panel_efficiency,
+            slot_seconds=e.slot_seconds,
+            unit_joules=e.unit_joules,
+        )
     return make_source(p.energy_source)
+
+
+def solar_site(device_id: int) -> str:
+    """The bundled irradiance site of a device under ``energy.source = "solar"``: the sites
+    in turn, by device id."""
+    sites = list(SOLAR_SITES)
+    return sites[device_id % len(sites)]
 
 
 def battery_settings(context: Context) -> BatterySettings:
