@@ -14,7 +14,8 @@ one overlay plot per (alpha, P_h) with ``edgefleet report``.
 
 Variants (``--variants``): ``fedavg`` (EH-FedAvg), ``fedsag`` (EH-FedSAG with the run
 config's defaults), ``fedsag-seed`` (the seed's exact estimator: SAGA direction, the memory
-mean over the stored memories, corrections at 1/|S|), ``fedsag-sag`` (SAG/MIFA direction).
+mean over the stored memories, corrections at 1/|S|), ``fedsag-sag`` (SAG/MIFA direction), and
+the field's baselines ``mifa``, ``fedvarp`` and ``scaffold`` (docs/explanation/field-baselines.md).
 ``--set KEY=VALUE`` applies a run-config key to every run (e.g. ``lr=0.01``).
 
 The paper reports, on CIFAR-10, about 3 points higher accuracy at scarce energy, late-stage
@@ -54,13 +55,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "saga.correction": "participants",
     },
     "fedsag-sag": {"strategy": "fedsag", "saga.estimator": "sag"},
+    # The field's baselines (docs/explanation/field-baselines.md).
+    "mifa": {"strategy": "mifa"},
+    "fedvarp": {"strategy": "fedvarp"},
+    "scaffold": {"strategy": "scaffold"},
 }
+# The variants --smoke runs: FedSAG's forms and EH-FedAvg (the baselines' keys are checked by
+# tests/test_baselines.py, and their runs would add to CI's time).
+SMOKE_VARIANTS = "fedavg,fedsag,fedsag-seed,fedsag-sag"
 # --smoke: every variant (a variant's keys are checked only when it runs), 3 devices, 3 rounds.
 SMOKE: dict[str, Any] = {
     "alphas": "1.0",
     "harvest_probs": "0.2",
     "seeds": "0",
-    "variants": ",".join(VARIANTS),
+    "variants": SMOKE_VARIANTS,
     "devices": 3,
     "max_devices": 2,
     "batch_size": 3,

@@ -34,6 +34,7 @@ from edgefleet.strategies.robust import ROBUST_RULES, RULE_PARAMS, RobustRule
 from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
 from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR, NORM_FLOOR
 from edgefleet.strategies.selection import SELECTION_ORDERS
+from edgefleet.strategies.stopping import FORMS as STOPPING_FORMS
 from edgefleet.strategies.stopping import NORMS as STOPPING_NORMS
 from edgefleet.strategies.stopping import VALIDATION_RULES
 from edgefleet.strategies.timing import WAIT_MODES
@@ -49,8 +50,13 @@ class StrategyName(StrEnum):
     FEDAVG = "fedavg"
     FEDPROX = "fedprox"
     FEDSAG = "fedsag"
+    MIFA = "mifa"
+    FEDVARP = "fedvarp"
+    SCAFFOLD = "scaffold"
 
 
+# FedSAG and the baselines that are fixed configurations of it (robust rules go inside them).
+SAGA_FAMILY: tuple[str, ...] = ("fedsag", "mifa", "fedvarp")
 STRATEGIES: tuple[str, ...] = tuple(m.value for m in StrategyName)
 
 
@@ -271,7 +277,12 @@ def _float_list(low: float, high: float, low_open: bool, example: str) -> Check:
 class ServerConfig:
     num_rounds: int = key("num-server-rounds", 5, _at_least(1), "round budget")
     strategy: str = key(
-        "strategy", "fedavg", _choice(STRATEGIES), "`fedavg`, `fedprox`, `fedsag` (SAGA memory)"
+        "strategy",
+        "fedavg",
+        _choice(STRATEGIES),
+        "`fedavg`, `fedprox`, `fedsag` (SAGA memory), and the field's baselines: `mifa`, "
+        "`fedvarp`, `scaffold` (needs a ClientApp that applies its correction; "
+        "docs/explanation/field-baselines.md)",
     )
     fraction_train: float = key(
         "fraction-train", 1.0, _fraction, "fraction of online nodes asked to train each round"
@@ -497,6 +508,18 @@ class EnergyConfig:
         _floats,
     )
     harvest_units: float = key("energy.harvest-units", 1.0, _at_least(0.0), "units per arrival")
+    panel_area: float = key(
+        "energy.panel-area", 0.001, _positive, "`solar`: panel area in m^2 (0.001 = 10 cm^2)"
+    )
+    panel_efficiency: float = key(
+        "energy.panel-efficiency", 0.2, _fraction, "`solar`: share of the irradiance harvested"
+    )
+    slot_seconds: float = key(
+        "energy.slot-seconds", 60.0, _positive, "`solar`: the length of a slot in seconds"
+    )
+    unit_joules: float = key(
+        "energy.unit-joules", 4.0, _positive, "`solar`: joules in one battery unit"
+    )
     train_slots: int = key(
         "energy.train-slots",
         3,
@@ -533,6 +556,13 @@ class StoppingConfig:
         "l2",
         _choice(STOPPING_NORMS),
         "`l2` or `squared` (then use tau' = (1+tau)^2 - 1, about 2 tau)",
+    )
+    form: str = key(
+        "stopping.form",
+        "reference",
+        _choice(STOPPING_FORMS),
+        "`reference` (the reference code's rule: patience counts rounds in a row, on "
+        "`stopping.norm`) or `seed` (the seed's: squared norm, a counter never reset)",
     )
     validation_rule: str = key(
         "stopping.validation-rule",
@@ -590,7 +620,9 @@ class PruningConfig:
         "pruning.criterion",
         "curvature",
         _choice(CRITERIA),
-        "channel importance: `curvature` (see `pruning.score`), `magnitude`, `random`",
+        "channel importance: `curvature` (see `pruning.score`), `magnitude`, `random`; or by "
+        "position: `prefix` (HeteroFL's static slice), `rolling` (FedRolex's window), "
+        "`ordered-dropout` (FjORD: a width of `pruning.keep-ratios` drawn every local step)",
     )
     score: str = key(
         "pruning.score",
@@ -1074,6 +1106,7 @@ def _check_together(cfg: RunConfig) -> None:
             f"run config 'energy.capacity' = {e.capacity}: below one round's cost "
             f"{e.round_cost:g} (energy.train-slots + 1), so no device could ever train"
         )
+    _check_baselines(cfg)
     p = cfg.pruning
     if p.reconstruction == "elementwise" and cfg.server.strategy not in ("fedavg", "fedprox"):
         raise ConfigError(
@@ -1104,6 +1137,56 @@ def _check_together(cfg: RunConfig) -> None:
             f"run config 'warmstart.aux-rounds' = {w.aux_rounds}: must be below "
             f"sessions.rounds = {s.rounds}, or no round of a session is left to train"
         )
+
+
+def _check_baselines(cfg: RunConfig) -> None:
+    """MIFA and FedVARP fix FedSAG's form; FedRolex's window moves every round; SCAFFOLD's
+    correction fits only the full model and replaces the aggregation a robust rule would."""
+    srv, strategy = cfg.server, cfg.server.strategy
+    if strategy in ("mifa", "fedvarp"):
+        form = ("saga.init", "saga.estimator", "saga.memory-mean", "saga.correction")
+        values = (srv.saga_init, srv.saga_estimator, srv.saga_memory_mean, srv.saga_correction)
+        changed = [k for k, v in zip(form, values, strict=True) if v != KEYS[k].default]
+        if changed:
+            raise ConfigError(
+                f"run config {', '.join(repr(k) for k in changed)} with strategy = "
+                f"{strategy!r}: {strategy} fixes FedSAG's form; use strategy 'fedsag' to "
+                "choose it, or leave these keys at their defaults"
+            )
+    p = cfg.pruning
+    if p.criterion == "rolling" and p.compact_download:
+        raise ConfigError(
+            "run config 'pruning.criterion' = 'rolling' with pruning.compact-download = true: "
+            "FedRolex's window moves every round, the compact download sends last round's "
+            "slice; set pruning.compact-download = false"
+        )
+    if p.criterion == "ordered-dropout":
+        clash = []
+        if p.compact_download:
+            clash.append("pruning.compact-download = true (the device needs the full model)")
+        if strategy in ("fedprox", "scaffold"):
+            clash.append(f"strategy = {strategy!r} (its local term)")
+        if cfg.sessions_enabled and cfg.warmstart.mode == "continuous":
+            clash.append("warmstart.mode = 'continuous' (its distillation term)")
+        if clash:
+            raise ConfigError(
+                "run config 'pruning.criterion' = 'ordered-dropout' with "
+                + "; ".join(clash)
+                + ": FjORD's local steps are plain SGD steps on nested widths"
+            )
+    if strategy == "scaffold":
+        if p.keep_ratio < 1 or any(r < 1 for r in p.keep_ratios):
+            raise ConfigError(
+                "run config strategy = 'scaffold' with pruning.keep-ratio(s) below 1: "
+                "SCAFFOLD's correction is a full-size model and fits no pruned submodel; "
+                "use keep ratio 1 or another strategy"
+            )
+        if cfg.robust.rule != "off":
+            raise ConfigError(
+                f"run config 'robust.rule' = {cfg.robust.rule!r} with strategy = 'scaffold': "
+                "SCAFFOLD's step updates its control variates from the same mean the rule "
+                "would replace; use robust.rule = 'off' or another strategy"
+            )
 
 
 if __name__ == "__main__":  # python -m edgefleet.config: print the README's key table

@@ -112,9 +112,9 @@ def test_make_source_kinds_and_bad_parameters(tmp_path: Path) -> None:
     assert isinstance(make_source("bernoulli", seed=1, prob=0.5), BernoulliSource)
     assert isinstance(make_source("trace", values=[1, 2]), TraceSource)
     assert isinstance(make_source("always-on"), AlwaysOn)
-    assert SOURCES == ("bernoulli", "trace", "always-on", "sysfs")
-    with pytest.raises(ValueError, match="'solar' is unknown; valid: bernoulli, trace"):
-        make_source("solar")
+    assert SOURCES == ("bernoulli", "trace", "always-on", "sysfs", "solar")
+    with pytest.raises(ValueError, match="'wind' is unknown; valid: bernoulli, trace"):
+        make_source("wind")
     with pytest.raises(ValueError, match="prob=1.5"):
         make_source("bernoulli", seed=1, prob=1.5)
     with pytest.raises(ValueError, match="prob=-0.1"):

@@ -31,7 +31,7 @@ def test_int_accepted_for_float_key() -> None:
     [
         ("dataset", "imagenet", "mnist-5k"),
         ("model", "vgg", "smallcnn"),
-        ("strategy", "scaffold", "fedprox"),
+        ("strategy", "feddyn", "fedprox"),
         ("partition", "zipf", "dirichlet"),
         ("lr", -0.1, "> 0"),
         ("lr", 0.0, "> 0"),

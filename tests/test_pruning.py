@@ -134,7 +134,7 @@ def test_unknown_criterion_or_estimator() -> None:
         weight_scores(layer, [], "curvature", hessian="kfac")
     with pytest.raises(ValueError, match="taylor, signed"):
         weight_scores(layer, [], "curvature", score="absolute")
-    assert CRITERIA == ("curvature", "magnitude", "random")
+    assert CRITERIA == ("curvature", "magnitude", "random", "prefix", "rolling", "ordered-dropout")
     assert CURVATURE_SCORES == ("taylor", "signed")
     assert HESSIAN_ESTIMATORS == ("fisher", "hutchinson")
 

@@ -33,14 +33,19 @@ import functools
 import hashlib
 import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
-from edgefleet.client.battery import EnergySource, SourceUnavailableError, make_source
+from edgefleet.client.battery import (
+    SOLAR_SITES,
+    EnergySource,
+    SourceUnavailableError,
+    make_source,
+)
 from edgefleet.client.mods import (
     ERR_ABSENT,
     ERR_BAD_CONFIG,
@@ -79,7 +84,24 @@ def energy_source(p: DeviceProfile, cfg: RunConfig) -> EnergySource:
         return make_source("bernoulli", seed=seed, prob=p.harvest_prob, units=e.harvest_units)
     if p.energy_source == "trace":
         return make_source("trace", path=p.trace_path)
+    if p.energy_source == "solar":  # each device a site and a phase (whole days)
+        return make_source(
+            "solar",
+            site=solar_site(p.device_id),
+            phase_hours=24.0 * (seed_for(cfg.seed, p.device_id, 0x50) % 365),
+            panel_area=e.panel_area,
+            efficiency=e.panel_efficiency,
+            slot_seconds=e.slot_seconds,
+            unit_joules=e.unit_joules,
+        )
     return make_source(p.energy_source)
+
+
+def solar_site(device_id: int) -> str:
+    """The bundled irradiance site of a device under ``energy.source = "solar"``: the sites
+    in turn, by device id."""
+    sites = list(SOLAR_SITES)
+    return sites[device_id % len(sites)]
 
 
 def battery_settings(context: Context) -> BatterySettings:
@@ -271,8 +293,9 @@ def attacked_train_data(device: Device) -> ArrayDataset:
 
 def train(msg: Message, context: Context) -> Message:
     from edgefleet.client.device import get_device, is_present
-    from edgefleet.client.pruning import parameter_fraction, round_model
+    from edgefleet.client.pruning import ordered_dropout_round, parameter_fraction, round_model
     from edgefleet.pruning.wire import KEPT, kept_record
+    from edgefleet.strategies.scaffold import SCAFFOLD_APPLIED, SCAFFOLD_CORRECTION
     from edgefleet.strategies.warmstart import CONFIG_KL_LAMBDA, CONFIG_LR
     from edgefleet.task.train import get_arrays, seed_for, train_local
 
@@ -301,21 +324,37 @@ def train(msg: Message, context: Context) -> Message:
     seed = seed_for(cfg.seed, profile.partition_id, server_round)
     start = time.perf_counter()
     try:
-        model, kept = round_model(
-            device, msg.content.array_records["arrays"], msg.content.array_records.get(KEPT), seed
-        )
-        result = train_local(
-            model,
-            attacked_train_data(device),
-            steps=cfg.train.local_steps,
-            batch_size=cfg.train.batch_size,
-            lr=lr,
-            momentum=cfg.train.momentum,
-            seed=seed,
-            proximal_mu=mu,
-            teacher=teacher,
-            kl_lambda=float(config.get(CONFIG_KL_LAMBDA, 0.0)),  # type: ignore[arg-type]
-        )
+        if cfg.pruning.criterion == "ordered-dropout":  # FjORD: steps of its own
+            if teacher is not None or mu > 0 or SCAFFOLD_CORRECTION in msg.content.array_records:
+                reason = "ordered dropout trains with plain SGD steps only (no FedProx, "
+                reason += "Continuous warm start or SCAFFOLD term)"
+                return Message(Error(ERR_BAD_CONFIG, reason), reply_to=msg)
+            model, kept, result = ordered_dropout_round(
+                device, msg.content.array_records["arrays"], attacked_train_data(device), seed, lr
+            )
+            correction = None
+        else:
+            model, kept = round_model(
+                device,
+                msg.content.array_records["arrays"],
+                msg.content.array_records.get(KEPT),
+                seed,
+                server_round,
+            )
+            correction = scaffold_correction(msg, model)
+            result = train_local(
+                model,
+                attacked_train_data(device),
+                steps=cfg.train.local_steps,
+                batch_size=cfg.train.batch_size,
+                lr=lr,
+                momentum=cfg.train.momentum,
+                seed=seed,
+                proximal_mu=mu,
+                teacher=teacher,
+                kl_lambda=float(config.get(CONFIG_KL_LAMBDA, 0.0)),  # type: ignore[arg-type]
+                correction=correction,
+            )
     except ValueError as err:  # no data, or a compact download that does not fit
         return Message(Error(ERR_TRAIN_FAILED, str(err)), reply_to=msg)
     metrics = MetricRecord(
@@ -329,10 +368,37 @@ def train(msg: Message, context: Context) -> Message:
             "kept-fraction": parameter_fraction(model, device.model),
         }
     )
+    if correction is not None:
+        metrics[SCAFFOLD_APPLIED] = 1
     content = RecordDict({"arrays": get_arrays(model), "metrics": metrics})
     if kept is not None:  # a CA-HFP submodel: the server needs its channels to rebuild it
         content[KEPT] = kept_record(kept)
     return Message(content=content, reply_to=msg)
+
+
+def scaffold_correction(msg: Message, model: Any) -> dict[str, Any] | None:
+    """SCAFFOLD's c - c_i from a train message (None without one), as tensors by parameter
+    name; a ValueError when it does not fit the model (a pruned submodel, another model)."""
+    import torch
+
+    from edgefleet.strategies.scaffold import SCAFFOLD_CORRECTION
+
+    record = msg.content.array_records.get(SCAFFOLD_CORRECTION)
+    if record is None:
+        return None
+    params = dict(model.named_parameters())
+    out = {}
+    for name, p in params.items():
+        if name not in record or tuple(record[name].shape) != tuple(p.shape):
+            raise ValueError(
+                f"'{SCAFFOLD_CORRECTION}' does not fit this device's model at {name!r} "
+                "(SCAFFOLD does not work with pruned submodels)"
+            )
+        values = torch.from_numpy(np.asarray(record[name].numpy(), dtype=np.float32))
+        if not torch.isfinite(values).all():
+            raise ValueError(f"'{SCAFFOLD_CORRECTION}' has non-finite entries at {name!r}")
+        out[name] = values.to(p.device)
+    return out
 
 
 def evaluate(msg: Message, context: Context) -> Message:

@@ -14,6 +14,12 @@ Energy sources (choose with :func:`make_source`):
   learns the current slot, and advancing slot by slot equals one jump.
 - ``trace``: one value per slot from a measured harvest trace (a solar log, say), looped.
 - ``always-on``: mains powered; the battery is always full and every round is affordable.
+- ``solar``: a small solar panel under a measured year of hourly global horizontal irradiance
+  (GHI, W/m^2) from one of the three typical-meteorological-year files that pvlib ships in its
+  wheel (so it works offline): Greensboro NC, Sand Point AK, Miami FL (:data:`SOLAR_SITES`). A
+  slot of ``slot_seconds`` harvests area x efficiency x the GHI integrated over the slot (the
+  hourly values held constant within their hour), in battery units of ``unit_joules``; slot 0
+  is the site's local midnight on 1 January plus ``phase_hours``, and the year loops.
 - ``sysfs``: a real Linux board's battery under ``/sys/class/power_supply``. It reports a
   *level*, not arrivals: the battery then takes the measured level (scaled to its capacity)
   at each :meth:`Battery.advance`, and only the real hardware knows what arrived.
@@ -48,6 +54,7 @@ Battery state (``level``, ``slot``, ``spent_total``) round-trips through
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,6 +74,7 @@ class SourceKind(StrEnum):
     TRACE = "trace"
     ALWAYS_ON = "always-on"
     SYSFS = "sysfs"
+    SOLAR = "solar"
 
 
 SOURCES: tuple[str, ...] = tuple(m.value for m in SourceKind)
@@ -214,6 +222,92 @@ class TraceSource(EnergySource):
         return out
 
 
+# pvlib's bundled typical-meteorological-year files: site name -> (file, reader).
+SOLAR_SITES: dict[str, tuple[str, str]] = {
+    "greensboro": ("723170TYA.CSV", "tmy3"),
+    "sand-point": ("703165TY.csv", "tmy3"),
+    "miami": ("12839.tm2", "tmy2"),
+}
+_HOUR = 3600.0
+
+
+def bundled_irradiance(site: str) -> np.ndarray:
+    """The site's 8760 hourly GHI values (W/m^2, file order) from pvlib's data folder."""
+    if site not in SOLAR_SITES:
+        raise EnergyConfigError(f"solar source: site {site!r}; valid: {', '.join(SOLAR_SITES)}")
+    return _read_site(site).copy()
+
+
+@functools.cache  # one read per process (pandas parses 8760 rows in ~0.3 s)
+def _read_site(site: str) -> np.ndarray:
+    try:
+        import pvlib
+    except ImportError:
+        raise EnergyConfigError(
+            "energy source 'solar' needs pvlib (pip install 'edgefleet[solar]')"
+        ) from None
+    name, reader = SOLAR_SITES[site]
+    path = Path(pvlib.__file__).parent / "data" / name
+    if reader == "tmy3":
+        data, _ = pvlib.iotools.read_tmy3(path, map_variables=True)
+        ghi = data["ghi"]
+    else:
+        data, _ = pvlib.iotools.read_tmy2(path)
+        ghi = data["GHI"]
+    values = np.asarray(ghi, dtype=np.float64)
+    values.flags.writeable = False
+    return values
+
+
+class SolarSource(EnergySource):
+    """A solar panel under an hourly irradiance series (module docstring, ``solar``)."""
+
+    kind = "solar"
+
+    def __init__(
+        self,
+        irradiance: Sequence[float] | np.ndarray,
+        panel_area: float,
+        efficiency: float,
+        slot_seconds: float,
+        unit_joules: float,
+        phase_hours: float = 0.0,
+    ) -> None:
+        ghi = np.asarray(irradiance, dtype=np.float64).ravel()
+        if ghi.size == 0 or not np.all(np.isfinite(ghi)) or np.any(ghi < 0):
+            raise EnergyConfigError("solar source: irradiance must be finite values >= 0")
+        for name, value in (
+            ("panel_area", panel_area),
+            ("slot_seconds", slot_seconds),
+            ("unit_joules", unit_joules),
+        ):
+            if not (math.isfinite(value) and value > 0):
+                raise EnergyConfigError(f"solar source: {name}={value!r} must be finite and > 0")
+        if not 0 < efficiency <= 1:
+            raise EnergyConfigError(f"solar source: efficiency={efficiency!r} must be in (0, 1]")
+        if not (math.isfinite(phase_hours) and phase_hours >= 0):
+            raise EnergyConfigError(f"solar source: phase_hours={phase_hours!r} must be >= 0")
+        # J/m^2 received from the series' start to the start of each hour (and the year's end)
+        self._cum = np.concatenate([[0.0], np.cumsum(ghi * _HOUR)])
+        self._edges = np.arange(ghi.size + 1, dtype=np.float64) * _HOUR
+        self.joules_per_unit = float(unit_joules) / (float(panel_area) * float(efficiency))
+        self.slot_seconds = float(slot_seconds)
+        self.offset = float(phase_hours) * _HOUR
+
+    def _received(self, t: np.ndarray) -> np.ndarray:
+        """J/m^2 received from slot 0's start to ``t`` seconds after it, the series looped."""
+        year = self._edges[-1]
+        t = t + self.offset
+        loops = np.floor(t / year)
+        return loops * self._cum[-1] + np.interp(t - loops * year, self._edges, self._cum)
+
+    def arrivals(self, start_slot: int, end_slot: int) -> np.ndarray:
+        _check_range(start_slot, end_slot)
+        edges = np.arange(start_slot, end_slot + 1, dtype=np.float64) * self.slot_seconds
+        per_area = np.diff(self._received(edges))
+        return np.maximum(per_area, 0.0) / self.joules_per_unit
+
+
 class AlwaysOn(EnergySource):
     """Mains powered: arrivals are unbounded, so the battery is always full."""
 
@@ -320,13 +414,15 @@ def make_source(kind: str, **params: Any) -> EnergySource:
     """Build an energy source by name (one of :data:`SOURCES`).
 
     ``bernoulli``: seed, prob, units; ``trace``: values or path, loop; ``always-on``: none;
-    ``sysfs``: path, name (and a battery must be readable there).
+    ``sysfs``: path, name (and a battery must be readable there); ``solar``: site,
+    panel_area, efficiency, slot_seconds, unit_joules, phase_hours.
     """
     builders: dict[str, Any] = {
         "bernoulli": BernoulliSource,
         "trace": _make_trace,
         "always-on": AlwaysOn,
         "sysfs": _make_sysfs,
+        "solar": _make_solar,
     }
     if kind not in builders:
         raise EnergyConfigError(f"energy source {kind!r} is unknown; valid: {', '.join(SOURCES)}")
@@ -346,6 +442,10 @@ def _make_trace(
         return TraceSource.from_file(path, loop=loop)
     assert values is not None
     return TraceSource(values, loop=loop)
+
+
+def _make_solar(site: str, **params: Any) -> SolarSource:
+    return SolarSource(bundled_irradiance(site), **params)
 
 
 def _make_sysfs(path: str | Path = "/sys/class/power_supply", name: str = "") -> SysfsSource:

@@ -12,6 +12,8 @@ submodel as it is, without scoring.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from flwr.app import ArrayRecord
@@ -19,8 +21,10 @@ from torch import nn
 
 from edgefleet.client.device import Device
 from edgefleet.pruning.importance import weight_scores
+from edgefleet.pruning.names import POSITIONAL_CRITERIA
+from edgefleet.pruning.widthslice import prefix_kept, rolling_kept
 from edgefleet.pruning.wire import kept_from_record
-from edgefleet.task.train import set_arrays
+from edgefleet.task.train import TrainResult, set_arrays
 
 Kept = dict[str, np.ndarray]
 
@@ -41,7 +45,11 @@ def score_batches(device: Device, seed: int) -> list[tuple[torch.Tensor, torch.T
 
 
 def round_model(
-    device: Device, arrays: ArrayRecord, kept_in: ArrayRecord | None, seed: int
+    device: Device,
+    arrays: ArrayRecord,
+    kept_in: ArrayRecord | None,
+    seed: int,
+    server_round: int = 1,
 ) -> tuple[nn.Module, Kept | None]:
     """The model to train this round and the channels it keeps (None: the full model).
 
@@ -63,11 +71,45 @@ def round_model(
     if keep >= 1.0:
         return device.model, None
     p, plan = device.config.pruning, device.plan  # the plan only where something is pruned
+    if p.criterion in POSITIONAL_CRITERIA:  # HeteroFL's / FedRolex's slices: no scores
+        counts = plan.channel_counts(keep, p.budget)
+        if p.criterion == "prefix":
+            kept = prefix_kept(counts)
+        else:
+            kept = rolling_kept(plan.groups, counts, server_round)
+        return plan.extract(device.model, kept), kept
     scores = weight_scores(
         device.model, score_batches(device, seed), p.criterion, p.hessian, seed, score=p.score
     )
     kept = plan.select(plan.group_scores(scores), keep, p.budget)
     return plan.extract(device.model, kept), kept
+
+
+def ordered_dropout_round(
+    device: Device, arrays: ArrayRecord, data: Any, seed: int, lr: float
+) -> tuple[nn.Module, Kept | None, TrainResult]:
+    """FjORD's round (``pruning.criterion = "ordered-dropout"``): ordered-dropout steps on the
+    device's model from ``arrays``, widths the fleet's keep ratios up to the device's own;
+    the p_max prefix to send and its kept channels (None: the full model)."""
+    from edgefleet.pruning.ordered_dropout import train_ordered_dropout
+
+    set_arrays(device.model, arrays)
+    cfg = device.config
+    p = cfg.pruning
+    widths = p.keep_ratios or (p.keep_ratio,)
+    model, kept, result, _ = train_ordered_dropout(
+        device.model,
+        device.plan,
+        data,
+        p_max=device.profile.keep_ratio,
+        widths=widths,
+        budget=p.budget,
+        steps=cfg.train.local_steps,
+        batch_size=cfg.train.batch_size,
+        lr=lr,
+        seed=seed,
+    )
+    return model, kept, result
 
 
 def parameter_fraction(model: nn.Module, full: nn.Module) -> float:

@@ -57,7 +57,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from edgefleet.pruning.names import CRITERIA, CURVATURE_SCORES, HESSIAN_ESTIMATORS
+from edgefleet.pruning.names import (
+    CRITERIA,
+    CURVATURE_SCORES,
+    HESSIAN_ESTIMATORS,
+    POSITIONAL_CRITERIA,
+)
 
 # Per-sample gradients and Hutchinson probes are computed this many parameter-sized tensors'
 # worth at a time (2^23 floats = 32 MB per buffer): small models get everything in one
@@ -202,6 +207,11 @@ def weight_scores(
     """
     if criterion not in CRITERIA:
         raise ValueError(f"unknown criterion {criterion!r}; valid choices: {', '.join(CRITERIA)}")
+    if criterion in POSITIONAL_CRITERIA:
+        raise ValueError(
+            f"criterion {criterion!r} chooses channels by position, not by score "
+            "(edgefleet.pruning.widthslice)"
+        )
     if hessian not in HESSIAN_ESTIMATORS:
         raise ValueError(
             f"unknown Hessian estimator {hessian!r}; valid choices: {', '.join(HESSIAN_ESTIMATORS)}"

@@ -10,9 +10,19 @@ class Criterion(StrEnum):
     CURVATURE = "curvature"
     MAGNITUDE = "magnitude"
     RANDOM = "random"
+    # By position, not score (edgefleet.pruning.widthslice): HeteroFL's and FedRolex's slices.
+    PREFIX = "prefix"
+    ROLLING = "rolling"
+    # FjORD: a prefix of a width drawn every local step (edgefleet.pruning.ordered_dropout).
+    ORDERED_DROPOUT = "ordered-dropout"
 
 
 CRITERIA: tuple[str, ...] = tuple(m.value for m in Criterion)
+POSITIONAL_CRITERIA: tuple[str, ...] = (
+    Criterion.PREFIX.value,
+    Criterion.ROLLING.value,
+    Criterion.ORDERED_DROPOUT.value,
+)
 
 
 class HessianEstimator(StrEnum):

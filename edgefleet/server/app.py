@@ -24,6 +24,7 @@ from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from edgefleet import runlock
 from edgefleet.config import (
+    SAGA_FAMILY,
     ConfigError,
     LrSchedule,
     RunConfig,
@@ -34,6 +35,7 @@ from edgefleet.config import (
     attack_keys_set,
     parse_run_config,
 )
+from edgefleet.server.baselines import BASELINES, build_baseline
 from edgefleet.server.checkpoint import (
     Checkpointer,
     apply_checkpoint,
@@ -132,11 +134,13 @@ def build_strategy(
             max_age=srv.saga_max_age,
             **common,
         )
+    elif cfg.server.strategy in BASELINES:
+        strategy = build_baseline(cfg, common)
     elif energy_age:
         strategy = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
     else:
         strategy = FedAvg(**common)  # type: ignore[arg-type]
-    if cfg.robust.rule != "off" and cfg.server.strategy != StrategyName.FEDSAG:
+    if cfg.robust.rule != "off" and cfg.server.strategy not in SAGA_FAMILY:
         # Right inside the reconstruction, which hands it the submodels' masks.
         strategy = RobustAggregation(strategy, cfg.robust.rule, **cfg.robust.params())
     p = cfg.pruning
@@ -171,7 +175,13 @@ def build_strategy(
         enforce = sc.mode == StoppingMode.DATA_FREE
         keys = central.keys  # type: ignore[union-attr]
         strategy = TaskVectorStopping(
-            strategy, tau=sc.tau, patience=sc.patience, norm=sc.norm, keys=keys, enforce=enforce
+            strategy,
+            tau=sc.tau,
+            patience=sc.patience,
+            norm=sc.norm,
+            keys=keys,
+            enforce=enforce,
+            form=sc.form,
         )
     if sc.mode in ("validation", "observe"):
         strategy = ValidationStopping(

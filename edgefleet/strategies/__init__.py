@@ -10,7 +10,9 @@ Each is a ``flwr.serverapp.strategy.Strategy``; wrap your own (Flower's ``FedAvg
 - :class:`RobustAggregation`: a robust rule (median, trimmed mean, MultiKrum, centered
   clipping) in place of a FedAvg-family weighted mean, mask-aware under CA-HFP.
 - :class:`EnergyAgeSelection`: energy-aware, age-based selection of at most M devices a
-  round; :class:`FedSAG`: SAGA server memory (EH-FedSAG, arXiv 2606.18758).
+  round; :class:`FedSAG`: SAGA server memory (EH-FedSAG, arXiv 2606.18758). The field's
+  baselines beside it: :class:`MIFA`, :class:`FedVARP`, and :class:`Scaffold` (which needs a
+  ClientApp that applies its correction; docs/explanation/field-baselines.md).
 - :class:`SubmodelReconstruction`: rebuilds CA-HFP's pruned submodels into the full
   parameter space before aggregation (arXiv 2603.12591).
 - :class:`WarmStartInitializer`: sessions over a changing device set, each warm-started from
@@ -29,13 +31,16 @@ from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
 from edgefleet.strategies.context import RoundContext, current_round
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
+from edgefleet.strategies.fedvarp import FedVARP
 from edgefleet.strategies.hooks import StrategyHooks, hooks_of
 from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundLoop, RoundResult
 from edgefleet.strategies.lrschedule import SessionLearningRate
+from edgefleet.strategies.mifa import MIFA
 from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.registry import DeviceRecord, DeviceRegistry, DeviceStatus
 from edgefleet.strategies.robust import RobustAggregation, RobustRule
 from edgefleet.strategies.saga import SagaMemory
+from edgefleet.strategies.scaffold import Scaffold
 from edgefleet.strategies.screening import RecordKeys, check_train_reply
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
@@ -51,8 +56,10 @@ __all__ = [
     "EnergyAgeSelection",
     "EqualWeightFedAvg",
     "FedSAG",
+    "FedVARP",
     "LoopOutcome",
     "LoopStrategy",
+    "MIFA",
     "RecordKeys",
     "RoundCallback",
     "RoundContext",
@@ -61,6 +68,7 @@ __all__ = [
     "RobustRule",
     "RoundResult",
     "SagaMemory",
+    "Scaffold",
     "SessionLearningRate",
     "SessionStore",
     "SessionTracker",

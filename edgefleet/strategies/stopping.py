@@ -14,6 +14,14 @@ that holds validation data breaks the premise of federated learning.
 Squared norm (``norm = "squared"``): g' = (d_r^2 - d_{r-1}^2) / d_{r-1}^2 = (1 + g)^2 - 1,
 about 2g for small g, so a threshold tau on the plain norm corresponds to about 2 tau on the
 squared norm (tau' = (1 + tau)^2 - 1 exactly).
+
+Form (``form``, run-config ``stopping.form``): ``"reference"`` (default) is the reference
+code's rule above, the counter counting rounds *in a row* below ``tau`` (a round of growth
+resets it), on the norm ``stopping.norm`` names. ``"seed"`` is the rule as the paper's seed
+text writes it: the squared norm d_r = ||theta_r - theta_0||^2 and a counter of the rounds
+with g_r < tau that is never reset (the text describes no reset), so the rule fires at the
+``patience``-th slow round, in a row or not. It stops earlier than the reference form (the
+squared norm halves the effective tau, the missing reset counts scattered slow rounds).
 """
 
 from __future__ import annotations
@@ -46,6 +54,16 @@ class StoppingNorm(StrEnum):
 
 
 NORMS: tuple[str, ...] = tuple(m.value for m in StoppingNorm)
+
+
+class StoppingForm(StrEnum):
+    """The data-free rule's form (``stopping.form``; the module docstring)."""
+
+    REFERENCE = "reference"
+    SEED = "seed"
+
+
+FORMS: tuple[str, ...] = tuple(m.value for m in StoppingForm)
 STOP_PLATEAU = "task-vector-plateau"
 STOP_DIVERGED = "diverged"
 STOP_VALIDATION = "validation-plateau"
@@ -86,7 +104,8 @@ class PlateauCounter:
     g_r = (d_r - d_{r-1}) / d_{r-1} for r >= 2; the counter grows by one while g_r < tau
     and resets to zero when g_r >= tau; the rule fires when the counter reaches patience.
     d_{r-1} = 0 (theta_1 equal to theta_0): any growth from zero is infinite growth (reset),
-    no growth from zero is none (count).
+    no growth from zero is none (count). ``reset=False`` (the seed's form): a round of
+    growth leaves the counter as it is, so it counts every slow round so far.
     """
 
     tau: float = 0.005
@@ -94,6 +113,7 @@ class PlateauCounter:
     previous: float | None = None
     counter: int = 0
     growth: list[float | None] = field(default_factory=list)
+    reset_on_growth: bool = True
 
     def update(self, norm: float) -> bool:
         """Feed d_r; True when the rule fires."""
@@ -103,7 +123,10 @@ class PlateauCounter:
                 g = (norm - self.previous) / self.previous
             else:
                 g = math.inf if norm > 0 else 0.0
-            self.counter = self.counter + 1 if g < self.tau else 0
+            if g < self.tau:
+                self.counter += 1
+            elif self.reset_on_growth:
+                self.counter = 0
         self.previous = norm
         self.growth.append(g)
         return self.counter >= self.patience
@@ -142,15 +165,22 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         norm: str = "l2",
         keys: list[str] | None = None,
         enforce: bool = True,
+        form: str = "reference",
     ) -> None:
+        """``form="seed"``: the squared norm and a counter never reset (module docstring);
+        ``norm`` is then not used."""
         super().__init__(inner)
         self.enforce = enforce
         if norm not in NORMS:
             raise SettingError(f"norm {norm!r}: must be one of {', '.join(NORMS)}")
+        if form not in FORMS:
+            raise SettingError(f"form {form!r}: must be one of {', '.join(FORMS)}")
         if patience < 1:
             raise ValueError(f"patience {patience}: must be >= 1")
-        self.rule = PlateauCounter(tau=tau, patience=patience)
-        self.squared = norm == "squared"
+        self.form = form
+        seed = form == StoppingForm.SEED
+        self.rule = PlateauCounter(tau=tau, patience=patience, reset_on_growth=not seed)
+        self.squared = seed or norm == "squared"
         self.keys = keys
         self.theta0: dict[str, np.ndarray] | None = None  # float64, the keys watched only
         # Under sessions a plateau ends the session's training, not the run: the devices
@@ -179,6 +209,7 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
             "Growth threshold (tau)": self.rule.tau,
             "Patience": self.rule.patience,
             "Norm": "squared" if self.squared else "l2",
+            "Form": self.form,
             "Stops the run": self.enforce,
         }
 

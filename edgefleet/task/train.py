@@ -74,12 +74,14 @@ def train_local(
     proximal_mu: float = 0.0,
     teacher: nn.Module | None = None,
     kl_lambda: float = 0.0,
+    correction: dict[str, torch.Tensor] | None = None,
 ) -> TrainResult:
     """Run ``steps`` mini-batch SGD steps on ``data``; FedProx's proximal term when mu > 0.
 
     With a ``teacher`` and ``kl_lambda`` > 0 (warm start's Continuous baseline, arXiv
     2410.05662) the loss adds kl_lambda x KL(softmax(teacher(x)) || softmax(model(x))),
     averaged over the batch, the teacher frozen: the reference's ``_train_continuous``.
+    ``correction`` (SCAFFOLD's c - c_i, by parameter name) is added to every gradient.
     The teacher may be the full model while ``model`` is a pruned submodel: only their
     outputs meet.
     """
@@ -115,6 +117,10 @@ def train_local(
             )
             loss = loss + 0.5 * proximal_mu * prox
         loss.backward()
+        if correction:
+            for name, p in model.named_parameters():
+                if p.grad is not None and name in correction:
+                    p.grad.add_(correction[name])
         opt.step()
         total += float(loss.detach()) * len(idx)
         seen += len(idx)
