@@ -206,7 +206,7 @@ class Engine:
         :mod:`edgefleet.simulation.progress`) shows the run's progress line on
         ``progress_stream`` (default stdout) from its rows as they land."""
         from edgefleet.config import ConfigError
-        from edgefleet.runlock import RunLocked
+        from edgefleet.runlock import RunLocked, release_stopped
         from edgefleet.server.results import prepare_run_dir
         from edgefleet.simulation.runner import (
             RAY_CLUSTER_KEYS,
@@ -259,6 +259,7 @@ class Engine:
             sig = "SIGINT" if isinstance(err, KeyboardInterrupt) else "SIGTERM"
             _write_log(run_dir, flwr, link, link_offset, self.fleet)
             self.stop()
+            release_stopped(run_dir)  # its writer is stopped: no stale lock left
             raise Interrupted(run_dir, sig) from None
         except RunFailed:
             _write_log(run_dir, flwr, link, link_offset, self.fleet)
