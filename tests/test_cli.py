@@ -99,6 +99,30 @@ def test_a_taken_run_folder_is_refused_in_the_cli_words(
     assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.jsonl"]
 
 
+@pytest.mark.parametrize("engine", ["inprocess", "simulation"])
+def test_a_failed_data_check_leaves_no_run_folder(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    engine: str,
+) -> None:
+    """An empty folder left by a refused start would show among the runs to resume."""
+    from edgefleet.simulation import engine as simulation_engine
+    from edgefleet.task import datasets
+
+    def missing(name: str, data_dir: str) -> None:
+        raise FileNotFoundError(f"data set {name!r} not found")
+
+    monkeypatch.setattr(datasets, "load_dataset", missing)
+    monkeypatch.setattr(cli, "_early_engine", lambda *a: None)
+    # The Simulation Engine checks the data while it starts: no Flower process for this.
+    monkeypatch.setattr(simulation_engine.Engine, "start", lambda self, check: check())
+    sets = ["--set", "run-name=refused", "--set", f"output-dir={tmp_path}"]
+    assert main(["run", FEDAVG, "--engine", engine, *sets, "--quiet"]) == 2
+    assert "data set 'mnist-5k' not found" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 # --- the README's command reference ---------------------------------------------------------
 
 

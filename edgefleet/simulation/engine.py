@@ -225,9 +225,9 @@ class Engine:
         except (ValueError, FileExistsError, RunLocked) as err:
             raise ConfigError(str(err)) from None
         if not self.started:
-            self.start(lambda: check_data(cfg))
+            self.start(lambda: check_data(cfg, run_dir))
         else:
-            check_data(cfg)  # cached per data set: a sweep pays it once
+            check_data(cfg, run_dir)  # cached per data set: a sweep pays it once
         assert self.app is not None
         federation = {k: v for k, v in gpu_federation.items() if k not in RAY_CLUSTER_KEYS}
         link = next((p for p in self.fleet.processes if p.name == "superlink"), None)

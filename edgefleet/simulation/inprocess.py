@@ -707,7 +707,7 @@ class InProcessEngine:
             run_dir = prepare_run_dir(cfg, lock=False)  # the ServerApp takes the lock
         except (ValueError, FileExistsError, RunLocked) as err:
             raise ConfigError(str(err)) from None
-        check_data(cfg)
+        check_data(cfg, run_dir)
         self.start()
         assert self._tmp is not None
         nodes = int(scenario.federation["num-supernodes"])
