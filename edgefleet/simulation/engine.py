@@ -27,7 +27,11 @@ if TYPE_CHECKING:
     from edgefleet.simulation.progress import ProgressReporter
     from edgefleet.simulation.runner import Scenario
 
-PROJECT_DIR = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PROJECT_DIR = PACKAGE_DIR.parent
+# An installed wheel has no project folder: it carries the project's pyproject.toml (the
+# Flower app's components and run config) as package data under this name.
+PACKAGED_PYPROJECT = PACKAGE_DIR / "flower-app.toml"
 SUMMARY_GRACE = 30.0  # seconds the ServerApp may take to write its summary after the stream
 RAY_ADDRESS_WITH_SIZES = (
     "init-args-num-cpus / init-args-num-gpus size a Ray cluster that EdgeFleet starts; "
@@ -44,18 +48,19 @@ def app_copy(dest: Path, clientapp: str | None = None) -> Path:
     project root that includes ``.venv`` (50,000 files, about 5 s). The copy takes 30 ms.
     """
     dest.mkdir()
-    shutil.copy2(PROJECT_DIR / "pyproject.toml", dest / "pyproject.toml")
+    source = PROJECT_DIR / "pyproject.toml"
+    if not source.is_file():
+        source = PACKAGED_PYPROJECT
+    shutil.copy2(source, dest / "pyproject.toml")
     if clientapp is not None:
         pyproject = dest / "pyproject.toml"
         text, n = re.subn(
             r'^clientapp = ".*"$', f'clientapp = "{clientapp}"', pyproject.read_text(), flags=re.M
         )
         if n != 1:
-            raise ValueError(f"{PROJECT_DIR / 'pyproject.toml'}: no single clientapp component")
+            raise ValueError(f"{source}: no single clientapp component")
         pyproject.write_text(text)
-    shutil.copytree(
-        PROJECT_DIR / "edgefleet", dest / "edgefleet", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    shutil.copytree(PACKAGE_DIR, dest / "edgefleet", ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
 
