@@ -22,7 +22,7 @@ import pytest
 from edgefleet.processes import BIN_DIR, FlowerFleet, config_arg
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-RUN_TIMEOUT = 300  # seconds; each took 105-135 s on a loaded 2-core machine (ten users)
+RUN_TIMEOUT = 300  # seconds; each took 30-135 s on a loaded 2-core machine (the first most)
 
 
 @pytest.fixture(scope="module")
