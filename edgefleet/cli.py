@@ -269,7 +269,7 @@ def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine:
         summary = json.loads((run_dir / "summary.json").read_text())
         summary.pop("config")
         print(json.dumps(summary, indent=2))
-    else:
+    elif not args.report:  # the report begins with the story: print it once
         from edgefleet.simulation.story import story
 
         print(story(run_dir))

@@ -123,6 +123,27 @@ def release(run_dir: str | Path) -> None:
         os.close(held.fd)  # drops the flock
 
 
+def release_stopped(run_dir: str | Path) -> None:
+    """Remove the lock file of a writer that this process has just stopped (Ctrl-C,
+    SIGTERM) and so could not release it: a clean stop leaves no lock for the resume to
+    warn about. A lock still held (the writer outlived its stop) or written under another
+    kernel is left alone."""
+    path = lock_path(run_dir)
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return  # no lock file: the writer released it, or never took it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        previous = _read(fd)
+        if _same_file(fd, path) and not (previous is not None and previous.elsewhere):
+            path.unlink()
+    except OSError:
+        pass  # held (BlockingIOError), or no locks here: leave it to the next writer
+    finally:
+        os.close(fd)
+
+
 def check(run_dir: str | Path) -> None:
     """:class:`RunLocked` when another process holds ``run_dir``'s lock, without keeping
     it (a stale lock is taken over and removed on the way). Nothing to check when the

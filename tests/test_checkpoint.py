@@ -38,7 +38,7 @@ from edgefleet.server.results import MetricsWriter, RunDirError, prepare_run_dir
 from edgefleet.simulation.runner import load_scenario, run_scenario
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
-from edgefleet.strategies.loop import RoundCallback, RoundLoop
+from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.strategies.stopping import TaskVectorStopping
 from tests.fakes import FakeGrid, no_eval, rec
 from tests.test_ehfedsag import KW, FakeDevice
@@ -254,6 +254,19 @@ def test_metrics_writer_drops_rounds_after_the_checkpoint(tmp_path: Path) -> Non
     assert [r["round"] for r in writer.rows] == [1, 2]
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["round"] for x in lines] == [1, 2]
+
+
+def test_a_resumed_runs_rows_count_the_time_of_the_parts_before_it(tmp_path: Path) -> None:
+    """The resumed loop's clock starts at zero; its rows (and the summary, from
+    ``wall_offset``) go on from the kept rows' time instead of counting the last part only."""
+    rows = [{"round": r, "wall_s": 10.0 * r} for r in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    writer = MetricsWriter(tmp_path)
+    writer.keep_until(2)
+    assert writer.wall_offset == 20.0
+    writer.after_round(RoundResult(3, 0, rec(w=np.zeros(1)), [], [], [], 0, 0, 0.0, {}, {}, 4.5))
+    assert writer.rows[-1]["wall_s"] == 24.5
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["wall_s"] == 24.5
 
 
 @pytest.mark.timeout(400)

@@ -308,7 +308,7 @@ def _png_height(path: Path) -> int:
     return int.from_bytes(path.read_bytes()[20:24], "big")  # IHDR: width, then height
 
 
-def test_energy_off_is_said_and_the_accuracy_legend_sits_beside_the_curves(
+def test_energy_off_is_said_and_the_accuracy_legend_sits_below_the_curves(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import edgefleet.simulation.report as report
@@ -322,13 +322,22 @@ def test_energy_off_is_said_and_the_accuracy_legend_sits_beside_the_curves(
 
     monkeypatch.setattr(report, "_save", keep)
     rows = [_row(r, 0.1 * r, session=1 + r // 3, energy_spent=0.0) for r in range(1, 7)]
-    draw_plots([load_run(_write_run(tmp_path / "run", rows, _summary(rows)))], tmp_path / "out")
+    # A name as long as the demo's: beside the axes, its legend took half the figure's width.
+    name = "demo-20261205-201500-fedsag-energy-age-pruning-sessions"
+    summary = {**_summary(rows), "stop_round": 6, "stop_reason": "task-vector-plateau"}
+    draw_plots([load_run(_write_run(tmp_path / name, rows, summary))], tmp_path / "out")
     (energy,) = figures["energy.png"].axes
     assert energy.get_ylim()[0] == 0.0  # a flat 0 lies on the axis, not in mid-air
     assert any("energy off" in t.get_text() for t in energy.texts)
-    acc = figures["accuracy.png"].axes[0]
-    legend = acc.get_legend().get_window_extent()
-    assert legend.x0 >= acc.get_window_extent().x1  # beside the axes: covers no curve
+    fig = figures["accuracy.png"]
+    fig.tight_layout()  # as saving does
+    fig.canvas.draw()
+    acc = fig.axes[0]
+    legend = fig.axes[-1].get_legend().get_window_extent()
+    box, width = acc.get_window_extent(), fig.get_window_extent().width
+    assert legend.y1 <= box.y0  # below the axes: covers no curve
+    assert box.width >= 0.8 * width  # and leaves the plot the figure's width
+    assert legend.x0 >= 0 and legend.x1 <= width  # all of it in the picture
     spent = [_row(r, 0.1 * r) for r in range(1, 4)]
     figures.clear()
     draw_plots([load_run(_write_run(tmp_path / "spent", spent, _summary(spent)))], tmp_path / "o2")

@@ -78,6 +78,22 @@ def test_a_dead_writers_lock_is_taken_over_with_a_warning(holder, caplog) -> Non
     assert not (run_dir / LOCK_FILE).exists()
 
 
+def test_a_writer_stopped_by_its_runner_leaves_no_lock_to_warn_about(holder, caplog) -> None:
+    """After Ctrl-C the runner has ended the ServerApp itself: it removes the lock file, so
+    the resume takes the folder without "taking over the lock ... ended without releasing"."""
+    run_dir, proc = holder
+    runlock.release_stopped(run_dir)  # the writer still runs: its lock stays
+    assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == proc.pid
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    runlock.release_stopped(run_dir)
+    assert not (run_dir / LOCK_FILE).exists()
+    with caplog.at_level(logging.WARNING, logger="flwr"):
+        runlock.acquire(run_dir)
+    runlock.release(run_dir)
+    assert "taking over" not in caplog.text
+
+
 def test_release_lets_another_process_take_it_and_the_holder_may_retake(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()

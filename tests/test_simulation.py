@@ -384,6 +384,7 @@ def test_an_interrupted_run_stops_everything_and_says_how_to_resume(
     assert "resume with: edgefleet run" in lines[0] and "--set run-name=cut" in lines[0]
     left = processes_with_env(f"TMPDIR={tmp_path / 'tmp'}")
     assert not left, f"processes outlived the interrupted run: {left}"
+    assert not (tmp_path / "cut" / "writer.lock").exists()  # a clean stop leaves no lock
     if sig == signal.SIGINT:  # the hinted command continues the run to its end
         metrics = tmp_path / "cut" / "metrics.jsonl"
         done = len(metrics.read_text().splitlines())

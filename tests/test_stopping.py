@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import numpy as np
@@ -109,6 +110,24 @@ def test_diverged_and_empty_rounds() -> None:
     assert stop.after_round(_result(5, rec(w=np.ones(3)), ["0"])) == STOP_PLATEAU
     nan = rec(w=np.array([0.0, np.nan, 1.0]))
     assert stop.after_round(_result(6, nan, ["0"])) == STOP_DIVERGED
+
+
+def test_each_round_logs_its_growth_beside_tau(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Tuning tau needs the growth it is compared with: every measured round logs both."""
+    monkeypatch.setattr(logging.getLogger("flwr"), "propagate", True)
+    stop = TaskVectorStopping(FedAvg(), tau=0.05, patience=3)
+    stop.on_start(rec(w=np.zeros(2)), 1)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        stop.after_round(_result(1, rec(w=np.array([3.0, 4.0])), ["0"]))  # norm 5
+        stop.after_round(_result(2, rec(w=np.array([3.0, 4.1])), ["0"]))
+    lines = [r.getMessage() for r in caplog.records if "task vector growth" in r.getMessage()]
+    growth = (math.hypot(3.0, 4.1) - 5.0) / 5.0
+    assert lines == [
+        "Round 1: task vector growth - (tau 0.05), plateau 0/3",
+        f"Round 2: task vector growth {growth:.4g} (tau 0.05), plateau 1/3",
+    ]
 
 
 def _shrinking_client(w0: np.ndarray):

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from edgefleet.config import DEFAULTS
 from edgefleet.simulation.story import story
 
@@ -116,3 +118,22 @@ def test_the_story_says_whether_warm_start_and_stopping_helped(tmp_path: Path) -
     text = _sessions_run(tmp_path, [0.4, 0.7], stop="task-vector-plateau")
     assert "reached it in 2 round(s) (as many: no gain)" in text
     assert "Data-free stopping saved 4 of 8 rounds not run" in text
+
+
+def test_edgefleet_run_report_prints_the_story_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make demo`` (``edgefleet run ... --report``) printed the whole story twice: once
+    after the run, once more from the report."""
+    from edgefleet import cli
+    from edgefleet.simulation import runner
+
+    (tmp_path / "run").mkdir()
+    run_dir = _write(tmp_path / "run")
+    monkeypatch.setattr(cli, "_early_engine", lambda *a: None)
+    monkeypatch.setattr(runner, "run_scenario", lambda *a, **k: run_dir)
+    scenario = str(Path(__file__).resolve().parents[1] / "scenarios" / "fedavg.toml")
+    assert cli.main(["run", scenario, "--report", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("What each technique did") == 1, out
+    assert "wrote " in out  # the report's plots

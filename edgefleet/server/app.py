@@ -490,7 +490,8 @@ def main(grid: Grid, context: Context) -> None:
         best = next((r for r in writer.rows if r["round"] == baseline.best_round), None)
         if best is not None:
             extra["final_accuracy"] = best["test_accuracy"]
-    summary = write_summary(run_dir, cfg, outcome, writer.rows, time.monotonic() - t0, extra)
+    wall_s = writer.wall_offset + time.monotonic() - t0  # every part of a resumed run
+    summary = write_summary(run_dir, cfg, outcome, writer.rows, wall_s, extra)
     runlock.release(run_dir)  # done writing; a failed run's lock goes with its process
     log(
         INFO,

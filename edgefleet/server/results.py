@@ -172,6 +172,9 @@ class MetricsWriter(RoundCallback):
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = []
+        # A resumed run's loop clock starts at zero: its rows and summary add the time the
+        # parts before it ran (the last kept row's wall_s), so wall_s covers every part.
+        self.wall_offset = 0.0
 
     def keep_until(self, last_round: int) -> None:
         """On resume: keep the rows of rounds up to ``last_round`` (the checkpoint's); a row
@@ -182,6 +185,8 @@ class MetricsWriter(RoundCallback):
             return
         rows = read_rows(self.path)
         self.rows = [r for r in rows if r["round"] <= last_round]
+        walls = [r.get("wall_s") for r in self.rows]
+        self.wall_offset = max((float(w) for w in walls if isinstance(w, int | float)), default=0.0)
         if len(self.rows) < last_round:
             log(
                 WARNING,
@@ -194,6 +199,7 @@ class MetricsWriter(RoundCallback):
 
     def after_round(self, result: RoundResult) -> str | None:
         row = round_row(result)
+        row["wall_s"] = round(row["wall_s"] + self.wall_offset, 3)
         self.rows.append(row)
         with open_append(self.path) as f:  # never through a planted link
             f.write(json.dumps(row) + "\n")

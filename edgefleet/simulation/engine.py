@@ -28,7 +28,11 @@ if TYPE_CHECKING:
     from edgefleet.simulation.progress import ProgressReporter
     from edgefleet.simulation.runner import Scenario
 
-PROJECT_DIR = Path(__file__).resolve().parents[2]
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+PROJECT_DIR = PACKAGE_DIR.parent
+# An installed wheel has no project folder: it carries the project's pyproject.toml (the
+# Flower app's components and run config) as package data under this name.
+PACKAGED_PYPROJECT = PACKAGE_DIR / "flower-app.toml"
 SUMMARY_GRACE = 30.0  # seconds the ServerApp may take to write its summary after the stream
 RAY_ADDRESS_WITH_SIZES = (
     "init-args-num-cpus / init-args-num-gpus size a Ray cluster that EdgeFleet starts; "
@@ -45,18 +49,19 @@ def app_copy(dest: Path, clientapp: str | None = None) -> Path:
     project root that includes ``.venv`` (50,000 files, about 5 s). The copy takes 30 ms.
     """
     dest.mkdir()
-    shutil.copy2(PROJECT_DIR / "pyproject.toml", dest / "pyproject.toml")
+    source = PROJECT_DIR / "pyproject.toml"
+    if not source.is_file():
+        source = PACKAGED_PYPROJECT
+    shutil.copy2(source, dest / "pyproject.toml")
     if clientapp is not None:
         pyproject = dest / "pyproject.toml"
         text, n = re.subn(
             r'^clientapp = ".*"$', f'clientapp = "{clientapp}"', pyproject.read_text(), flags=re.M
         )
         if n != 1:
-            raise ValueError(f"{PROJECT_DIR / 'pyproject.toml'}: no single clientapp component")
+            raise ValueError(f"{source}: no single clientapp component")
         pyproject.write_text(text)
-    shutil.copytree(
-        PROJECT_DIR / "edgefleet", dest / "edgefleet", ignore=shutil.ignore_patterns("__pycache__")
-    )
+    shutil.copytree(PACKAGE_DIR, dest / "edgefleet", ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
 
@@ -207,7 +212,7 @@ class Engine:
         :mod:`edgefleet.simulation.progress`) shows the run's progress line on
         ``progress_stream`` (default stdout) from its rows as they land."""
         from edgefleet.config import ConfigError
-        from edgefleet.runlock import RunLocked
+        from edgefleet.runlock import RunLocked, release_stopped
         from edgefleet.server.results import prepare_run_dir
         from edgefleet.simulation.runner import (
             RAY_CLUSTER_KEYS,
@@ -226,9 +231,9 @@ class Engine:
         except (ValueError, FileExistsError, RunLocked, NotARegularFile) as err:
             raise ConfigError(str(err)) from None
         if not self.started:
-            self.start(lambda: check_data(cfg))
+            self.start(lambda: check_data(cfg, run_dir))
         else:
-            check_data(cfg)  # cached per data set: a sweep pays it once
+            check_data(cfg, run_dir)  # cached per data set: a sweep pays it once
         assert self.app is not None
         federation = {k: v for k, v in gpu_federation.items() if k not in RAY_CLUSTER_KEYS}
         link = next((p for p in self.fleet.processes if p.name == "superlink"), None)
@@ -260,6 +265,7 @@ class Engine:
             sig = "SIGINT" if isinstance(err, KeyboardInterrupt) else "SIGTERM"
             _write_log(run_dir, flwr, link, link_offset, self.fleet)
             self.stop()
+            release_stopped(run_dir)  # its writer is stopped: no stale lock left
             raise Interrupted(run_dir, sig) from None
         except RunFailed:
             _write_log(run_dir, flwr, link, link_offset, self.fleet)

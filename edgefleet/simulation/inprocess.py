@@ -692,7 +692,7 @@ class InProcessEngine:
         is written (None: only ``flower.log`` does); ``progress`` (``live`` or ``plain``) shows
         the progress line on stdout, as :meth:`Engine.run` does."""
         from edgefleet.config import ConfigError
-        from edgefleet.runlock import RunLocked
+        from edgefleet.runlock import RunLocked, release_stopped
         from edgefleet.server.results import prepare_run_dir
         from edgefleet.simulation.engine import Interrupted, RunFailed, serverapp_error
         from edgefleet.simulation.runner import (
@@ -709,7 +709,7 @@ class InProcessEngine:
             run_dir = prepare_run_dir(cfg, lock=False)  # the ServerApp takes the lock
         except (ValueError, FileExistsError, RunLocked, NotARegularFile) as err:
             raise ConfigError(str(err)) from None
-        check_data(cfg)
+        check_data(cfg, run_dir)
         self.start()
         assert self._tmp is not None
         nodes = int(scenario.federation["num-supernodes"])
@@ -742,6 +742,7 @@ class InProcessEngine:
             except (KeyboardInterrupt, SystemExit) as err:
                 sig = "SIGINT" if isinstance(err, KeyboardInterrupt) else "SIGTERM"
                 _end(proc)
+                release_stopped(run_dir)  # its writer is stopped: no stale lock left
                 raise Interrupted(run_dir, sig) from None
             except BaseException:
                 _end(proc)

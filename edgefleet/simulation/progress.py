@@ -1,14 +1,16 @@
 """A run's progress in the terminal, read from its ``metrics.jsonl`` as rounds land.
 
-The line (``round 3/30 | session 2 | acc 0.612 | rejected 1 | ETA 1m20s``) is made from the
+The line (``round 3/30 | session 2 | acc 0.612 | rejected 1 | growth 0.0123, plateau 2 |
+ETA 1m20s``; the growth part only with data-free stopping) is made from the
 run folder's rows alone, so it shows a simulated run and a deployed one alike: whatever
 writes the rows, :class:`ProgressReporter` follows the file. On a terminal it is one line
 kept at the bottom (tqdm), with Flower's log scrolling above it (:meth:`ProgressReporter.
 echo` writes that log through tqdm, so neither tears the other); when the output is not a
 terminal (a CI log, a pipe) or with ``--quiet``, it is a plain line per round instead.
 
-The ETA is the mean wall time of the last rounds times the rounds left in the budget: an
-upper bound when data-free stopping may end the run early.
+The ETA is the mean time of the last rounds times the rounds left in the budget: an
+upper bound when data-free stopping may end the run early. A row's ``wall_s`` is the time
+since the run started, so a round's own time is the difference from the row before.
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ class RunProgress:
     session: int | None = None
     accuracy: float | None = None  # the last evaluated round's test accuracy
     rejected: int = 0
-    walls: list[float] = field(default_factory=list)  # recent rounds' wall_s
+    walls: list[float] = field(default_factory=list)  # recent rounds' own times (s)
+    wall: float = 0.0  # the last row's wall_s: seconds since the run started
+    growth: float | None = None  # the task vector's last growth (data-free stopping)
+    plateau: int | None = None  # its plateau counter; None: no stopping rule in the rows
 
     def add(self, row: dict[str, Any]) -> None:
         self.round = int(row.get("round", self.round + 1))
@@ -54,7 +59,16 @@ class RunProgress:
         self.rejected += len(row.get("rejected") or [])
         wall = row.get("wall_s")
         if isinstance(wall, int | float) and math.isfinite(wall) and wall >= 0:
-            self.walls = [*self.walls, float(wall)][-ETA_ROUNDS:]
+            # A clock that went back (rows of an older run without the resumed offset)
+            # starts again from zero.
+            own = wall - self.wall if wall >= self.wall else float(wall)
+            self.walls = [*self.walls, own][-ETA_ROUNDS:]
+            self.wall = float(wall)
+        if "plateau_count" in row:
+            plateau, growth = row.get("plateau_count"), row.get("task_vector_growth")
+            self.plateau = int(plateau) if isinstance(plateau, int | float) else self.plateau
+            ok = isinstance(growth, int | float) and not isinstance(growth, bool)
+            self.growth = float(growth) if ok else None  # type: ignore[arg-type]
 
     def eta_s(self) -> float | None:
         if not self.walls:
@@ -73,13 +87,18 @@ def duration(seconds: float) -> str:
 
 
 def progress_line(p: RunProgress) -> str:
-    """``round 3/30 | session 2 | acc 0.612 | rejected 1 | ETA 1m20s``; a part the rows do
-    not have yet (no session, no evaluation) is left out or shown as ``-``."""
+    """``round 3/30 | session 2 | acc 0.612 | rejected 1 | growth 0.0123, plateau 2 |
+    ETA 1m20s``; a part the rows do not have (no session, no evaluation, no stopping rule)
+    is left out or shown as ``-``."""
     parts = [f"round {p.round}/{p.total}"]
     if p.session is not None:
         parts.append(f"session {p.session}")
     parts.append(f"acc {'-' if p.accuracy is None else f'{p.accuracy:.3f}'}")
     parts.append(f"rejected {p.rejected}")
+    if p.plateau is not None:
+        parts.append(
+            f"growth {'-' if p.growth is None else f'{p.growth:.4g}'}, plateau {p.plateau}"
+        )
     eta = p.eta_s()
     parts.append(f"ETA {'-' if eta is None else duration(eta)}")
     return " | ".join(parts)

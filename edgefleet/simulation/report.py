@@ -431,9 +431,18 @@ def _plot_accuracy(runs: list[RunData], path: Path) -> Path:
     axes[-1].set_xlabel("round")
     axes[-1].xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     if runs:
-        # Beside the plot, not on it: inside, "best" still covered session 1's curve once the
-        # session marks joined the legend.
-        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        # Below the plot, not on it (inside, "best" covered session 1's curve once the session
+        # marks joined) nor beside it (a run's long name took half the figure's width there).
+        handles, labels = ax.get_legend_handles_labels()
+        axes[-1].legend(
+            handles,
+            labels,
+            fontsize="small",
+            loc="upper center",
+            bbox_to_anchor=(0.5, -0.12 if with_session_acc else -0.14),
+            ncol=2,
+            frameon=False,
+        )
     return _save(fig, path)
 
 

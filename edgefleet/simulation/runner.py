@@ -32,6 +32,7 @@ A scenario file has two tables::
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 import tomllib
@@ -283,14 +284,19 @@ def with_gpu_share(federation: Mapping[str, Any], accelerator: str) -> dict[str,
     return out
 
 
-def check_data(cfg: RunConfig) -> None:
+def check_data(cfg: RunConfig, run_dir: Path | None = None) -> None:
     """Load the run's data set here, once, as the apps will: a missing copy is reported now,
-    with every place looked in, instead of from inside the ServerApp a minute later."""
+    with every place looked in, instead of from inside the ServerApp a minute later. A
+    refused start leaves no run folder behind: ``run_dir``, made for this run and still
+    empty, is removed (it would show among the resumable runs)."""
     from edgefleet.task.datasets import load_dataset  # the data layer only when a run starts
 
     try:
         load_dataset(cfg.data.dataset, cfg.data.data_dir)
     except FileNotFoundError as err:
+        if run_dir is not None and not cfg.server.resume:
+            with contextlib.suppress(OSError):  # not empty (or gone): leave it as it is
+                run_dir.rmdir()
         raise ConfigError(str(err)) from None
 
 

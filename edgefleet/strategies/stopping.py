@@ -239,6 +239,17 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         row.task_vector_norm = norm
         row.task_vector_growth = self.rule.growth[-1]
         row.plateau_count = self.rule.counter
+        # Each round's growth beside tau, so that tau can be tuned from the log.
+        growth = self.rule.growth[-1]
+        log(
+            INFO,
+            "Round %d: task vector growth %s (tau %g), plateau %d/%d",
+            result.round,
+            "-" if growth is None else f"{growth:.4g}",
+            self.rule.tau,
+            self.rule.counter,
+            self.rule.patience,
+        )
         if fired and self.enforce and self.in_sessions:
             self.resting = True
             log(INFO, "Round %d: task vector plateau; resting until the next session", result.round)
