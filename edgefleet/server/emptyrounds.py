@@ -12,12 +12,27 @@ The cause is what the round knows: every device asked declined (energy, a client
 every reply was rejected by screening, the devices asked never answered (unreachable: on the
 Simulation Engine that is also what killed workers look like), or nobody could be selected
 (the selection's or the session's own reason, e.g. "no device present").
+
+A round in which energy-aware selection heard from the devices but none could afford a round
+is not silent: the devices are there and their batteries recharge (under scarce energy many
+rounds have nobody, by design). It ends a streak instead of adding to it.
 """
 
 from __future__ import annotations
 
 from edgefleet.strategies.context import ScreeningRow
 from edgefleet.strategies.loop import RoundCallback, RoundResult
+
+# What EnergyAgeSelection._why_nobody says when devices answered but none can afford a round
+# (tests/test_empty_rounds.py checks that it still says so).
+WAITING_FOR_ENERGY = "can afford a round"
+
+
+def waiting_for_energy(result: RoundResult) -> bool:
+    """Whether ``result``'s round was empty only because the devices that answered are
+    recharging."""
+    said = result.context.section(ScreeningRow).no_participants or ""
+    return WAITING_FOR_ENERGY in said and not result.declined and not result.rejected
 
 
 class FleetSilent(RuntimeError):
@@ -55,7 +70,7 @@ class EmptyRoundsStop(RoundCallback):
         self.streak: list[tuple[int, str]] = []  # (round, cause) of the empty rounds in a row
 
     def after_round(self, result: RoundResult) -> str | None:
-        if result.participants or not self.limit:
+        if result.participants or not self.limit or waiting_for_energy(result):
             self.streak = []
             return None
         self.streak.append((result.round, empty_round_cause(result)))
