@@ -184,7 +184,12 @@ def test_bad_scenario_files_and_values_are_refused_before_work_starts(
     expected: str,
 ) -> None:
     started: list[object] = []  # the data check: the first work a run does, after the checks
-    monkeypatch.setattr("edgefleet.simulation.runner.check_data", started.append)
+
+    def work_starts(cfg: object) -> None:  # and stops there: 10^9 nodes must never be built
+        started.append(cfg)
+        raise RuntimeError("the run started its work")
+
+    monkeypatch.setattr("edgefleet.simulation.runner.check_data", work_starts)
     monkeypatch.chdir(tmp_path)
     scenario = tmp_path / "s.toml"
     scenario.write_bytes(content)
