@@ -121,14 +121,18 @@ def parse_overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict[s
     """``--set KEY=VALUE`` items as a run-config mapping (values parsed as TOML values, see
     ``parse_value``); a malformed item is ``parser``'s usage error. Shared with the benchmarks
     that take ``--set`` (``benchmarks/link_fleet.py``)."""
+    from edgefleet.config import ConfigError, shown
     from edgefleet.simulation.runner import parse_value
 
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            parser.error(f"--set {item!r}: expected KEY=VALUE")
-        out[key.strip()] = parse_value(value.strip())
+            parser.error(f"--set {shown(item)}: expected KEY=VALUE")
+        try:
+            out[key.strip()] = parse_value(value.strip())
+        except ConfigError as err:
+            parser.error(f"--set {key.strip()[:60]}: {err}")
     return out
 
 
@@ -136,20 +140,25 @@ def _early_engine(scenario: str, sets: list[str], ray_address: str | None) -> En
     """An engine whose Ray cluster is already starting, sized from the scenario file and the
     ``--set federation.init-args-*`` overrides; None when those cannot be read yet (the run
     then validates them and starts its engine itself)."""
-    from edgefleet.simulation.engine import Engine
+    from edgefleet.simulation.engine import MAX_RAY_CPUS, MAX_RAY_GPUS, Engine
 
-    try:
-        federation = dict(tomllib.loads(Path(scenario).read_text()).get("federation", {}))
+    try:  # anything odd is left to the run's own checks, which name it
+        path = Path(scenario)
+        if not path.is_file() or path.stat().st_size > 1 << 20:
+            return None
+        federation = dict(tomllib.loads(path.read_text()).get("federation", {}))
         for item in sets:
             key, _, value = item.partition("=")
-            if key.strip().startswith("federation."):
+            if key.strip().startswith("federation.") and len(value) < 100:
                 federation[key.strip().removeprefix("federation.")] = tomllib.loads(
                     f"v = {value.strip()}"
                 )["v"]
-    except (OSError, tomllib.TOMLDecodeError, AttributeError):
-        return None
+    except (OSError, ValueError, TypeError, AttributeError, RecursionError):
+        return None  # (tomllib's and UTF-8's errors are ValueErrors)
     cpus, gpus = federation.get("init-args-num-cpus"), federation.get("init-args-num-gpus")
     if any(v is not None and (type(v) is not int or v < 0) for v in (cpus, gpus)):
+        return None
+    if (cpus or 0) > MAX_RAY_CPUS or (gpus or 0) > MAX_RAY_GPUS:
         return None
     if ray_address is not None and (cpus is not None or gpus is not None):
         return None

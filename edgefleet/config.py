@@ -14,6 +14,7 @@ table, kept equal by a test, as is ``pyproject.toml``'s table). To add a key, ad
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import Field, dataclass, field, fields
 from enum import StrEnum
@@ -146,6 +147,44 @@ def key(
     return field(metadata={"spec": KeySpec(name, default, check, help, parse)})
 
 
+# -- bounds every value of a type meets (docs/reference/config-limits.md) --------------------
+
+# Every integer goes to NumPy, torch and Flower's records (64-bit at most; numpy's legacy
+# seeding 32-bit): 2^31 - 1 is far above any count a fleet has and below every such limit.
+MAX_INT = 2**31 - 1
+# A round budget no run reaches (a million rounds of a one-second round is 11 days); above it
+# a value is a typo or an attempt to run forever.
+MAX_ROUNDS = 1_000_000
+MAX_TEXT = 4096  # characters of a string value (a path: Linux's PATH_MAX)
+UPPER_BOUNDS: dict[str, int] = {"num-server-rounds": MAX_ROUNDS}
+
+
+def _bounds(name: str, value: Value) -> str | None:
+    """What no key of ``value``'s type accepts: inf or NaN numbers, integers beyond
+    :data:`MAX_INT` (or the key's own bound), strings longer than :data:`MAX_TEXT` or
+    holding a NUL."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "must be a finite number"
+    if isinstance(value, int) and not isinstance(value, bool):
+        high = UPPER_BOUNDS.get(name, MAX_INT)
+        if not -MAX_INT <= value <= high:
+            return f"must be at most {high:,}" if value > 0 else f"must be at least {-MAX_INT:,}"
+    if isinstance(value, str) and len(value) > MAX_TEXT:
+        return f"must be at most {MAX_TEXT} characters (has {len(value):,})"
+    if isinstance(value, str) and "\0" in value:  # no path, name or list holds one
+        return "must not contain a NUL character"
+    return None
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to ``limit`` characters: an error names a bad value without
+    repeating a megabyte of it."""
+    if isinstance(value, int) and abs(value) >= 10**30:  # (repr fails past 4,300 digits)
+        return f"{'-' if value < 0 else ''}<an integer of {value.bit_length():,} bits>"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text):,} chars)"
+
+
 # -- checks ---------------------------------------------------------------------------------
 
 
@@ -238,6 +277,7 @@ RESUME_OPERATIONAL: tuple[str, ...] = (
     "node-wait-timeout",
     "min-nodes",
     "client-threads",
+    "run.max-empty-rounds",
 )
 
 
@@ -276,6 +316,13 @@ def _float_list(low: float, high: float, low_open: bool, example: str) -> Check:
 @dataclass(frozen=True)
 class ServerConfig:
     num_rounds: int = key("num-server-rounds", 5, _at_least(1), "round budget")
+    max_empty_rounds: int = key(
+        "run.max-empty-rounds",
+        3,
+        _at_least(0),
+        "stop the run with an error (its checkpoint kept for `--resume`) after this many rounds "
+        "in a row without a participant, naming the cause (0 = never)",
+    )
     strategy: str = key(
         "strategy",
         "fedavg",
@@ -959,10 +1006,15 @@ def _coerce(spec: KeySpec, value: Any) -> Value:
     """Match the default's type; TOML and ``--run-config`` give ints where floats are meant."""
     want = type(spec.default)
     if want is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # beyond any float: 10**400
+            raise ConfigError(
+                f"run config '{spec.name}' = {shown(value)}: must be a finite number"
+            ) from None
     if not isinstance(value, want) or (want is int and isinstance(value, bool)):
         raise ConfigError(
-            f"run config '{spec.name}' = {value!r}: must be {TYPE_NAMES[want]} "
+            f"run config '{spec.name}' = {shown(value)}: must be {TYPE_NAMES[want]} "
             f"(default {_toml(spec.default)})"
         )
     return value
@@ -1021,9 +1073,9 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     values: dict[str, Value] = {}
     for name, spec in KEYS.items():
         value = _coerce(spec, raw.get(name, spec.default))
-        problem = spec.check(value)
+        problem = _bounds(name, value) or spec.check(value)
         if problem:
-            raise ConfigError(f"run config '{name}' = {value!r}: {problem}")
+            raise ConfigError(f"run config '{name}' = {shown(value)}: {problem}")
         values[name] = value
     cfg: RunConfig = _build(RunConfig, values)
     _check_together(cfg)

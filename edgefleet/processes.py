@@ -33,6 +33,7 @@ Linux only (``/proc``), like the deployment targets.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shutil
@@ -60,6 +61,53 @@ QUIET_FLOWER_ENV = {
 }
 TAG_VAR = "EDGEFLEET_FLEET_TAG"
 POLL_VAR = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"  # read once, when a SuperExec starts
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Any:
+    """A ``preexec_fn`` for ``subprocess.Popen``: the child gets ``sig`` when the process
+    that starts it dies, however it dies (``kill -9`` included), instead of being reparented
+    to PID 1 and running on. None where that needs what only Linux has (``prctl``).
+
+    SIGTERM, not SIGKILL: a SuperLink or ``ray start --block`` given SIGTERM stops the
+    processes it started itself (its SuperExec, its GCS server and raylet); a SIGKILL would
+    leave them. Flower carries the signal further down: SuperExec and the ServerApp's
+    process (``flwr-simulation``, ``flwr-serverapp``) watch their ``--parent-pid`` and stop
+    within 0.2 s once it is gone. The signal comes when the starting *thread* ends: start
+    long-lived processes from the main thread (every fleet here does)."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:  # between fork and exec: nothing that allocates or locks
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def end_with_parent(parent: int, sig: int = signal.SIGTERM) -> None:
+    """In a forked child (no exec): get ``sig`` when ``parent`` (the process that forked
+    it) dies; if it is gone already, ``sig`` now. Nothing where ``prctl`` is missing."""
+    prctl = _prctl()
+    if prctl is None:
+        return
+    prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+
+
+def _prctl() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
 
 
 class FleetError(RuntimeError):
@@ -230,6 +278,7 @@ class FlowerFleet:
                 stdout=log if echo is None else subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent(),
             )
         if echo is not None:
             threading.Thread(target=_tee, args=(popen, log_path, echo), daemon=True).start()

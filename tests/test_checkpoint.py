@@ -18,6 +18,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.server import checkpoint as ckpt_module
 from edgefleet.server.app import build_strategy
 from edgefleet.server.checkpoint import (
     FILENAME,
@@ -577,3 +578,98 @@ def test_a_resumed_run_goes_on_once_the_fleet_stops_growing() -> None:
     # Nobody at all: settling never starts, and the wait ends in the error.
     with pytest.raises(RuntimeError, match="no node came online"):
         _Fleet([]).wait(4, 30.0, RESUME_SETTLE_S)
+
+
+# -- malformed files: each a CheckpointError with its reason, never a traceback -------------
+
+
+def _zip_bytes(members: dict[str, bytes], deflated: str = "") -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in members.items():
+            method = zipfile.ZIP_DEFLATED if name == deflated else zipfile.ZIP_STORED
+            z.writestr(name, data, compress_type=method)
+    return buf.getvalue()
+
+
+def _members(tmp_path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(_saved(tmp_path)) as z:
+        return {name: z.read(name) for name in z.namelist()}
+
+
+def _patch_member(data: bytes, name: str, **fields: int) -> bytes:
+    """``data`` with the local and central headers of member ``name`` altered: ``flags``
+    (offset 6 / 8) and ``method`` (offset 8 / 10), as a crafted file would have them."""
+    out = bytearray(data)
+    at = {"flags": (6, 8), "method": (8, 10)}
+    for sig, which in ((b"PK\x03\x04", 0), (b"PK\x01\x02", 1)):
+        start = 0
+        while (start := out.find(sig, start)) >= 0:
+            name_at = start + (30 if which == 0 else 46)
+            if out[name_at : name_at + len(name)] == name.encode():
+                for field_name, value in fields.items():
+                    offset = start + at[field_name][which]
+                    out[offset : offset + 2] = value.to_bytes(2, "little")
+            start += 4
+    return bytes(out)
+
+
+def _meta_nested(depth: int) -> bytes:
+    return b'{"format": 4, "x": ' + b"[" * depth + b"]" * depth + b"}"
+
+
+def test_an_encrypted_member_is_a_checkpoint_error(tmp_path: Path) -> None:
+    data = _patch_member(_zip_bytes(_members(tmp_path)), "m0.npy", flags=0x1)
+    with pytest.raises(CheckpointError, match="'m0.npy' is encrypted"):
+        loads(data)
+
+
+def test_an_unknown_compression_method_is_a_checkpoint_error(tmp_path: Path) -> None:
+    data = _patch_member(_zip_bytes(_members(tmp_path)), "meta.npy", method=99)
+    with pytest.raises(CheckpointError, match=r"'meta.npy' is compressed \(method 99\)"):
+        loads(data)
+
+
+def test_a_corrupt_deflate_stream_is_a_checkpoint_error(tmp_path: Path) -> None:
+    data = bytearray(_zip_bytes(_members(tmp_path), deflated="s0.npy"))
+    start = data.index(b"s0.npy") + len(b"s0.npy")
+    data[start + 2 : start + 40] = b"\xff" * 38  # the member's deflate stream, wrecked
+    with pytest.raises(CheckpointError, match=r"'s0.npy' is compressed \(method 8\)"):
+        loads(bytes(data))
+
+
+def test_a_header_declaring_1e13_elements_is_refused_before_allocation(tmp_path: Path) -> None:
+    members = _members(tmp_path)
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(3, np.float32))
+    header["shape"] = (10**13,)
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, header)
+    members["m0.npy"] = buf.getvalue() + b"\0" * 12
+    with pytest.raises(CheckpointError, match=r"declares 10000000000000 elements"):
+        loads(_zip_bytes(members))
+
+
+def test_metadata_nested_100k_deep_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
+    # The checksum matches (a forged file can carry a right one): the depth bound catches it.
+    # A shallow one is parsed, and refused for what it lacks, not for its depth.
+    for depth, match in ((100_000, "nests 100001 levels deep"), (30, "is malformed")):
+        meta = np.frombuffer(_meta_nested(depth), np.uint8)
+        checksum = np.frombuffer(ckpt_module._checksum(meta.tobytes(), {}).encode(), np.uint8)
+        buf = io.BytesIO()
+        np.savez(buf, meta=meta, checksum=checksum)
+        with pytest.raises(CheckpointError, match=match):
+            loads(buf.getvalue())
+    # Unchecked, the same meta is read only after its checksum: an altered one stops there.
+    members = _members(tmp_path)
+    members["meta.npy"] = _npy(np.frombuffer(_meta_nested(100_000), np.uint8))
+    with pytest.raises(CheckpointError, match="fails its checksum"):
+        loads(_zip_bytes(members))
+
+
+def test_overlapping_or_oversized_members_are_refused(tmp_path: Path) -> None:
+    data = _zip_bytes(_members(tmp_path))
+    for cut in (len(data) // 2, 30):
+        with pytest.raises(CheckpointError, match="not an EdgeFleet checkpoint"):
+            loads(data[:cut])
+    with pytest.raises(CheckpointError, match="not one array"):
+        loads(_zip_bytes({**_members(tmp_path), "evil.txt": b"x"}))

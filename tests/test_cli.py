@@ -172,3 +172,60 @@ def test_readme_command_reference_lists_every_command_and_option() -> None:
             )
         for positional in _positionals(parser):
             assert positional in blocks[command].splitlines()[0], (command, positional)
+
+
+@pytest.mark.parametrize(
+    ("content", "overrides", "expected"),
+    [
+        (b'[run-config]\nrun-name = "\xff\xfe"\n', [], "is not UTF-8 text"),
+        (b"run-config = [1,2]\n", [], "'run-config' = \\[1, 2\\] must be a table"),
+        (b"federation = 3\n", [], "'federation' = 3 must be a table"),
+        (b"[run-config]\nx = " + b"[" * 5000 + b"]" * 5000, [], "nests arrays or tables too deep"),
+        (
+            b"[run-config]\n" + b".".join([b"a"] * 5000) + b" = 1\n",
+            [],
+            "run-config tables nest deeper than 16",
+        ),
+        (b"", ["seed=2**70"], "must be an integer"),  # not TOML: taken as the text '2**70'
+        (b"", [f"seed={2**70}"], "'seed' = 1180591620717411303424: must be at most 2,147,483,647"),
+        (b"", ["screening.norm-factor=inf"], "'screening.norm-factor' = inf: must be a finite"),
+        (
+            b"",
+            ["federation.num-supernodes=1000000000"],
+            "federation 'num-supernodes' = 1000000000: must be an integer in \\[1, 100,000\\]",
+        ),
+        (b"", [f"num-server-rounds={2**80}"], "must be at most 1,000,000"),
+    ],
+)
+def test_bad_scenario_files_and_values_are_refused_before_work_starts(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    content: bytes,
+    overrides: list[str],
+    expected: str,
+) -> None:
+    started: list[object] = []  # the data check: the first work a run does, after the checks
+
+    def work_starts(cfg: object) -> None:  # and stops there: 10^9 nodes must never be built
+        started.append(cfg)
+        raise RuntimeError("the run started its work")
+
+    monkeypatch.setattr("edgefleet.simulation.runner.check_data", work_starts)
+    monkeypatch.chdir(tmp_path)
+    scenario = tmp_path / "s.toml"
+    scenario.write_bytes(content)
+    argv = ["run", str(scenario), "--quiet", "--engine", "inprocess"]
+    for item in overrides:
+        argv += ["--set", item]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert re.search(expected, err), err
+    assert "Traceback" not in err and not started
+
+
+def test_a_directory_as_scenario_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", str(tmp_path), "--quiet", "--engine", "inprocess"]) == 2
+    assert f"scenario {tmp_path} is a directory" in capsys.readouterr().err

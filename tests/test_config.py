@@ -142,3 +142,37 @@ def test_every_bad_setting_is_one_family_that_names_the_choices() -> None:
         assert isinstance(err.value, ValueError)
         text = str(err.value)
         assert "pilot" in text or "l2" in text or "keep-ratio" in text, text
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("seed", 2**70, "'seed' = 1180591620717411303424: must be at most 2,147,483,647"),
+        ("num-server-rounds", 2**80, "'num-server-rounds' = .*must be at most 1,000,000"),
+        ("screening.norm-factor", float("inf"), "'screening.norm-factor' = inf: must be a finite"),
+        ("round-timeout", float("inf"), "'round-timeout' = inf: must be a finite number"),
+        ("lr", 10**400, r"'lr' = <an integer of 1,329 bits>: must be a finite number"),
+        ("run-name", "x" * 5000, r"'run-name' = 'xxx.*\(5,002 chars\): must be at most 4096"),
+        ("output-dir", "runs\0x", "'output-dir' = 'runs\\\\x00x': must not contain a NUL"),
+    ],
+)
+def test_values_past_every_bound_are_refused_naming_key_and_range(
+    key: str, value: object, expected: str
+) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        parse_run_config({key: value})
+
+
+def test_the_largest_values_in_range_are_accepted() -> None:
+    cfg = parse_run_config({"seed": 2**31 - 1, "num-server-rounds": 1_000_000})
+    assert cfg.seed == 2**31 - 1 and cfg.server.num_rounds == 1_000_000
+
+
+def test_max_empty_rounds_is_a_run_key_that_a_resume_may_change() -> None:
+    from edgefleet.config import RESUME_OPERATIONAL
+
+    assert parse_run_config({}).server.max_empty_rounds == 3
+    assert parse_run_config({"run.max-empty-rounds": 0}).server.max_empty_rounds == 0
+    with pytest.raises(ConfigError, match="'run.max-empty-rounds' = -1: must be >= 0"):
+        parse_run_config({"run.max-empty-rounds": -1})
+    assert "run.max-empty-rounds" in RESUME_OPERATIONAL

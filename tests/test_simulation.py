@@ -91,11 +91,13 @@ def test_scenario_errors(tmp_path: Path) -> None:
     [
         (
             {"client-resources-num-cpus": "lots"},
-            "'client-resources-num-cpus' = 'lots': must be an integer >= 1",
+            r"'client-resources-num-cpus' = 'lots': must be an integer in \[1, 4,096\]",
         ),
         ({"client-resources-num-cpus": 1.0}, "must be an integer"),
         ({"num-supernodes": 0}, "'num-supernodes' = 0"),
-        ({"client-resources-num-gpus": -1}, "must be a number >= 0"),
+        ({"client-resources-num-gpus": -1}, r"must be a number in \[0, 1,024\]"),
+        ({"client-resources-num-gpus": float("inf")}, r"= inf: must be a number in \[0, 1,024\]"),
+        ({"num-supernodes": 10**9}, r"= 1000000000: must be an integer in \[1, 100,000\]"),
         ({"verbose": "yes"}, "must be true or false"),
         ({"backend": "dask"}, "must be ray"),
         ({"init-args-num-cpus": 2, "client-resources-num-cpus": 4}, "no ClientApp could ever run"),

@@ -42,6 +42,7 @@ from edgefleet.server.checkpoint import (
     check_resumable,
     run_identity,
 )
+from edgefleet.server.emptyrounds import EmptyRoundsStop
 from edgefleet.server.fleet import FleetWriter
 from edgefleet.server.polling import fast_grid
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
@@ -462,9 +463,14 @@ def main(grid: Grid, context: Context) -> None:
     loop = build_loop(
         strategy,
         grid,
-        # The writer records what the wrappers wrote; the checkpoint comes last so that a
-        # round it covers is always on record.
-        after=[writer, FleetWriter(run_dir, tau), checkpointer],
+        # The writer records what the wrappers wrote; the checkpoint comes after so that a
+        # round it covers is always on record, and a fleet gone silent stops the run last.
+        after=[
+            writer,
+            FleetWriter(run_dir, tau),
+            checkpointer,
+            EmptyRoundsStop(cfg.server.max_empty_rounds),
+        ],
         evaluate_fn=central.evaluate,
         evaluate_every=cfg.server.evaluate_every,
         wait=round_wait(cfg),

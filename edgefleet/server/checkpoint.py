@@ -28,8 +28,11 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import random
+import re
 import zipfile
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from logging import WARNING
@@ -198,26 +201,34 @@ def dumps(ckpt: Checkpoint) -> bytes:
 
 
 def loads(data: bytes, where: str = "checkpoint") -> Checkpoint:
-    """Read a checkpoint's bytes; never unpickles. Raises :class:`CheckpointError`."""
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            members = {name: npz[name] for name in npz.files}
-    except (ValueError, OSError, EOFError, KeyError, zipfile.BadZipFile) as err:
-        raise CheckpointError(f"{where} is not an EdgeFleet checkpoint ({err})") from None
+    """Read a checkpoint's bytes; never unpickles. Raises :class:`CheckpointError`.
+
+    Verified before it is parsed: the archive's structure and every array's size first
+    (:func:`_read_members`), then the checksum over the metadata's bytes and the arrays, then
+    the metadata's nesting depth; only then is the JSON read. A file made to crash a parser
+    (an encrypted or compressed member, a header declaring 10^13 elements, JSON nested
+    100,000 deep) is a :class:`CheckpointError` saying what is wrong, never a traceback."""
+    members = _read_members(data, where)
     meta_raw, stored = members.pop("meta", None), members.pop("checksum", None)
     if meta_raw is None or stored is None or meta_raw.dtype != np.uint8:
         raise CheckpointError(f"{where} is not an EdgeFleet checkpoint (no meta or checksum)")
     meta_bytes = meta_raw.tobytes()
+    ordered = {k: members[k] for k in sorted(members, key=_member_order)}
+    if stored.tobytes().decode(errors="replace") != _checksum(meta_bytes, ordered):
+        raise CheckpointError(f"{where} fails its checksum: it was altered or is damaged")
+    depth = _json_depth(meta_bytes)
+    if depth > MAX_META_DEPTH:
+        raise CheckpointError(
+            f"{where}: its metadata nests {depth} levels deep; a checkpoint's nests at most "
+            f"{MAX_META_DEPTH}"
+        )
     try:
         meta = json.loads(meta_bytes)
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:
         raise CheckpointError(f"{where}: its metadata is not JSON ({err})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         version = meta.get("format") if isinstance(meta, dict) else None
         raise CheckpointError(f"{where} has format {version!r}; this version reads {FORMAT}")
-    ordered = {k: members[k] for k in sorted(members, key=_member_order)}
-    if stored.tobytes().decode(errors="replace") != _checksum(meta_bytes, ordered):
-        raise CheckpointError(f"{where} fails its checksum: it was altered or is damaged")
     try:
         keys = [str(k) for k in meta["model_keys"]]
         model = {k: members[f"m{i}"] for i, k in enumerate(keys)}
@@ -236,6 +247,96 @@ def loads(data: bytes, where: str = "checkpoint") -> Checkpoint:
         )
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"{where} is malformed: {err!r}") from None
+
+
+# Bounds on what a checkpoint file may declare, checked before anything is allocated or parsed.
+# The deepest state tree EdgeFleet writes nests about a dozen levels (sessions -> learning-rate
+# schedule -> teacher -> ...); 64 leaves room for new wrappers and stays far below Python's
+# recursion limit, which the JSON reader and _decode would otherwise meet.
+MAX_META_DEPTH = 64
+# np.savez writes up to two members per array (the model's and the state's): a 100,000-device
+# SAGA table is still far below this.
+MAX_MEMBERS = 1_000_000
+_NPY_HEADER_MAX = 10_000  # numpy's own default bound on an .npy header
+
+
+def _read_members(data: bytes, where: str) -> dict[str, np.ndarray]:
+    """Every ``.npy`` member of the archive, each checked before it is read: stored as
+    ``np.savez`` stores it (not encrypted, not compressed: a compressed member could expand
+    without bound, and EdgeFleet never writes one), inside the file, no two overlapping, and
+    of exactly the bytes its header declares (a header declaring 10^13 elements is refused
+    before numpy allocates them). Object (pickled) arrays are refused."""
+
+    def refuse(why: str) -> CheckpointError:
+        return CheckpointError(f"{where} is not an EdgeFleet checkpoint ({why})")
+
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as err:
+        raise refuse(f"not a zip archive: {err}") from None
+    members: dict[str, np.ndarray] = {}
+    with archive:
+        infos = archive.infolist()
+        if len(infos) > MAX_MEMBERS:
+            raise refuse(f"{len(infos)} members; at most {MAX_MEMBERS}")
+        declared = 0
+        for info in infos:
+            name = info.filename
+            if info.flag_bits & 0x1:
+                raise refuse(f"member {name[:80]!r} is encrypted")
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise refuse(
+                    f"member {name[:80]!r} is compressed (method {info.compress_type}); "
+                    "a checkpoint's members are stored uncompressed"
+                )
+            if not name.endswith(".npy") or name[:-4] in members:
+                raise refuse(f"member {name[:80]!r} is not one array of a checkpoint")
+            declared += info.file_size
+            if info.file_size != info.compress_size or declared > len(data):
+                raise refuse(f"member {name[:80]!r} declares more bytes than the file holds")
+            try:
+                with archive.open(info) as f:
+                    members[name[:-4]] = _read_npy(f, info.file_size, name, refuse)
+            except CheckpointError:
+                raise
+            except (ValueError, OSError, EOFError, KeyError, RuntimeError, NotImplementedError,
+                    zipfile.BadZipFile, zlib.error) as err:  # fmt: skip
+                raise refuse(f"member {name[:80]!r} cannot be read: {err}") from None
+    return members
+
+
+def _read_npy(f: Any, size: int, name: str, refuse: Callable[[str], CheckpointError]) -> np.ndarray:
+    """One ``.npy`` member whose header has been checked against its ``size`` in bytes."""
+    from numpy.lib import format as npy
+
+    version = npy.read_magic(f)
+    if version not in ((1, 0), (2, 0)):
+        raise refuse(f"member {name[:80]!r} has npy version {version}")
+    read_header = npy.read_array_header_1_0 if version == (1, 0) else npy.read_array_header_2_0
+    shape, fortran, dtype = read_header(f, max_header_size=_NPY_HEADER_MAX)
+    if dtype.hasobject:
+        raise refuse(f"member {name[:80]!r} is an object array, which only a pickle holds")
+    count = math.prod(int(n) for n in shape)  # Python ints: no overflow
+    header = f.tell()
+    if count * dtype.itemsize != size - header:
+        raise refuse(
+            f"member {name[:80]!r} declares {count} elements of {dtype.itemsize} bytes "
+            f"({count * dtype.itemsize} bytes) but holds {size - header}"
+        )
+    raw = f.read(size - header)
+    array = np.frombuffer(raw, dtype=dtype).reshape(shape, order="F" if fortran else "C")
+    return array.copy()  # writable, and no longer tied to the member's buffer
+
+
+def _json_depth(raw: bytes) -> int:
+    """How deep JSON text nests its arrays and objects, measured without parsing it (a
+    parser meets Python's recursion limit first). Brackets inside strings do not count."""
+    outside = re.sub(rb'"(?:[^"\\]|\\.)*"', b"", raw)
+    codes = np.frombuffer(outside, dtype=np.uint8)
+    opens = (codes == ord("[")) | (codes == ord("{"))
+    closes = (codes == ord("]")) | (codes == ord("}"))
+    steps = opens.astype(np.int64) - closes.astype(np.int64)
+    return int(np.cumsum(steps).max()) if steps.size else 0
 
 
 def _member_order(name: str) -> tuple[str, int]:

@@ -33,6 +33,10 @@ PROJECT_DIR = PACKAGE_DIR.parent
 # An installed wheel has no project folder: it carries the project's pyproject.toml (the
 # Flower app's components and run config) as package data under this name.
 PACKAGED_PYPROJECT = PACKAGE_DIR / "flower-app.toml"
+# Bounds on the Ray cluster's size (docs/reference/config-limits.md), here so that
+# `edgefleet run` can check them before it starts Ray, without importing the runner.
+MAX_RAY_CPUS = 4096
+MAX_RAY_GPUS = 1024
 SUMMARY_GRACE = 30.0  # seconds the ServerApp may take to write its summary after the stream
 RAY_ADDRESS_WITH_SIZES = (
     "init-args-num-cpus / init-args-num-gpus size a Ray cluster that EdgeFleet starts; "

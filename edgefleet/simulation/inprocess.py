@@ -66,6 +66,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from edgefleet.fileio import NotARegularFile, atomic_write_text
+from edgefleet.processes import end_with_parent
 
 if TYPE_CHECKING:
     from edgefleet.simulation.runner import Scenario
@@ -522,6 +523,7 @@ def _worker_main(
     pipe is closed everywhere (EOF)."""
     # Ctrl-C reaches the whole process group; the parent decides when workers stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    end_with_parent(os.getppid())  # the forkserver: it ends with the run, and so do we
     try:
         if log_path is not None:
             with open(log_path, "a") as out:  # appends beside the run's other writers
@@ -609,8 +611,10 @@ def _child(spec: dict[str, Any], log_path: str) -> None:
         os.dup2(out.fileno(), 1)
         os.dup2(out.fileno(), 2)
         try:
-            # A stopped run unwinds: its workers are stopped on the way out.
+            # A stopped run unwinds: its workers are stopped on the way out. So does a run
+            # whose `edgefleet run` was killed (kill -9): it must not run on as an orphan.
             signal.signal(signal.SIGTERM, _sigterm)
+            end_with_parent(spec["parent"])
             signal.signal(signal.SIGINT, signal.default_int_handler)
             update_console_handler(level=logging.INFO, timestamps=True, colored=False)
             serve(spec["run_config"], spec["nodes"], app=spec["app"], pool=spec["pool"])
@@ -728,7 +732,8 @@ class InProcessEngine:
                 full = client_run_config(raw)
                 pool = WorkerPool(node_contexts(full, nodes), self.app, workers,
                                   _client_threads(full), str(log_path))  # fmt: skip
-            spec = {"run_config": raw, "nodes": nodes, "app": self.app, "pool": pool}
+            spec = {"run_config": raw, "nodes": nodes, "app": self.app, "pool": pool,
+                    "parent": os.getpid()}  # fmt: skip
             sys.stdout.flush()
             sys.stderr.flush()
             # fork: the child starts with this process's imports (spawn would import them

@@ -46,9 +46,12 @@ from edgefleet.config import (
     ConfigError,
     RunConfig,
     parse_run_config,
+    shown,
     unknown_keys_message,
 )
 from edgefleet.simulation.engine import (  # noqa: F401 - the runner's public names
+    MAX_RAY_CPUS,
+    MAX_RAY_GPUS,
     RAY_ADDRESS_WITH_SIZES,
     Engine,
     Interrupted,
@@ -86,17 +89,27 @@ def check_engine(engine: str, ray_address: str | None, workers: int | None) -> N
         raise ConfigError(f"--workers {workers}: must be at least 1")
 
 
-def _int_at_least(low: int) -> Callable[[Any], str | None]:
+# Upper bounds (docs/reference/config-limits.md): above them a value is a typo, and it costs
+# before it fails: 10^9 supernodes took 21.5 GB and were killed for memory. The Simulation
+# Engine keeps a Python object per node and the server a registry row per device; 100,000 is
+# far above any fleet simulated here (the largest benchmark has 1,000).
+MAX_SUPERNODES = 100_000
+
+
+def _int_between(low: int, high: int) -> Callable[[Any], str | None]:
     def check(v: Any) -> str | None:
-        ok = isinstance(v, int) and not isinstance(v, bool) and v >= low
-        return None if ok else f"must be an integer >= {low}"
+        ok = isinstance(v, int) and not isinstance(v, bool) and low <= v <= high
+        return None if ok else f"must be an integer in [{low}, {high:,}]"
 
     return check
 
 
-def _number_at_least_zero(v: Any) -> str | None:
-    ok = isinstance(v, int | float) and not isinstance(v, bool) and v >= 0
-    return None if ok else "must be a number >= 0"
+def _number_between(low: float, high: float) -> Callable[[Any], str | None]:
+    def check(v: Any) -> str | None:
+        ok = isinstance(v, int | float) and not isinstance(v, bool) and low <= v <= high
+        return None if ok else f"must be a number in [{low}, {high:,}]"
+
+    return check
 
 
 def _bool(v: Any) -> str | None:
@@ -112,11 +125,11 @@ def _log_level(v: Any) -> str | None:
 # types its fields have there: an integer field given "1.0" or "lots" fails inside Flower,
 # about a minute into the start-up.
 FEDERATION_CHECKS: dict[str, Callable[[Any], str | None]] = {
-    "num-supernodes": _int_at_least(1),
-    "client-resources-num-cpus": _int_at_least(1),
-    "client-resources-num-gpus": _number_at_least_zero,
-    "init-args-num-cpus": _int_at_least(1),
-    "init-args-num-gpus": _int_at_least(0),
+    "num-supernodes": _int_between(1, MAX_SUPERNODES),
+    "client-resources-num-cpus": _int_between(1, MAX_RAY_CPUS),
+    "client-resources-num-gpus": _number_between(0, MAX_RAY_GPUS),
+    "init-args-num-cpus": _int_between(1, MAX_RAY_CPUS),
+    "init-args-num-gpus": _int_between(0, MAX_RAY_GPUS),
     "init-args-logging-level": _log_level,
     "init-args-log-to-driver": _bool,
     "backend": lambda v: None if v == "ray" else "must be ray",
@@ -135,31 +148,47 @@ class Scenario:
     run_config: dict[str, Any] = field(default_factory=dict)
 
 
+# A scenario file is a few hundred bytes of settings; one of megabytes is not one.
+MAX_SCENARIO_BYTES = 1 << 20
+# [run-config.a.b] nests tables three deep; tables nested deeper than this hold no setting.
+MAX_DEPTH = 16
+
+
 def parse_value(text: str) -> Any:
     """A ``--set key=value`` value as TOML would read it (``0.1``, ``true``, ``"x"``); a bare
-    word that is not TOML is taken as a string, so ``--set dataset=mnist`` works."""
+    word that is not TOML is taken as a string, so ``--set dataset=mnist`` works. A value
+    nested so deep that TOML's parser (recursive) meets Python's recursion limit is a
+    :class:`ConfigError`."""
     try:
         return tomllib.loads(f"v = {text}")["v"]
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:
+        raise ConfigError(f"value {shown(text, 40)} nests arrays or tables too deep") from None
 
 
 def load_scenario(path: str | Path, overrides: Mapping[str, Any] = {}) -> Scenario:
-    """Read a scenario file and apply ``--set`` overrides (``federation.KEY`` or run-config)."""
+    """Read a scenario file and apply ``--set`` overrides (``federation.KEY`` or run-config).
+    Whatever the file holds, the outcome is a scenario or a :class:`ConfigError` naming the
+    problem: a directory, bytes that are not UTF-8, TOML nested deeper than its parser
+    recurses or tables nested past :data:`MAX_DEPTH`, or a ``federation`` / ``run-config``
+    that is not a table."""
     path = Path(path)
-    try:
-        data = tomllib.loads(path.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"scenario file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"scenario file {path} is not valid TOML: {err}") from None
+    data = _read_toml(path)
     unknown = set(data) - {"federation", "run-config"}
     if unknown:
+        listed = sorted(shown(k, 40) for k in unknown)[:5]
         raise ConfigError(
-            f"scenario {path}: unknown table(s) {sorted(unknown)}; valid: federation, run-config"
+            f"scenario {path}: unknown table(s) {', '.join(listed)}; valid: federation, run-config"
         )
+    for table in ("federation", "run-config"):
+        if not isinstance(data.get(table, {}), dict):
+            raise ConfigError(
+                f"scenario {path}: '{table}' = {shown(data[table], 40)} must be a table "
+                f"([{table}] with key = value lines)"
+            )
     federation = dict(data.get("federation", {}))
-    run_config = _flatten(data.get("run-config", {}))
+    run_config = _flatten(data.get("run-config", {}), where=f"scenario {path}")
     for key, value in overrides.items():
         _check_table(key)
         if key.startswith("federation."):
@@ -169,6 +198,34 @@ def load_scenario(path: str | Path, overrides: Mapping[str, Any] = {}) -> Scenar
     federation.setdefault("num-supernodes", 10)
     check_federation(federation, f"scenario {path}")
     return Scenario(path.stem, federation, run_config)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            raw = f.read(MAX_SCENARIO_BYTES + 1)
+    except FileNotFoundError:
+        raise ConfigError(f"scenario file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(
+            f"scenario {path} is a directory; give a scenario file, e.g. scenarios/default.toml"
+        ) from None
+    except OSError as err:
+        raise ConfigError(f"scenario file {path} cannot be read: {err.strerror}") from None
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ConfigError(f"scenario file {path} is over {MAX_SCENARIO_BYTES:,} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"scenario file {path} is not UTF-8 text (byte {err.start}); TOML files are UTF-8"
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"scenario file {path} is not valid TOML: {err}") from None
+    except RecursionError:  # tomllib recurses once per level of an array or inline table
+        raise ConfigError(f"scenario file {path} nests arrays or tables too deep") from None
 
 
 def _check_table(key: str) -> None:
@@ -196,7 +253,7 @@ def check_federation(federation: Mapping[str, Any], where: str = "federation") -
     for key, value in federation.items():
         problem = FEDERATION_CHECKS[key](value)
         if problem:
-            raise ConfigError(f"{where}: federation {key!r} = {value!r}: {problem}")
+            raise ConfigError(f"{where}: federation {key!r} = {shown(value)}: {problem}")
     cpus, per_client = (
         federation.get("init-args-num-cpus"),
         federation.get("client-resources-num-cpus", 1),
@@ -208,13 +265,17 @@ def check_federation(federation: Mapping[str, Any], where: str = "federation") -
         )
 
 
-def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+def _flatten(
+    table: Mapping[str, Any], prefix: str = "", where: str = "scenario", depth: int = 0
+) -> dict[str, Any]:
     """Nested TOML tables to Flower's dotted keys (``[run-config.energy] capacity`` ->
     ``energy.capacity``)."""
+    if depth > MAX_DEPTH:
+        raise ConfigError(f"{where}: run-config tables nest deeper than {MAX_DEPTH} levels")
     flat: dict[str, Any] = {}
     for key, value in table.items():
         if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{prefix}{key}."))
+            flat.update(_flatten(value, f"{prefix}{key}.", where, depth + 1))
         else:
             flat[f"{prefix}{key}"] = value
     return flat
