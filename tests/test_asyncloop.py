@@ -241,3 +241,43 @@ def test_fedbuff_wraps_a_flower_strategy() -> None:
     assert seen == [0, 1, 2, 3]
     assert result.arrays["w"].numpy()[0] == pytest.approx(3.0)
     assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
+
+
+# -- run config: keys and refusals ------------------------------------------------------------
+
+
+def test_async_keys_parse_and_bad_values_name_the_choices() -> None:
+    from edgefleet.config import ConfigError, parse_run_config
+
+    cfg = parse_run_config({"aggregation.mode": "async", "async.staleness": "hinge"})
+    assert cfg.aggregation.enabled and cfg.aggregation.staleness == "hinge"
+    assert not parse_run_config({}).aggregation.enabled
+    with pytest.raises(ConfigError, match="must be one of sync, async"):
+        parse_run_config({"aggregation.mode": "fedbuff"})
+    with pytest.raises(ConfigError, match="must be one of polynomial, constant, hinge"):
+        parse_run_config({"async.staleness": "exponential"})
+    with pytest.raises(ConfigError, match="async.buffer-size"):
+        parse_run_config({"async.buffer-size": 0})
+
+
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        ({"selection.mode": "energy-age"}, "selection.mode = 'energy-age'"),
+        ({"pruning.keep-ratio": 0.5}, "CA-HFP"),
+        ({"pruning.keep-ratios": "1.0,0.5"}, "CA-HFP"),
+        ({"sessions.rounds": 3}, "sessions"),
+        ({"warmstart.mode": "pilot"}, "sessions"),
+        ({"stopping.mode": "data-free"}, "stopping.mode = 'data-free'"),
+        ({"stopping.mode": "validation"}, "stopping.mode = 'validation'"),
+        ({"resume": True, "run-name": "x"}, "resume = true"),
+        ({"fraction-evaluate": 0.5}, "fraction-evaluate"),
+    ],
+)
+def test_async_refuses_what_it_does_not_support(keys: dict[str, object], named: str) -> None:
+    from edgefleet.config import ConfigError, parse_run_config
+
+    parse_run_config(keys)  # fine in sync mode
+    with pytest.raises(ConfigError, match="aggregation.mode = 'async' does not yet support") as e:
+        parse_run_config({"aggregation.mode": "async", **keys})
+    assert named in str(e.value)
