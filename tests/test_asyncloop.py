@@ -3,11 +3,16 @@ and the loop on the in-process engine's grids (a virtual-time grid for arrival o
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, Message
 from flwr.serverapp.strategy import FedAvg, FedMedian
 
+from edgefleet.simulation.inprocess import Handler, InProcessGrid, answer
 from edgefleet.simulation.virtualtime import VirtualTimeGrid
 from edgefleet.strategies import FedBuff
 from edgefleet.strategies.asyncloop import AsyncLoop
@@ -281,3 +286,84 @@ def test_async_refuses_what_it_does_not_support(keys: dict[str, object], named: 
     with pytest.raises(ConfigError, match="aggregation.mode = 'async' does not yet support") as e:
         parse_run_config({"aggregation.mode": "async", **keys})
     assert named in str(e.value)
+
+
+class ThreadedGrid(InProcessGrid):
+    """Each pushed message runs on its own thread at once; a pull returns the replies that
+    are done (real time, real sleeps: the loop's polling path, not the virtual clock)."""
+
+    synchronous = False
+
+    def __init__(self, handlers: dict[int, Handler]) -> None:
+        super().__init__(handlers)
+        self.pool = ThreadPoolExecutor(max_workers=8)
+        self.futures: dict[str, Future[Message | None]] = {}
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = super().push_messages(messages)
+        for mid in ids:
+            msg = self._pushed.pop(mid)
+            handler = self.handlers[msg.metadata.dst_node_id]
+            self.futures[mid] = self.pool.submit(answer, handler, msg)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        out = []
+        for mid in list(message_ids):
+            fut = self.futures.get(mid)
+            if fut is not None and fut.done():
+                del self.futures[mid]
+                if (reply := fut.result()) is not None:
+                    out.append(reply)
+        return out
+
+
+def test_a_sleeping_slow_device_does_not_hold_the_versions_back() -> None:
+    """Real threads and sleeps: the slow device sleeps 10x as long as the three fast ones.
+    Counted, not timed: in the time of its first update, the fast ones make several versions
+    (about 10 x 3 / 3; at least 2 holds unless the fast sleeps overrun 5x)."""
+    order: list[int] = []
+
+    def sleeper(node: int, seconds: float):  # type: ignore[no-untyped-def]
+        inner = mover(np.array([1.0, 0.0], np.float32), 1)
+
+        def handler(msg: Message) -> Message:
+            time.sleep(seconds)
+            order.append(node)
+            return inner(msg)
+
+        return handler
+
+    grid = ThreadedGrid({1: sleeper(1, 0.05), 2: sleeper(2, 0.05), 3: sleeper(3, 0.05),
+                         4: sleeper(4, 0.5)})  # fmt: skip
+    rows = Rows()
+    s = AsyncSettings(buffer_size=3, concurrency=4)
+    try:
+        AsyncLoop(FedAvg(), grid, s, callbacks=[rows], poll_s=0.005).run(rec(w=W0), 12)
+    finally:
+        grid.pool.shutdown(wait=True)
+    assert len(rows.results) == 12
+    slow_version = next(i for i, r in enumerate(rows.results) if 4 in r.participant_nodes)
+    assert slow_version >= 2, [r.participant_nodes for r in rows.results]
+    assert rows.results[slow_version].extra["staleness_max"] >= 2
+
+
+def test_messages_come_from_the_inner_strategy_and_never_wait_for_nodes() -> None:
+    """One node and Flower's FedProx with its default min_available_nodes = 2 (its own
+    sampling would wait for a second node for good): the device gets FedProx's config, with
+    server-round = the version being built."""
+    from flwr.serverapp.strategy import FedProx
+
+    seen: list[tuple[float, int]] = []
+
+    def device(msg: Message) -> Message:
+        config = msg.content["config"]
+        seen.append((float(config["proximal-mu"]), int(config["server-round"])))
+        return mover(np.array([1.0, 0.0], np.float32), 1)(msg)
+
+    grid = VirtualTimeGrid({7: device}, lambda node, k: 1.0)
+    s = AsyncSettings(buffer_size=1, concurrency=4)
+    out = AsyncLoop(FedProx(proximal_mu=0.25), grid, s, clock=grid.clock,
+                    sleep=lambda _: None).run(rec(w=W0), 3)  # fmt: skip
+    assert out.rounds_run == 3
+    assert seen == [(0.25, 1), (0.25, 2), (0.25, 3)]
