@@ -1184,11 +1184,6 @@ def _check_async(cfg: RunConfig) -> None:
             cfg.stopping.mode != StoppingMode.OFF,
             "stopping rules are round callbacks of the synchronous loop's wrappers",
         ),
-        "resume = true": (
-            cfg.server.resume,
-            "the asynchronous loop writes no checkpoint yet (its buffer and in-flight "
-            "devices are not saved)",
-        ),
         f"fraction-evaluate = {cfg.server.fraction_evaluate!r}": (
             cfg.server.fraction_evaluate > 0,
             "federated evaluation needs a round barrier; use central evaluation",

@@ -275,7 +275,6 @@ def test_async_keys_parse_and_bad_values_name_the_choices() -> None:
         ({"warmstart.mode": "pilot"}, "sessions"),
         ({"stopping.mode": "data-free"}, "stopping.mode = 'data-free'"),
         ({"stopping.mode": "validation"}, "stopping.mode = 'validation'"),
-        ({"resume": True, "run-name": "x"}, "resume = true"),
         ({"fraction-evaluate": 0.5}, "fraction-evaluate"),
     ],
 )

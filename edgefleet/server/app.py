@@ -35,6 +35,7 @@ from edgefleet.config import (
     parse_run_config,
 )
 from edgefleet.server.checkpoint import (
+    Checkpoint,
     Checkpointer,
     apply_checkpoint,
     check_resumable,
@@ -448,7 +449,7 @@ def main(grid: Grid, context: Context) -> None:
     wait_for_nodes(grid, cfg.server.min_nodes, cfg.server.node_wait_timeout, settle)
     fast_grid(grid)
     if cfg.aggregation.enabled:
-        run_async(cfg, strategy, grid, central, writer, run_dir)
+        run_async(cfg, strategy, grid, central, writer, run_dir, ckpt)
         return
     checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
     tau = (
@@ -507,13 +508,16 @@ def run_async(
     central: CentralEvaluation,
     writer: MetricsWriter,
     run_dir: Path,
+    ckpt: Checkpoint | None = None,
 ) -> None:
     """``aggregation.mode = async``: the FedBuff loop (edgefleet.strategies.asyncloop) in
-    place of the round loop; one metrics row per global model version."""
+    place of the round loop; one metrics row and one checkpoint per global model version
+    (``ckpt``: the checkpoint a resumed run continues from)."""
     from edgefleet.strategies.asyncloop import AsyncLoop
     from edgefleet.strategies.staleness import AsyncSettings
 
     a = cfg.aggregation
+    checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
     settings = AsyncSettings(
         concurrency=a.concurrency,
         buffer_size=a.buffer_size,
@@ -529,13 +533,21 @@ def run_async(
         settings,
         evaluate_fn=central.evaluate,
         evaluate_every=cfg.server.evaluate_every,
-        callbacks=[writer, FleetWriter(run_dir)],
+        callbacks=[writer, FleetWriter(run_dir), checkpointer],
         screening=screening_for(cfg),
         reply_timeout=cfg.server.round_timeout,
         node_wait_timeout=cfg.server.node_wait_timeout,
     )
+    checkpointer.loop_state = loop.state_dict
+    arrays, first = central.initial, 1
+    if ckpt is not None:
+        apply_checkpoint(ckpt, strategy, list(central.initial), loop)
+        log(INFO, "Resuming run %s: version %d done", run_dir.name, ckpt.round)
+        arrays, first = ckpt.array_record(), ckpt.round + 1
+        writer.keep_until(ckpt.round)
+        (run_dir / "summary.json").unlink(missing_ok=True)
     t0 = time.monotonic()
-    outcome = loop.run(central.initial, cfg.server.num_rounds, ConfigRecord())
+    outcome = loop.run(arrays, cfg.server.num_rounds, ConfigRecord(), first_version=first)
     extra = {"aggregation": "async", "versions": outcome.rounds_run}
     summary = write_summary(run_dir, cfg, outcome, writer.rows, time.monotonic() - t0, extra)
     runlock.release(run_dir)

@@ -37,7 +37,9 @@ handed to the round callbacks, with the asynchronous columns in ``extra``: ``ver
 
 Not yet (refused by EdgeFleet's ServerApp before a run starts, see
 ``docs/how-to/async-aggregation.md``): energy-age selection, CA-HFP submodels, sessions,
-stopping rules, resume from a checkpoint, federated evaluation.
+stopping rules, federated evaluation. A checkpoint is written after every version
+(:meth:`AsyncLoop.state_dict`); a resumed run continues from the last version, and the
+replies that were in its buffer are lost (their devices train again).
 """
 
 from __future__ import annotations
@@ -215,18 +217,22 @@ class AsyncLoop:
         initial_arrays: ArrayRecord,
         num_versions: int,
         train_config: ConfigRecord | None = None,
+        first_version: int = 1,
     ) -> LoopOutcome:
+        """Make versions ``first_version`` .. ``num_versions`` from ``initial_arrays`` (a
+        resumed run starts from its checkpoint's version + 1: devices that were training
+        when it stopped are simply sent the model again)."""
         s = self.settings
-        arrays, version = initial_arrays, 0
+        arrays, version = initial_arrays, first_version - 1
         for callback in self.callbacks:
-            callback.on_start(arrays, 1)
+            callback.on_start(arrays, first_version)
         t0 = self.clock()
         flights: dict[str, Flight] = {}
         buffer: list[Buffered] = []
         period = _Period()
         dispatches = 0
-        ctx = self._context(1)
-        template = self._template(ctx, 1, arrays, train_config)
+        ctx = self._context(version + 1)
+        template = self._template(ctx, version + 1, arrays, train_config)
         idle_since: float | None = None
         final: dict[str, float] = {}
         while version < num_versions:
@@ -499,7 +505,15 @@ class AsyncLoop:
         return self._node_links.setdefault(node, LinkEstimate())
 
     def state_dict(self) -> dict[str, Any]:
+        """The device registry and recent update norms, for a checkpoint at a version
+        boundary (the buffer's replies and the devices in flight are not kept: a resumed run
+        sends those devices the checkpoint's model again)."""
         return {"registry": self.registry.state_dict(), "norms": list(self.norms)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.registry.load_state_dict(state.get("registry", {}))
+        self.norms.clear()
+        self.norms.extend(float(n) for n in state.get("norms", []))
 
 
 def rebase(msg: Message, current: ArrayRecord, base: ArrayRecord, weight: float) -> Message:
