@@ -47,6 +47,17 @@ def test_edgefleet_app_runs_async_versions(tmp_path: Path) -> None:
     assert acc[-1] > 0.3 and acc[-1] > acc[0], acc
     summary = json.loads((tmp_path / "async" / "summary.json").read_text())
     assert summary["aggregation"] == "async" and summary["versions"] == versions
+    # The dashboard and its Prometheus exposition read the run folder as they read a
+    # synchronous one; its rounds API carries the asynchronous columns.
+    from starlette.testclient import TestClient
+
+    from edgefleet.dashboard.app import create_app
+
+    web = TestClient(create_app(tmp_path / "async"), base_url="http://127.0.0.1:8050")
+    served = web.get("/api/rounds").json()
+    assert [r["staleness_max"] for r in served] == [r["staleness_max"] for r in rows]
+    assert all("in_flight" in r for r in served)
+    assert web.get("/metrics").status_code == web.get("/").status_code == 200
 
 
 def test_an_async_run_resumes_from_its_last_version(tmp_path: Path) -> None:
