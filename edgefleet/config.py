@@ -1181,8 +1181,9 @@ def _check_async(cfg: RunConfig) -> None:
             "session boundaries and warm start are defined between synchronous rounds",
         ),
         f"stopping.mode = {cfg.stopping.mode!r}": (
-            cfg.stopping.mode != StoppingMode.OFF,
-            "stopping rules are round callbacks of the synchronous loop's wrappers",
+            cfg.stopping.mode in (StoppingMode.VALIDATION, StoppingMode.OBSERVE),
+            "the validation baseline's best-round model is not kept across versions; "
+            "'data-free' and 'off' work",
         ),
         f"fraction-evaluate = {cfg.server.fraction_evaluate!r}": (
             cfg.server.fraction_evaluate > 0,

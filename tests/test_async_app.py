@@ -62,7 +62,8 @@ def test_edgefleet_app_runs_async_versions(tmp_path: Path) -> None:
 
 def test_an_async_run_resumes_from_its_last_version(tmp_path: Path) -> None:
     """A run that died after version 2 (no summary) resumes at version 3 from the
-    checkpoint's model, keeps its rows, and checkpoints every version."""
+    checkpoint's model, keeps its rows, and checkpoints every version; data-free stopping
+    measures every version's task vector."""
     from edgefleet.server.checkpoint import FILENAME, load_checkpoint
 
     run_once = _runs().run_once
@@ -75,6 +76,7 @@ def test_an_async_run_resumes_from_its_last_version(tmp_path: Path) -> None:
         "aggregation.mode": "async",
         "async.concurrency": 2,
         "async.buffer-size": 2,
+        "stopping.mode": "data-free",  # its state (theta_0, the plateau counter) resumes too
     }
     fed = {"num-supernodes": 3}
     run_once(tmp_path, "r", fed, {**config, "num-server-rounds": 2}, 300, "inprocess")
@@ -97,5 +99,6 @@ def test_an_async_run_resumes_from_its_last_version(tmp_path: Path) -> None:
     assert [r["version"] for r in rows] == [1, 2, 3, 4]
     assert load_checkpoint(run_dir / FILENAME).round == 4
     assert rows[:2] == before  # the versions on record are kept, not run again
+    assert all(r["task_vector_norm"] > 0 for r in rows)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["versions"] == 4 and summary["rounds_run"] == 4

@@ -273,7 +273,7 @@ def test_async_keys_parse_and_bad_values_name_the_choices() -> None:
         ({"pruning.keep-ratios": "1.0,0.5"}, "CA-HFP"),
         ({"sessions.rounds": 3}, "sessions"),
         ({"warmstart.mode": "pilot"}, "sessions"),
-        ({"stopping.mode": "data-free"}, "stopping.mode = 'data-free'"),
+        ({"stopping.mode": "observe"}, "stopping.mode = 'observe'"),
         ({"stopping.mode": "validation"}, "stopping.mode = 'validation'"),
         ({"fraction-evaluate": 0.5}, "fraction-evaluate"),
     ],
@@ -366,3 +366,25 @@ def test_messages_come_from_the_inner_strategy_and_never_wait_for_nodes() -> Non
                     sleep=lambda _: None).run(rec(w=W0), 3)  # fmt: skip
     assert out.rounds_run == 3
     assert seen == [(0.25, 1), (0.25, 2), (0.25, 3)]
+
+
+def test_data_free_stopping_watches_the_versions() -> None:
+    """TaskVectorStopping around the aggregator: its rule runs on every version's model and
+    stops the asynchronous run on a plateau (devices that stop moving the model)."""
+    from edgefleet.strategies.context import StoppingRow
+    from edgefleet.strategies.stopping import TaskVectorStopping
+
+    def fading(msg: Message) -> Message:  # the k-th version's step is 0.5 ** k
+        w = msg.content["arrays"]["w"].numpy()
+        k = int(msg.content["config"]["server-round"])
+        return train_reply(msg, rec(w=w + np.float32(0.5**k)), 1)
+
+    grid = VirtualTimeGrid({1: fading, 2: fading}, lambda node, k: float(node))
+    rows = Rows()
+    stop = TaskVectorStopping(FedAvg(), tau=0.05, patience=2, keys=["w"])
+    s = AsyncSettings(buffer_size=2, concurrency=2, staleness="constant")
+    out = AsyncLoop(stop, grid, s, callbacks=[rows], clock=grid.clock,
+                    sleep=lambda _: None).run(rec(w=W0), 30)  # fmt: skip
+    assert out.stop_reason != "budget" and out.rounds_run < 30
+    norms = [r.context.section(StoppingRow).task_vector_norm for r in rows.results]
+    assert all(n is not None for n in norms) and norms == sorted(norms)

@@ -517,6 +517,14 @@ def run_async(
     from edgefleet.strategies.staleness import AsyncSettings
 
     a = cfg.aggregation
+    sc = cfg.stopping
+    tau = None
+    if sc.mode == StoppingMode.DATA_FREE:
+        # The rule's round is a version here: its tau and patience count versions.
+        tau = sc.tau
+        strategy = TaskVectorStopping(
+            strategy, tau=sc.tau, patience=sc.patience, norm=sc.norm, keys=central.keys
+        )
     checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
     settings = AsyncSettings(
         concurrency=a.concurrency,
@@ -533,7 +541,7 @@ def run_async(
         settings,
         evaluate_fn=central.evaluate,
         evaluate_every=cfg.server.evaluate_every,
-        callbacks=[writer, FleetWriter(run_dir), checkpointer],
+        callbacks=[writer, FleetWriter(run_dir, tau), checkpointer],
         screening=screening_for(cfg),
         reply_timeout=cfg.server.round_timeout,
         node_wait_timeout=cfg.server.node_wait_timeout,
