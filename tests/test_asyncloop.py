@@ -388,3 +388,16 @@ def test_data_free_stopping_watches_the_versions() -> None:
     assert out.stop_reason != "budget" and out.rounds_run < 30
     norms = [r.context.section(StoppingRow).task_vector_norm for r in rows.results]
     assert all(n is not None for n in norms) and norms == sorted(norms)
+
+
+def test_a_device_that_never_answers_loses_its_slot_while_the_others_go_on() -> None:
+    handlers = {n: mover(np.array([1.0, 0.0], np.float32), 1) for n in (1, 2)}
+    handlers[3] = lambda msg: None  # gone: its message is never answered
+    grid = VirtualTimeGrid(handlers, lambda node, k: 1.0)
+    rows = Rows()
+    s = AsyncSettings(buffer_size=2, concurrency=3)
+    out = AsyncLoop(FedAvg(), grid, s, callbacks=[rows], clock=grid.clock, reply_timeout=3.0,
+                    sleep=lambda _: None).run(rec(w=W0), 6)  # fmt: skip
+    assert out.rounds_run == 6
+    timed_out = [x for r in rows.results for x in r.rejected if x["device"] == "node-3"]
+    assert timed_out and all(x["reason"] == "no reply within 3 s" for x in timed_out)

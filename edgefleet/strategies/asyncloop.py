@@ -241,10 +241,11 @@ class AsyncLoop:
             # Fill the free slots, longest-idle device first.
             free = s.concurrency - len(flights)
             busy = {f.node for f in flights.values()}
-            idle = [n for n in self.grid.get_node_ids() if n not in busy]
+            # (Asking a deployment's SuperLink for its nodes only when a slot is free.)
+            idle = [n for n in self.grid.get_node_ids() if n not in busy] if free > 0 else []
             idle.sort(key=lambda n: (self._started.get(n, -1), n))
             out = []
-            for node in idle[: max(0, free)]:
+            for node in idle[:free]:
                 msg = Message(
                     template.content, dst_node_id=node, message_type=MessageType.TRAIN,
                     group_id=template.metadata.group_id,
@@ -272,13 +273,17 @@ class AsyncLoop:
             idle_since = None
             replies = list(self.grid.pull_messages(list(flights)))
             now = self.clock()
+            # A device that has held its slot too long loses it (checked on every poll: the
+            # others' replies keep coming meanwhile); a later reply of its is ignored.
+            for mid, f in list(flights.items()):
+                if now - f.pushed_at > self.reply_timeout and not any(
+                    r.metadata.reply_to_message_id == mid for r in replies
+                ):
+                    del flights[mid]
+                    self._link(f.node).timed_out(self.reply_timeout)
+                    self._drop(period, self.registry.name(f.node),
+                               f"no reply within {self.reply_timeout:g} s")  # fmt: skip
             if not replies:
-                for mid, f in list(flights.items()):
-                    if now - f.pushed_at > self.reply_timeout:
-                        del flights[mid]
-                        self._link(f.node).timed_out(self.reply_timeout)
-                        self._drop(period, self.registry.name(f.node),
-                                   f"no reply within {self.reply_timeout:.0f} s")  # fmt: skip
                 self.sleep(self.poll_s)
                 continue
             for reply in replies:
