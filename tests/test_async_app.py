@@ -47,6 +47,10 @@ def test_edgefleet_app_runs_async_versions(tmp_path: Path) -> None:
     assert acc[-1] > 0.3 and acc[-1] > acc[0], acc
     summary = json.loads((tmp_path / "async" / "summary.json").read_text())
     assert summary["aggregation"] == "async" and summary["versions"] == versions
+    from edgefleet.simulation.story import story
+
+    told = story(tmp_path / "async")
+    assert "Asynchronous aggregation (FedBuff): 4 versions of 2 updates" in told
     # The dashboard and its Prometheus exposition read the run folder as they read a
     # synchronous one; its rounds API carries the asynchronous columns.
     from starlette.testclient import TestClient
