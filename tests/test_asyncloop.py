@@ -401,3 +401,17 @@ def test_a_device_that_never_answers_loses_its_slot_while_the_others_go_on() -> 
     assert out.rounds_run == 6
     timed_out = [x for r in rows.results for x in r.rejected if x["device"] == "node-3"]
     assert timed_out and all(x["reason"] == "no reply within 3 s" for x in timed_out)
+
+
+def test_a_fleet_whose_every_reply_is_dropped_ends_with_the_reason() -> None:
+    """No round budget bounds an asynchronous run's work: a fleet that only declines or
+    sends garbage ends the run (with why) instead of being re-sent models for ever."""
+
+    def nan(msg: Message) -> Message:
+        return train_reply(msg, rec(w=np.array([np.nan, 0.0])), 1)
+
+    grid = VirtualTimeGrid({1: nan, 2: nan}, lambda node, k: 1.0)
+    s = AsyncSettings(buffer_size=2, concurrency=2)
+    out = AsyncLoop(FedAvg(), grid, s, clock=grid.clock, sleep=lambda _: None).run(rec(w=W0), 5)
+    assert out.rounds_run == 0
+    assert out.stop_reason == "the last 40 replies were all declined or dropped (see the log)"

@@ -101,6 +101,10 @@ from edgefleet.wire import DEVICE_ID
 # A version's row keeps at most this many drop reasons (the rest are counted): a fleet of
 # broken devices must not grow a row without bound.
 MAX_REASONS = 20
+# A run ends (with the reason) after this many x max(buffer, concurrency) unusable replies in
+# a row, or this many buffers in a row that the inner strategy could not aggregate.
+STALL_REPLIES = 20
+MAX_FAILED_BUFFERS = 10
 # Nodes a template grid shows at least, so that a FedAvg-family configure_train never waits
 # for its min_available_nodes (the loop addresses each message itself).
 _FAKE_NODE = 2**62
@@ -235,6 +239,8 @@ class AsyncLoop:
         template = self._template(ctx, version + 1, arrays, train_config)
         idle_since: float | None = None
         final: dict[str, float] = {}
+        wasted, failed = 0, 0  # replies unusable / buffers unaggregated, in a row
+        stall = STALL_REPLIES * max(s.buffer_size, s.concurrency)
         while version < num_versions:
             if template is None:
                 return self._end(arrays, version, "the strategy configured no train message")
@@ -253,8 +259,12 @@ class AsyncLoop:
                 out.append(msg)
             if out:
                 now = self.clock()
-                for msg, mid in zip(out, self.grid.push_messages(out), strict=False):
-                    if not mid:
+                # Pushing stamps each message with its id; one the grid refused (a node that
+                # left) is not among the ids returned.
+                pushed = set(self.grid.push_messages(out))
+                for msg in out:
+                    mid = msg.metadata.message_id
+                    if not mid or mid not in pushed:
                         continue
                     nbytes = _payload_bytes(msg)
                     flights[mid] = Flight(
@@ -293,6 +303,12 @@ class AsyncLoop:
                 f = got
                 staleness = version - f.version
                 item = self._screen(reply, f, staleness, period, now)
+                wasted = 0 if item is not None else wasted + 1
+                if wasted >= stall:
+                    # Without a round budget nothing else ends a fleet whose every reply is
+                    # declined or dropped: the loop would re-send models for ever.
+                    why = f"the last {wasted} replies were all declined or dropped (see the log)"
+                    return self._end(arrays, version, why)
                 if item is None:
                     continue
                 buffer.append(item)
@@ -304,7 +320,12 @@ class AsyncLoop:
                 used = buffer if new is not None else []
                 buffer = []
                 if new is None:
+                    failed += 1
+                    if failed >= MAX_FAILED_BUFFERS:
+                        return self._end(arrays, version, f"{failed} buffers in a row could "
+                                         "not be aggregated (see the log)")  # fmt: skip
                     continue  # the inner strategy made nothing: keep building this version
+                failed = 0
                 arrays, version = new, version + 1
                 last = version >= num_versions
                 result = self._result(version, arrays, used, metrics, period, flights, ctx,
