@@ -24,6 +24,7 @@ from edgefleet.strategies.staleness import (
     fedbuff_step,
     staleness_weight,
 )
+from edgefleet.wire import DISPATCH
 from tests.fakes import Rows, rec, train_reply
 
 # -- staleness weights: hand-computed ---------------------------------------------------------
@@ -353,11 +354,13 @@ def test_messages_come_from_the_inner_strategy_and_never_wait_for_nodes() -> Non
     server-round = the version being built."""
     from flwr.serverapp.strategy import FedProx
 
-    seen: list[tuple[float, int]] = []
+    seen: list[tuple[float, int, int]] = []
 
     def device(msg: Message) -> Message:
         config = msg.content["config"]
-        seen.append((float(config["proximal-mu"]), int(config["server-round"])))
+        seen.append(
+            (float(config["proximal-mu"]), int(config["server-round"]), int(config[DISPATCH]))
+        )
         return mover(np.array([1.0, 0.0], np.float32), 1)(msg)
 
     grid = VirtualTimeGrid({7: device}, lambda node, k: 1.0)
@@ -365,7 +368,8 @@ def test_messages_come_from_the_inner_strategy_and_never_wait_for_nodes() -> Non
     out = AsyncLoop(FedProx(proximal_mu=0.25), grid, s, clock=grid.clock,
                     sleep=lambda _: None).run(rec(w=W0), 3)  # fmt: skip
     assert out.rounds_run == 3
-    assert seen == [(0.25, 1), (0.25, 2), (0.25, 3)]
+    # Each message numbered: a device sent one version twice must not repeat its batches.
+    assert seen == [(0.25, 1, 1), (0.25, 2, 2), (0.25, 3, 3)]
 
 
 def test_data_free_stopping_watches_the_versions() -> None:

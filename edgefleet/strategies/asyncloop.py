@@ -96,7 +96,7 @@ from edgefleet.strategies.screening import (
 )
 from edgefleet.strategies.staleness import AsyncSettings, summarise
 from edgefleet.strategies.timing import DEFAULT_POLL_S, LinkEstimate
-from edgefleet.wire import DEVICE_ID
+from edgefleet.wire import DEVICE_ID, DISPATCH
 
 # A version's row keeps at most this many drop reasons (the rest are counted): a fleet of
 # broken devices must not grow a row without bound.
@@ -251,10 +251,10 @@ class AsyncLoop:
             idle = [n for n in self.grid.get_node_ids() if n not in busy] if free > 0 else []
             idle.sort(key=lambda n: (self._started.get(n, -1), n))
             out = []
-            for node in idle[:free]:
+            for i, node in enumerate(idle[:free]):
                 msg = Message(
-                    template.content, dst_node_id=node, message_type=MessageType.TRAIN,
-                    group_id=template.metadata.group_id,
+                    _numbered(template.content, dispatches + i + 1), dst_node_id=node,
+                    message_type=MessageType.TRAIN, group_id=template.metadata.group_id,
                 )  # fmt: skip
                 out.append(msg)
             if out:
@@ -559,6 +559,15 @@ def rebase(msg: Message, current: ArrayRecord, base: ArrayRecord, weight: float)
     records: dict[str, Any] = {n: r for n, r in content.items() if n != name}
     msg.content = RecordDict({name: ArrayRecord(out), **records})
     return msg
+
+
+def _numbered(content: RecordDict, dispatch: int) -> RecordDict:
+    """``content`` with ``async-dispatch`` = ``dispatch`` in its train config (a copy of the
+    config; the arrays are shared, not copied)."""
+    out: dict[str, Any] = dict(content.items())
+    for name, record in content.config_records.items():
+        out[name] = ConfigRecord({**dict(record), DISPATCH: dispatch})
+    return RecordDict(out)
 
 
 def server_step(current: ArrayRecord, aggregated: ArrayRecord, lr: float) -> dict[str, np.ndarray]:
