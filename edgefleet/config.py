@@ -35,6 +35,7 @@ from edgefleet.strategies.robust import ROBUST_RULES, RULE_PARAMS, RobustRule
 from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
 from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR, NORM_FLOOR
 from edgefleet.strategies.selection import SELECTION_ORDERS
+from edgefleet.strategies.staleness import STALENESS_FUNCTIONS
 from edgefleet.strategies.stopping import FORMS as STOPPING_FORMS
 from edgefleet.strategies.stopping import NORMS as STOPPING_NORMS
 from edgefleet.strategies.stopping import VALIDATION_RULES
@@ -930,6 +931,55 @@ class AttackConfig:
     )
 
 
+AGGREGATION_MODES: tuple[str, ...] = ("sync", "async")
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    """``aggregation.mode`` and ``async.*``: buffered asynchronous aggregation (FedBuff;
+    :mod:`edgefleet.strategies.asyncloop`, docs/how-to/async-aggregation.md). In async mode
+    ``num-server-rounds`` counts global model versions and ``round-timeout`` bounds one
+    device's training."""
+
+    mode: str = key(
+        "aggregation.mode",
+        "sync",
+        _choice(AGGREGATION_MODES),
+        "`sync` (rounds with a barrier) or `async` (FedBuff: a new model every "
+        "`async.buffer-size` replies, no barrier)",
+    )
+    concurrency: int = key("async.concurrency", 10, _at_least(1), "async: devices training at once")
+    buffer_size: int = key(
+        "async.buffer-size", 5, _at_least(1), "async: accepted replies per new global model (K)"
+    )
+    staleness: str = key(
+        "async.staleness",
+        "polynomial",
+        _choice(STALENESS_FUNCTIONS),
+        "async: staleness weight, `polynomial` (1+s)^-a, `constant` 1, `hinge` (1 up to b, "
+        "then 1/(a(s-b)+1))",
+    )
+    staleness_a: float = key(
+        "async.staleness-a", 0.5, _at_least(0.0), "async: `a` of the polynomial and hinge weights"
+    )
+    staleness_b: int = key(
+        "async.staleness-b", 4, _at_least(0), "async: `b` of the hinge weight (versions)"
+    )
+    server_lr: float = key(
+        "async.server-lr", 1.0, _positive, "async: server learning rate of each version's step"
+    )
+    max_staleness: int = key(
+        "async.max-staleness",
+        0,
+        _at_least(0),
+        "async: drop replies more than this many versions old (0 = keep all)",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode == "async"
+
+
 @dataclass(frozen=True)
 class RunConfig:
     server: ServerConfig
@@ -943,6 +993,7 @@ class RunConfig:
     screening: ScreeningConfig
     robust: RobustConfig
     attack: AttackConfig
+    aggregation: AsyncConfig
     seed: int = key("seed", 0, _at_least(0), "seeds partitions, initial model, sampling, batches")
 
     @property
@@ -986,6 +1037,7 @@ _SECTIONS: dict[str, type] = {
         ScreeningConfig,
         RobustConfig,
         AttackConfig,
+        AsyncConfig,
     )
 }
 
@@ -1080,6 +1132,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     cfg: RunConfig = _build(RunConfig, values)
     _check_together(cfg)
     _check_harvest(values)
+    _check_async(cfg)
     return cfg
 
 
@@ -1238,6 +1291,45 @@ def _check_baselines(cfg: RunConfig) -> None:
                 f"run config 'robust.rule' = {cfg.robust.rule!r} with strategy = 'scaffold': "
                 "SCAFFOLD's step updates its control variates from the same mean the rule "
                 "would replace; use robust.rule = 'off' or another strategy"
+            )
+
+
+def _check_async(cfg: RunConfig) -> None:
+    """What asynchronous aggregation does not support yet is refused before the run starts,
+    naming the key (docs/how-to/async-aggregation.md says why each is not there yet)."""
+    if not cfg.aggregation.enabled:
+        return
+    p = cfg.pruning
+    refused = {
+        "selection.mode = 'energy-age'": (
+            cfg.energy.selection == SelectionMode.ENERGY_AGE,
+            "energy-age selection picks a round's devices from one status query; the "
+            "asynchronous loop starts devices one at a time as slots free",
+        ),
+        "pruning.keep-ratio(s) < 1 (CA-HFP)": (
+            p.keep_ratio < 1 or any(r < 1 for r in p.keep_ratios),
+            "submodel reconstruction against the model version each submodel was cut from "
+            "is not wired into the asynchronous loop",
+        ),
+        "sessions (sessions.schedule, sessions.rounds or warmstart.mode)": (
+            cfg.sessions_enabled,
+            "session boundaries and warm start are defined between synchronous rounds",
+        ),
+        f"stopping.mode = {cfg.stopping.mode!r}": (
+            cfg.stopping.mode in (StoppingMode.VALIDATION, StoppingMode.OBSERVE),
+            "the validation baseline's best-round model is not kept across versions; "
+            "'data-free' and 'off' work",
+        ),
+        f"fraction-evaluate = {cfg.server.fraction_evaluate!r}": (
+            cfg.server.fraction_evaluate > 0,
+            "federated evaluation needs a round barrier; use central evaluation",
+        ),
+    }
+    for what, (hit, why) in refused.items():
+        if hit:
+            raise ConfigError(
+                f"run config: aggregation.mode = 'async' does not yet support {what}: {why}. "
+                "Use aggregation.mode = 'sync' for it, or turn it off"
             )
 
 

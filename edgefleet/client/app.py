@@ -56,7 +56,7 @@ from edgefleet.client.mods import (
 )
 from edgefleet.config import RunConfig
 from edgefleet.task.cache import CacheUnwritableError
-from edgefleet.wire import DEVICE_ID, LABELS, NUM_PARTITIONS, PRESENT, STATUS_RECORD
+from edgefleet.wire import DEVICE_ID, DISPATCH, LABELS, NUM_PARTITIONS, PRESENT, STATUS_RECORD
 
 if TYPE_CHECKING:
     from torch import nn
@@ -322,6 +322,8 @@ def train(msg: Message, context: Context) -> Message:
     except (ValueError, TypeError, KeyError) as err:
         return Message(Error(ERR_BAD_CONFIG, str(err)), reply_to=msg)
     seed = seed_for(cfg.seed, profile.partition_id, server_round)
+    if DISPATCH in config:  # asynchronous aggregation: one seed per train message
+        seed = seed_for(seed, int(config[DISPATCH]))  # type: ignore[arg-type]
     start = time.perf_counter()
     try:
         if cfg.pruning.criterion == "ordered-dropout":  # FjORD: steps of its own

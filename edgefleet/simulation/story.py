@@ -13,6 +13,7 @@ what it is. Everything is read from ``summary.json`` and
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ def story(run_dir: Path) -> str:
             _energy(cfg, rows),
             _pruning(cfg, rows),
             _stopping(cfg, rows, summary),
+            _async(cfg, rows),
         )
         if line
     ]
@@ -202,6 +204,25 @@ def _stopping(cfg: dict[str, Any], rows: list[Row], summary: dict[str, Any]) -> 
         f"Data-free stopping: measured the task vector's growth every round; it never stayed "
         f"below tau ({cfg.get('stopping.tau', '?')}) for {cfg.get('stopping.patience', '?')} "
         "rounds in a row."
+    )
+
+
+def _async(cfg: dict[str, Any], rows: list[Row]) -> str | None:
+    """Asynchronous aggregation: how stale the updates were and what was dropped."""
+    if cfg.get("aggregation.mode") != "async" or not rows:
+        return None
+    # The loop's asynchronous columns are no component's section: they read as extras.
+    stale = [
+        r.extra["staleness_median"] for r in rows if r.extra.get("staleness_median") is not None
+    ]
+    worst = max((r.extra.get("staleness_max") or 0 for r in rows), default=0)
+    dropped = sum(r.extra.get("dropped") or 0 for r in rows)
+    median = f"{statistics.median(stale):g}" if stale else "-"
+    return (
+        f"Asynchronous aggregation (FedBuff): {len(rows)} versions of "
+        f"{cfg.get('async.buffer-size')} updates, {cfg.get('async.concurrency')} devices "
+        f"training at once; update staleness median {median} versions (at most {worst}), "
+        f"{dropped} replies dropped."
     )
 
 

@@ -19,6 +19,9 @@ Each is a ``flwr.serverapp.strategy.Strategy``; wrap your own (Flower's ``FedAvg
   the stored sessions' models (arXiv 2410.05662); :class:`SessionLearningRate` (the
   per-session client learning rate) and :class:`ContinuousTeacher` (the Continuous
   baseline's KL teacher) are wrappers of their own that it adds.
+- :class:`FedBuff`: buffered asynchronous aggregation (Nguyen et al. 2022) around your
+  strategy, run by :class:`AsyncLoop` instead of the round loop: no round barrier, each
+  update discounted by its staleness.
 
 They run in :class:`RoundLoop` (``start()`` does this for you), which keeps the run's
 :class:`DeviceRegistry` (which node is which device, what each said and did), hands every
@@ -27,6 +30,7 @@ standard Flower reply (arrays + metrics with ``num-examples``) is valid and a ma
 is dropped with its reason. Nothing here imports EdgeFleet's apps or torch.
 """
 
+from edgefleet.strategies.asyncloop import AsyncLoop, FedBuff
 from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
 from edgefleet.strategies.context import RoundContext, current_round
 from edgefleet.strategies.energy import EnergyAgeSelection
@@ -49,12 +53,14 @@ from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
 
 __all__ = [
+    "AsyncLoop",
     "ContinuousTeacher",
     "DeviceRecord",
     "DeviceRegistry",
     "DeviceStatus",
     "EnergyAgeSelection",
     "EqualWeightFedAvg",
+    "FedBuff",
     "FedSAG",
     "FedVARP",
     "LoopOutcome",

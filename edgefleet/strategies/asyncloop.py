@@ -1,0 +1,694 @@
+"""Asynchronous, buffered aggregation (FedBuff) on Flower's Grid: no round barrier.
+
+A synchronous round waits for its slowest device or drops it. Here (FedBuff, Nguyen et al.,
+"Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022) the server keeps
+up to ``concurrency`` devices training at once, pulls replies as they arrive, and makes a new
+global model (a *version*) every ``buffer_size`` accepted replies, each discounted by how many
+versions old its base model is (:mod:`edgefleet.strategies.staleness`). A device that
+finishes is sent the current model at once (the idle device that has waited longest gets a
+freed slot when there are more devices than slots). Choose it over the synchronous loop when
+devices or links differ by much: a slow device's update still counts (discounted) and nobody
+waits for it.
+
+It uses nothing but ``Grid.push_messages`` / ``pull_messages`` (polled every ``poll_s``), so
+the same code runs on the in-process engine, Flower's Simulation Engine and the Deployment
+Engine. Replies are screened one at a time as the synchronous loop screens them
+(:mod:`edgefleet.strategies.screening`: well-formed, within the server's bounds, a device
+id that is its node's, an update norm at most ``norm_factor`` x the median of recently
+accepted norms); a reply more than ``max_staleness`` versions old is dropped with that
+reason. Every drop is logged and lands in the version's row (``rejected``), bounded.
+
+Composition with the inner strategy: each buffered reply is *rebased* onto the current
+model, ``x + w(s_i) (y_i - base_i)``, and the buffer is handed to the inner strategy's
+``aggregate_train``; its result ``x'`` becomes ``x + server_lr (x' - x)``. With Flower's
+FedAvg inside this is FedBuff's step weighted by ``num-examples``
+(:func:`~edgefleet.strategies.staleness.fedbuff_step`), with
+:class:`~edgefleet.strategies.fedsag.EqualWeightFedAvg` exactly FedBuff's ``1/K``; a robust
+rule (:class:`~edgefleet.strategies.robust.RobustAggregation`, Flower's ``FedMedian``...)
+runs over the buffer; FedSAG keeps each device's last (staleness-weighted) update in its
+memory, which is asynchronous by nature. Train messages come from the inner strategy's own
+``configure_train`` (once per version, as a template re-addressed to each device), so its
+config (FedProx's ``proximal-mu``, ``server-round`` = the version being built) is what the
+devices see.
+
+Each version is one :class:`~edgefleet.strategies.loop.RoundResult` (``round`` = version)
+handed to the round callbacks, with the asynchronous columns in ``extra``: ``version``,
+``accepted``, ``dropped``, ``staleness_min/median/max``, ``in_flight``.
+
+Not yet (refused by EdgeFleet's ServerApp before a run starts, see
+``docs/how-to/async-aggregation.md``): energy-age selection, CA-HFP submodels, sessions,
+stopping rules, federated evaluation. A checkpoint is written after every version
+(:meth:`AsyncLoop.state_dict`); a resumed run continues from the last version, and the
+replies that were in its buffer are lost (their devices train again).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from logging import INFO, WARNING
+from typing import Any
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.common import log
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+
+from edgefleet.strategies.base import LoopStrategy
+from edgefleet.strategies.context import RoundContext, in_round
+from edgefleet.strategies.hooks import hooks_of
+from edgefleet.strategies.loop import (
+    EvaluateFn,
+    LoopOutcome,
+    RoundCallback,
+    RoundResult,
+    keep_dtypes,
+    numbers,
+)
+from edgefleet.strategies.registry import DeviceRegistry
+from edgefleet.strategies.robust import participant_cap_error
+from edgefleet.strategies.screening import (
+    ENERGY_SPENT,
+    NORM_HISTORY_ROUNDS,
+    RecordKeys,
+    Screening,
+    array_values,
+    check_bounds,
+    common_metrics,
+    first_metrics,
+    model_norm,
+    norm_reference,
+    parse_device_id,
+    reply_metrics,
+)
+from edgefleet.strategies.staleness import AsyncSettings, summarise
+from edgefleet.strategies.timing import DEFAULT_POLL_S, LinkEstimate
+from edgefleet.wire import DEVICE_ID, DISPATCH
+
+# A version's row keeps at most this many drop reasons (the rest are counted): a fleet of
+# broken devices must not grow a row without bound.
+MAX_REASONS = 20
+# A run ends (with the reason) after this many x max(buffer, concurrency) unusable replies in
+# a row, or this many buffers in a row that the inner strategy could not aggregate.
+STALL_REPLIES = 20
+MAX_FAILED_BUFFERS = 10
+# Nodes a template grid shows at least, so that a FedAvg-family configure_train never waits
+# for its min_available_nodes (the loop addresses each message itself).
+_FAKE_NODE = 2**62
+
+
+@dataclass
+class Flight:
+    """A train message out: to ``node``, carrying version ``version`` (``base``)."""
+
+    node: int
+    version: int
+    base: ArrayRecord
+    content: RecordDict
+    pushed_at: float
+    nbytes: int
+
+
+@dataclass
+class Buffered:
+    msg: Message
+    staleness: int
+    base: ArrayRecord
+    device: str
+
+
+@dataclass
+class _Period:
+    """What happened while one version was being built (its row)."""
+
+    accepted: list[str] = field(default_factory=list)
+    declined: list[str] = field(default_factory=list)
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    dropped_more: int = 0
+    staleness: list[int] = field(default_factory=list)
+    bytes_down: int = 0
+    bytes_up: int = 0
+
+
+class _TemplateGrid:
+    """The grid as the inner strategy's ``configure_train`` sees it: at least ``need`` nodes,
+    so that its sampling never waits; the loop only takes one message's content."""
+
+    def __init__(self, grid: Grid, need: int) -> None:
+        self._grid, self._need = grid, need
+
+    def get_node_ids(self) -> list[int]:
+        nodes = list(self._grid.get_node_ids())
+        return nodes + [_FAKE_NODE + i for i in range(max(0, self._need - len(nodes)))]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+
+def _min_nodes(strategy: object) -> int:
+    need = 1
+    while strategy is not None:
+        for attr in ("min_available_nodes", "min_train_nodes"):
+            value = getattr(strategy, attr, None)
+            if isinstance(value, int):
+                need = max(need, value)
+        strategy = getattr(strategy, "inner", None)
+    return need
+
+
+class AsyncLoop:
+    """Drive ``strategy`` asynchronously over ``grid`` (module docstring) for up to
+    ``num_versions`` new global models.
+
+    ``evaluate_fn`` (central evaluation) runs every ``evaluate_every`` versions and on the
+    last; ``reply_timeout`` bounds how long one device may hold a slot; ``clock`` is the
+    loop's time (a virtual-time test grid hands its own).
+    """
+
+    def __init__(
+        self,
+        strategy: Strategy,
+        grid: Grid,
+        settings: AsyncSettings,
+        *,
+        evaluate_fn: EvaluateFn | None = None,
+        evaluate_every: int = 1,
+        callbacks: Sequence[RoundCallback] = (),
+        screening: Screening | None = None,
+        reply_timeout: float = 600.0,
+        node_wait_timeout: float = 60.0,
+        poll_s: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        if evaluate_every < 1:
+            raise ValueError(f"evaluate_every={evaluate_every!r} must be >= 1")
+        why = participant_cap_error(strategy, settings.buffer_size)
+        if why:
+            raise ValueError(why.replace("devices are selected a round", "replies a buffer"))
+        self.strategy, self.grid, self.settings = strategy, grid, settings
+        self.evaluate_fn, self.evaluate_every = evaluate_fn, evaluate_every
+        self.callbacks = [*hooks_of(strategy).round_callbacks(), *callbacks]
+        self.screening = screening or Screening()
+        self.registry = DeviceRegistry(self.screening.device_binding)
+        self.keys = RecordKeys.of(strategy)
+        self.hooks = hooks_of(strategy)
+        self.reply_timeout, self.node_wait_timeout = reply_timeout, node_wait_timeout
+        interval = getattr(grid, "pull_interval", None)
+        self.poll_s = poll_s or (interval if isinstance(interval, float) else DEFAULT_POLL_S)
+        self.clock, self.sleep = clock, sleep
+        self.norms: deque[float] = deque(maxlen=NORM_HISTORY_ROUNDS * settings.buffer_size)
+        self._node_links: dict[int, LinkEstimate] = {}
+        self._started: dict[int, int] = {}  # node -> dispatch count when it last started
+
+    # -- the run ----------------------------------------------------------------------------
+
+    def run(
+        self,
+        initial_arrays: ArrayRecord,
+        num_versions: int,
+        train_config: ConfigRecord | None = None,
+        first_version: int = 1,
+    ) -> LoopOutcome:
+        """Make versions ``first_version`` .. ``num_versions`` from ``initial_arrays`` (a
+        resumed run starts from its checkpoint's version + 1: devices that were training
+        when it stopped are simply sent the model again)."""
+        s = self.settings
+        arrays, version = initial_arrays, first_version - 1
+        for callback in self.callbacks:
+            callback.on_start(arrays, first_version)
+        t0 = self.clock()
+        flights: dict[str, Flight] = {}
+        buffer: list[Buffered] = []
+        period = _Period()
+        dispatches = 0
+        ctx = self._context(version + 1)
+        template = self._template(ctx, version + 1, arrays, train_config)
+        idle_since: float | None = None
+        final: dict[str, float] = {}
+        wasted, failed = 0, 0  # replies unusable / buffers unaggregated, in a row
+        stall = STALL_REPLIES * max(s.buffer_size, s.concurrency)
+        while version < num_versions:
+            if template is None:
+                return self._end(arrays, version, "the strategy configured no train message")
+            # Fill the free slots, longest-idle device first.
+            free = s.concurrency - len(flights)
+            busy = {f.node for f in flights.values()}
+            # (Asking a deployment's SuperLink for its nodes only when a slot is free.)
+            idle = [n for n in self.grid.get_node_ids() if n not in busy] if free > 0 else []
+            idle.sort(key=lambda n: (self._started.get(n, -1), n))
+            out = []
+            for i, node in enumerate(idle[:free]):
+                msg = Message(
+                    _numbered(template.content, dispatches + i + 1), dst_node_id=node,
+                    message_type=MessageType.TRAIN, group_id=template.metadata.group_id,
+                )  # fmt: skip
+                out.append(msg)
+            if out:
+                now = self.clock()
+                # Pushing stamps each message with its id; one the grid refused (a node that
+                # left) is not among the ids returned.
+                pushed = set(self.grid.push_messages(out))
+                for msg in out:
+                    mid = msg.metadata.message_id
+                    if not mid or mid not in pushed:
+                        continue
+                    nbytes = _payload_bytes(msg)
+                    flights[mid] = Flight(
+                        msg.metadata.dst_node_id, version, arrays, template.content, now, nbytes
+                    )
+                    dispatches += 1
+                    self._started[msg.metadata.dst_node_id] = dispatches
+                    period.bytes_down += nbytes
+            if not flights:
+                now = self.clock()
+                idle_since = now if idle_since is None else idle_since
+                if now - idle_since > self.node_wait_timeout:
+                    return self._end(arrays, version, "no node to train on")
+                self.sleep(self.poll_s)
+                continue
+            idle_since = None
+            replies = list(self.grid.pull_messages(list(flights)))
+            now = self.clock()
+            # A device that has held its slot too long loses it (checked on every poll: the
+            # others' replies keep coming meanwhile); a later reply of its is ignored.
+            for mid, f in list(flights.items()):
+                if now - f.pushed_at > self.reply_timeout and not any(
+                    r.metadata.reply_to_message_id == mid for r in replies
+                ):
+                    del flights[mid]
+                    self._link(f.node).timed_out(self.reply_timeout)
+                    self._drop(period, self.registry.name(f.node),
+                               f"no reply within {self.reply_timeout:g} s")  # fmt: skip
+            if not replies:
+                self.sleep(self.poll_s)
+                continue
+            for reply in replies:
+                got = flights.pop(reply.metadata.reply_to_message_id, None)
+                if got is None:
+                    continue  # not ours (a reply pulled twice, or to a dropped flight)
+                f = got
+                staleness = version - f.version
+                item = self._screen(reply, f, staleness, period, now)
+                wasted = 0 if item is not None else wasted + 1
+                if wasted >= stall:
+                    # Without a round budget nothing else ends a fleet whose every reply is
+                    # declined or dropped: the loop would re-send models for ever.
+                    why = f"the last {wasted} replies were all declined or dropped (see the log)"
+                    return self._end(arrays, version, why)
+                if item is None:
+                    continue
+                buffer.append(item)
+                if len(buffer) < s.buffer_size:
+                    continue
+                # The buffer is full: a new version.
+                with in_round(ctx):
+                    new, metrics = self._aggregate(version + 1, arrays, buffer, ctx)
+                used = buffer if new is not None else []
+                buffer = []
+                if new is None:
+                    failed += 1
+                    if failed >= MAX_FAILED_BUFFERS:
+                        return self._end(arrays, version, f"{failed} buffers in a row could "
+                                         "not be aggregated (see the log)")  # fmt: skip
+                    continue  # the inner strategy made nothing: keep building this version
+                failed = 0
+                arrays, version = new, version + 1
+                last = version >= num_versions
+                result = self._result(version, arrays, used, metrics, period, flights, ctx,
+                                      t0, last)  # fmt: skip
+                with in_round(ctx):
+                    reasons = [r for cb in self.callbacks if (r := cb.after_round(result))]
+                final = result.eval_metrics
+                if reasons:
+                    log(INFO, "Stopping after version %d: %s", version, reasons[0])
+                    if not result.evaluated:
+                        final = self._evaluate(version, arrays)
+                    return LoopOutcome(arrays, version, version, reasons[0], final)
+                if last:
+                    break
+                period = _Period()
+                ctx = self._context(version + 1)
+                template = self._template(ctx, version + 1, arrays, train_config)
+        return LoopOutcome(arrays, version, None, "budget", final)
+
+    def _end(self, arrays: ArrayRecord, version: int, why: str) -> LoopOutcome:
+        log(WARNING, "Asynchronous run ends after version %d: %s", version, why)
+        return LoopOutcome(arrays, version, version, why, self._evaluate(version, arrays))
+
+    def _context(self, version: int) -> RoundContext:
+        return RoundContext(version, self.registry, online=lambda: set(self.grid.get_node_ids()))
+
+    def _template(
+        self, ctx: RoundContext, version: int, arrays: ArrayRecord, config: ConfigRecord | None
+    ) -> Message | None:
+        """The inner strategy's train message for ``version`` (its content goes to every
+        device this version sends to)."""
+        grid = _TemplateGrid(self.grid, _min_nodes(self.strategy))
+        with in_round(ctx):
+            messages = list(
+                self.strategy.configure_train(
+                    version,
+                    arrays,
+                    ConfigRecord(dict(config or {})),
+                    grid,  # type: ignore[arg-type]
+                )
+            )
+        return messages[0] if messages else None
+
+    # -- screening one reply ----------------------------------------------------------------
+
+    def _drop(self, period: _Period, device: str, reason: str) -> None:
+        log(WARNING, "Dropping reply from device %s: %s", device, reason)
+        if len(period.rejected) < MAX_REASONS:
+            period.rejected.append({"device": device, "reason": reason[:300]})
+        else:
+            period.dropped_more += 1
+
+    def _screen(
+        self, msg: Message, f: Flight, staleness: int, period: _Period, now: float
+    ) -> Buffered | None:
+        """The reply as a buffer entry, or None (declined or dropped, with its reason)."""
+        node = f.node
+        claimed = _claimed(msg)
+        device = self.registry.name(node, claimed)
+        if msg.has_error():
+            log(INFO, "Device %s declined: %s", device, msg.error.reason)
+            period.declined.append(device)
+            return None
+        if self.settings.too_stale(staleness):
+            self._drop(period, device, f"staleness {staleness} > async.max-staleness "
+                       f"{self.settings.max_staleness}")  # fmt: skip
+            return None
+        try:
+            reason = self._check(msg, f, node, claimed)
+        except Exception as err:  # noqa: BLE001 - a reply must never end a run
+            reason = f"reply could not be checked: {type(err).__name__}: {err}"
+        if reason:
+            self._drop(period, device, reason)
+            return None
+        if claimed is not None:
+            self.registry.bind(node, claimed)
+            device = claimed
+        nbytes = _payload_bytes(msg)
+        period.bytes_up += nbytes
+        metrics = first_metrics(msg)
+        compute = None if metrics is None else numbers(metrics).get("train-time-s")
+        self._link(node).observe(now - f.pushed_at, nbytes + f.nbytes, compute)
+        period.accepted.append(device)
+        period.staleness.append(staleness)
+        return Buffered(msg, staleness, f.base, device)
+
+    def _check(self, msg: Message, f: Flight, node: int, claimed: str | None) -> str | None:
+        if not msg.has_content():
+            return "the reply has neither content nor an error"
+        reason = self.hooks.check_reply(msg, f.base, self.keys)
+        if reason:
+            return reason
+        reason = check_bounds(reply_metrics(msg.content), self.keys, self.screening)
+        if reason:
+            return reason
+        if claimed is not None:
+            refused = self.registry.screen(
+                {0: (node, claimed)}, lambda: set(self.grid.get_node_ids())
+            )
+            if refused:
+                return refused[0]
+        factor = self.screening.norm_factor
+        if factor == 0:
+            return None
+        norm = self.hooks.update_norm(msg, f.content, f.base)
+        if not math.isfinite(norm):
+            return "update norm is not finite"
+        ref = norm_reference([norm], self.norms)
+        share = self.screening.norm_floor
+        floor = share * model_norm(f.base) if share else 0.0
+        if ref is not None and norm > max(factor * ref, floor):
+            return (
+                f"update norm {norm:.4g} is {norm / ref:.3g} x the median {ref:.4g} of recent "
+                f"updates (bound {factor:g} x)"
+            )
+        self.norms.append(norm)
+        return None
+
+    # -- a new version ----------------------------------------------------------------------
+
+    def _aggregate(
+        self, version: int, arrays: ArrayRecord, buffer: list[Buffered], ctx: RoundContext
+    ) -> tuple[ArrayRecord | None, dict[str, float]]:
+        """The next global model from a full buffer (module docstring), or None with the
+        reason logged; nothing the inner strategy raises ends the run."""
+        try:
+            replies = [rebase(b.msg, arrays, b.base, self.settings.weight(b.staleness))
+                       for b in buffer]  # fmt: skip
+            replies.sort(key=lambda m: _order(_claimed(m) or str(m.metadata.src_node_id)))
+            new, metrics = self.strategy.aggregate_train(
+                version, common_metrics(replies, self.keys)
+            )
+        except Exception as err:  # noqa: BLE001
+            log(WARNING, "Version %d not made (buffer dropped): aggregation failed: %s: %s",
+                version, type(err).__name__, err)  # fmt: skip
+            return None, {}
+        if new is None:
+            log(WARNING, "Version %d not made: the strategy aggregated nothing", version)
+            return None, {}
+        new = keep_dtypes(new, arrays)
+        stepped = server_step(arrays, new, self.settings.server_lr)
+        bad = [k for k, a in stepped.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]
+        if bad:
+            log(WARNING, "Version %d not made: non-finite values in %s", version, bad[:3])
+            return None, {}
+        return keep_dtypes(ArrayRecord({k: Array(v) for k, v in stepped.items()}), arrays), numbers(
+            metrics
+        )
+
+    def _result(
+        self,
+        version: int,
+        arrays: ArrayRecord,
+        used: list[Buffered],
+        metrics: dict[str, float],
+        period: _Period,
+        flights: dict[str, Flight],
+        ctx: RoundContext,
+        t0: float,
+        last: bool,
+    ) -> RoundResult:
+        participants = [b.device for b in used]
+        self.registry.note_round(version, participants, period.declined, period.rejected)
+        evaluated = self.evaluate_fn is not None and (version % self.evaluate_every == 0 or last)
+        eval_metrics = self._evaluate(version, arrays) if evaluated else {}
+        shown = {k: v for k, v in eval_metrics.items() if "class" not in k}
+        log(INFO, "[VERSION %d] %d updates (staleness %s)%s", version, len(used),
+            [b.staleness for b in used], f": {shown}" if shown else "")  # fmt: skip
+        dropped = len(period.rejected) + period.dropped_more
+        extra: dict[str, object] = {
+            "version": version,
+            "accepted": len(period.accepted),
+            "dropped": dropped,
+            **summarise(period.staleness),
+            "in_flight": len(flights),
+        }
+        return RoundResult(
+            round=version,
+            session=ctx.session,
+            arrays=arrays,
+            participants=participants,
+            participant_nodes=[b.msg.metadata.src_node_id for b in used],
+            declined=period.declined,
+            rejected=period.rejected,
+            bytes_up=period.bytes_up,
+            bytes_down=period.bytes_down,
+            energy_spent=sum(numbers(first_metrics(b.msg)).get(ENERGY_SPENT, 0.0) for b in used),
+            train_metrics=metrics,
+            eval_metrics=eval_metrics,
+            wall_s=self.clock() - t0,
+            evaluated=evaluated,
+            extra=extra,
+            context=ctx,
+        )
+
+    def _evaluate(self, version: int, arrays: ArrayRecord) -> dict[str, float]:
+        return {} if self.evaluate_fn is None else self.evaluate_fn(version, arrays)
+
+    def _link(self, node: int) -> LinkEstimate:
+        device = self.registry.device_of(node)
+        if device is not None:
+            return self.registry.timing(device)
+        return self._node_links.setdefault(node, LinkEstimate())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The device registry and recent update norms, for a checkpoint at a version
+        boundary (the buffer's replies and the devices in flight are not kept: a resumed run
+        sends those devices the checkpoint's model again)."""
+        return {"registry": self.registry.state_dict(), "norms": list(self.norms)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.registry.load_state_dict(state.get("registry", {}))
+        self.norms.clear()
+        self.norms.extend(float(n) for n in state.get("norms", []))
+
+
+def rebase(msg: Message, current: ArrayRecord, base: ArrayRecord, weight: float) -> Message:
+    """``msg`` with its model replaced by ``current + weight x (model - base)``: its update,
+    discounted, applied to the model the buffer is aggregated into (float64 arithmetic, the
+    arrays' dtypes kept). The reply's other records are kept as they are."""
+    content = msg.content
+    name, record = next((n, r) for n, r in content.array_records.items() if n != "kept")
+    out = {}
+    for key, arr in record.items():
+        value = array_values(arr)
+        step = np.asarray(value, np.float64) - np.asarray(array_values(base[key]), np.float64)
+        moved = np.asarray(array_values(current[key]), np.float64) + weight * step
+        if np.issubdtype(value.dtype, np.integer):
+            moved = np.rint(moved)
+        out[key] = Array(np.asarray(moved, dtype=value.dtype))
+    records: dict[str, Any] = {n: r for n, r in content.items() if n != name}
+    msg.content = RecordDict({name: ArrayRecord(out), **records})
+    return msg
+
+
+def _numbered(content: RecordDict, dispatch: int) -> RecordDict:
+    """``content`` with ``async-dispatch`` = ``dispatch`` in its train config (a copy of the
+    config; the arrays are shared, not copied)."""
+    out: dict[str, Any] = dict(content.items())
+    for name, record in content.config_records.items():
+        out[name] = ConfigRecord({**dict(record), DISPATCH: dispatch})
+    return RecordDict(out)
+
+
+def server_step(current: ArrayRecord, aggregated: ArrayRecord, lr: float) -> dict[str, np.ndarray]:
+    """``current + lr x (aggregated - current)``, each array in its own dtype."""
+    out = {}
+    for key, arr in current.items():
+        x = array_values(arr)
+        y = array_values(aggregated[key])
+        if lr == 1.0:
+            out[key] = np.asarray(y, dtype=x.dtype)
+            continue
+        moved = np.asarray(x, np.float64) + lr * (np.asarray(y, np.float64) - x)
+        if np.issubdtype(x.dtype, np.integer):
+            moved = np.rint(moved)
+        out[key] = np.asarray(moved, dtype=x.dtype)
+    return out
+
+
+def _claimed(msg: Message) -> str | None:
+    metrics = first_metrics(msg)
+    return None if metrics is None else parse_device_id(metrics.get(DEVICE_ID))
+
+
+def _order(device: str) -> tuple[int, int | str]:
+    return (0, int(device)) if device.isdigit() else (1, device)
+
+
+def _payload_bytes(msg: Message | None) -> int:
+    if msg is None or msg.has_error() or not msg.has_content():
+        return 0
+    return sum(rec.count_bytes() for rec in msg.content.array_records.values())
+
+
+class FedBuff(LoopStrategy):
+    """Buffered asynchronous aggregation (FedBuff, Nguyen et al. 2022) around your Flower
+    strategy: ``FedBuff(FedAvg(), buffer_size=5, concurrency=20).start(grid, arrays,
+    num_rounds=100)`` makes 100 global versions asynchronously (module docstring), with
+    your own ClientApp unchanged. ``staleness`` is ``"polynomial"`` (``(1+s)^-a``, default
+    ``a = 0.5``), ``"constant"`` or ``"hinge"`` (``a``, ``b``); ``server_lr`` scales each
+    step; ``max_staleness`` (> 0) drops older updates."""
+
+    def __init__(
+        self,
+        inner: Strategy,
+        *,
+        buffer_size: int = 5,
+        concurrency: int = 10,
+        staleness: str = "polynomial",
+        a: float = 0.5,
+        b: int = 4,
+        server_lr: float = 1.0,
+        max_staleness: int = 0,
+    ) -> None:
+        super().__init__(inner)
+        self.async_settings = AsyncSettings(
+            concurrency=concurrency,
+            buffer_size=buffer_size,
+            staleness=staleness,
+            a=a,
+            b=b,
+            server_lr=server_lr,
+            max_staleness=max_staleness,
+        )
+
+    def settings(self) -> dict[str, object]:
+        return dict(vars(self.async_settings))
+
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        *,
+        screening: Screening | None = None,
+        poll_s: float | None = None,
+    ) -> Result:
+        """Flower's ``Strategy.start`` contract, asynchronously: ``num_rounds`` counts global
+        versions, ``timeout`` bounds one device's training; ``evaluate_fn`` runs on the
+        initial model (round 0) and after every version. Federated evaluation is not run
+        (``evaluate_config`` is accepted for the signature's sake)."""
+        log(INFO, "Starting FedBuff (asynchronous) over %s:", type(self.inner).__name__)
+        self.summary()
+        result = Result(arrays=initial_arrays)
+        central = result.evaluate_metrics_serverapp
+
+        def evaluate(version: int, arrays: ArrayRecord) -> dict[str, float]:
+            res = evaluate_fn(version, arrays) if evaluate_fn else None
+            if res is None:
+                return {}
+            central[version] = res
+            return numbers(res)
+
+        if evaluate_fn is not None:
+            log(INFO, "Initial global evaluation results: %s", evaluate(0, initial_arrays))
+
+        class Collect(RoundCallback):
+            def after_round(self, res: RoundResult) -> str | None:
+                if res.train_metrics:
+                    result.train_metrics_clientapp[res.round] = MetricRecord(
+                        dict(res.train_metrics)
+                    )
+                return None
+
+        loop = AsyncLoop(
+            self.inner,
+            grid,
+            self.async_settings,
+            evaluate_fn=evaluate if evaluate_fn is not None else None,
+            callbacks=[Collect()],
+            screening=screening,
+            reply_timeout=timeout,
+            poll_s=poll_s,
+        )
+        outcome = loop.run(initial_arrays, num_rounds, train_config)
+        result.arrays = outcome.arrays
+        log(INFO, "FedBuff ended after version %d (%s). Final results:", outcome.rounds_run,
+            outcome.stop_reason)  # fmt: skip
+        for line in io.StringIO(str(result)):
+            log(INFO, "\t%s", line.strip("\n"))
+        return result

@@ -1,0 +1,142 @@
+"""Staleness weights and the FedBuff server step: the pure math of asynchronous aggregation.
+
+In buffered asynchronous FL (FedBuff, Nguyen et al., "Federated Learning with Buffered
+Asynchronous Aggregation", AISTATS 2022) devices train on whatever global model was current
+when they started, and the server makes a new model every K (``buffer_size``) updates. An
+update whose base model is ``s`` versions old (its *staleness*) is discounted by a weight
+``w(s)``. The weighting functions are those of FedAsync (Xie, Koyejo and Gupta,
+"Asynchronous Federated Optimization", 2019), which FedBuff reuses:
+
+- ``constant``: ``w(s) = 1`` (no discount; FedBuff's buffer alone damps staleness);
+- ``polynomial`` (the default): ``w(s) = (1 + s) ** -a``; FedBuff's experiments use
+  ``a = 0.5`` (``1 / sqrt(1 + s)``), the default here;
+- ``hinge``: ``w(s) = 1`` for ``s <= b``, else ``1 / (a (s - b) + 1)``: no discount for
+  updates at most ``b`` versions old, then a hyperbolic one (FedAsync's ``a = 10, b = 4``).
+
+The server step (FedBuff's Algorithm 1, server side) over the buffer ``B`` is
+
+    x <- x + eta_g * sum_{i in B} n_i w(s_i) delta_i / sum_{i in B} n_i
+
+with ``delta_i`` = the device's model minus the model it was sent (its base). FedBuff's own
+normalisation is ``1/K`` with every ``n_i`` equal (its clients all run the same number of
+local steps): :func:`fedbuff_step` with equal weights is exactly that, and it is what
+EdgeFleet's loop computes with an inner strategy that weights replies equally
+(:class:`~edgefleet.strategies.fedsag.EqualWeightFedAvg`). With Flower's ``FedAvg`` inside,
+``n_i`` is each reply's ``num-examples``, the FedAvg-family generalisation: a device with
+less data moves the model less, as in a synchronous round. The staleness weight multiplies
+the update and is deliberately *not* renormalised (dividing by ``sum n_i w_i`` would undo
+the discount when every update in a buffer is equally stale).
+
+Nothing here imports Flower: the loop that feeds these functions is
+:mod:`edgefleet.strategies.asyncloop`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from edgefleet.errors import SettingError
+
+
+class Staleness(StrEnum):
+    """How an update is discounted by its staleness (``async.staleness``)."""
+
+    POLYNOMIAL = "polynomial"
+    CONSTANT = "constant"
+    HINGE = "hinge"
+
+
+STALENESS_FUNCTIONS: tuple[str, ...] = tuple(m.value for m in Staleness)
+
+
+class AsyncSettingError(SettingError):
+    """A bad asynchronous-aggregation setting; the message names it and the valid values."""
+
+
+def staleness_weight(kind: str, s: int, a: float = 0.5, b: int = 4) -> float:
+    """``w(s)`` of the module docstring for an update ``s`` >= 0 versions old."""
+    if s < 0:
+        raise ValueError(f"staleness {s} < 0: an update cannot be based on a future model")
+    if kind == Staleness.CONSTANT:
+        return 1.0
+    if kind == Staleness.POLYNOMIAL:
+        return float((1.0 + s) ** -a)
+    if kind == Staleness.HINGE:
+        return 1.0 if s <= b else 1.0 / (a * (s - b) + 1.0)
+    raise AsyncSettingError(f"staleness function {kind!r}; valid: {', '.join(STALENESS_FUNCTIONS)}")
+
+
+@dataclass(frozen=True)
+class AsyncSettings:
+    """How the asynchronous loop runs (module docstring of :mod:`edgefleet.strategies.
+    asyncloop`): ``concurrency`` devices training at once, a new model every ``buffer_size``
+    accepted updates, each weighted by ``staleness`` (with ``a``, and ``b`` for hinge), the
+    server learning rate ``server_lr``, and updates more than ``max_staleness`` versions old
+    dropped (0: none dropped)."""
+
+    concurrency: int = 10
+    buffer_size: int = 5
+    staleness: str = Staleness.POLYNOMIAL
+    a: float = 0.5
+    b: int = 4
+    server_lr: float = 1.0
+    max_staleness: int = 0
+
+    def __post_init__(self) -> None:
+        if self.staleness not in STALENESS_FUNCTIONS:
+            raise AsyncSettingError(
+                f"staleness {self.staleness!r}; valid: {', '.join(STALENESS_FUNCTIONS)}"
+            )
+        ints = {"concurrency": 1, "buffer_size": 1, "b": 0, "max_staleness": 0}
+        for name, low in ints.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise AsyncSettingError(f"{name}={value!r} must be an integer >= {low}")
+        if not (math.isfinite(self.a) and self.a >= 0):
+            raise AsyncSettingError(f"a={self.a!r} must be a finite number >= 0")
+        if not (math.isfinite(self.server_lr) and self.server_lr > 0):
+            raise AsyncSettingError(f"server_lr={self.server_lr!r} must be a finite number > 0")
+
+    def weight(self, s: int) -> float:
+        return staleness_weight(self.staleness, s, self.a, self.b)
+
+    def too_stale(self, s: int) -> bool:
+        return self.max_staleness > 0 and s > self.max_staleness
+
+
+def fedbuff_step(
+    x: Mapping[str, np.ndarray],
+    deltas: Sequence[Mapping[str, np.ndarray]],
+    num_examples: Sequence[float],
+    staleness: Sequence[int],
+    settings: AsyncSettings,
+) -> dict[str, np.ndarray]:
+    """The FedBuff server step of the module docstring, in float64 (the reference the loop's
+    composition with an inner strategy is tested against)."""
+    if not (len(deltas) == len(num_examples) == len(staleness)) or not deltas:
+        raise ValueError("one weight and one staleness per update, and at least one update")
+    total = float(sum(num_examples))
+    out = {}
+    for key, value in x.items():
+        step = sum(
+            n * settings.weight(s) * np.asarray(d[key], dtype=np.float64)
+            for d, n, s in zip(deltas, num_examples, staleness, strict=True)
+        )
+        out[key] = np.asarray(value, dtype=np.float64) + settings.server_lr * step / total
+    return out
+
+
+def summarise(staleness: Sequence[int]) -> dict[str, float | int | None]:
+    """Min, median and max of a version's staleness values (None when it had none)."""
+    if not staleness:
+        return {"staleness_min": None, "staleness_median": None, "staleness_max": None}
+    return {
+        "staleness_min": int(min(staleness)),
+        "staleness_median": float(np.median(staleness)),
+        "staleness_max": int(max(staleness)),
+    }

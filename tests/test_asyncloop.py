@@ -1,0 +1,421 @@
+"""Asynchronous buffered aggregation (FedBuff, issue 45): staleness weights, the server step,
+and the loop on the in-process engine's grids (a virtual-time grid for arrival order)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, Message
+from flwr.serverapp.strategy import FedAvg, FedMedian
+
+from edgefleet.simulation.inprocess import Handler, InProcessGrid, answer
+from edgefleet.simulation.virtualtime import VirtualTimeGrid
+from edgefleet.strategies import FedBuff
+from edgefleet.strategies.asyncloop import AsyncLoop
+from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
+from edgefleet.strategies.robust import RobustAggregation
+from edgefleet.strategies.staleness import (
+    AsyncSettingError,
+    AsyncSettings,
+    fedbuff_step,
+    staleness_weight,
+)
+from edgefleet.wire import DISPATCH
+from tests.fakes import Rows, rec, train_reply
+
+# -- staleness weights: hand-computed ---------------------------------------------------------
+
+
+def test_polynomial_weights_by_hand() -> None:
+    # (1 + s)^-a: a = 0.5 is FedBuff's 1/sqrt(1 + s).
+    assert staleness_weight("polynomial", 0, a=0.5) == 1.0
+    assert staleness_weight("polynomial", 3, a=0.5) == pytest.approx(0.5)
+    assert staleness_weight("polynomial", 8, a=0.5) == pytest.approx(1 / 3)
+    assert staleness_weight("polynomial", 1, a=2.0) == pytest.approx(0.25)
+    assert staleness_weight("polynomial", 5, a=0.0) == 1.0
+
+
+def test_constant_and_hinge_weights_by_hand() -> None:
+    assert staleness_weight("constant", 0) == staleness_weight("constant", 99) == 1.0
+    # FedAsync's hinge: 1 up to b, then 1 / (a (s - b) + 1).
+    assert staleness_weight("hinge", 4, a=10, b=4) == 1.0
+    assert staleness_weight("hinge", 5, a=10, b=4) == pytest.approx(1 / 11)
+    assert staleness_weight("hinge", 7, a=0.5, b=2) == pytest.approx(1 / 3.5)
+
+
+def test_bad_settings_name_the_choices() -> None:
+    with pytest.raises(AsyncSettingError, match="polynomial, constant, hinge"):
+        AsyncSettings(staleness="linear")
+    with pytest.raises(AsyncSettingError, match="buffer_size"):
+        AsyncSettings(buffer_size=0)
+    with pytest.raises(AsyncSettingError, match="server_lr"):
+        AsyncSettings(server_lr=float("nan"))
+    with pytest.raises(ValueError, match="staleness -1"):
+        staleness_weight("constant", -1)
+
+
+# -- the loop ---------------------------------------------------------------------------------
+
+W0 = np.array([0.0, 0.0], dtype=np.float32)
+
+
+def mover(step: np.ndarray, n: int):  # type: ignore[no-untyped-def]
+    """A device whose training adds ``step`` to the model it got, from ``n`` examples."""
+
+    def handler(msg: Message) -> Message:
+        w = msg.content["arrays"]["w"].numpy()
+        return train_reply(msg, rec(w=w + step), n, **{"train-loss": 0.5})
+
+    return handler
+
+
+def test_fedbuff_step_by_hand() -> None:
+    """One version from a buffer of two: device 1 fresh (s = 0), device 2 one version old
+    (s = 1), polynomial a = 1 -> weights 1 and 1/2; FedAvg weights 1 and 3 examples; lr 0.5."""
+    s = AsyncSettings(buffer_size=2, concurrency=2, staleness="polynomial", a=1.0, server_lr=0.5)
+    x = {"w": np.array([1.0, 2.0])}
+    d1, d2 = {"w": np.array([1.0, 0.0])}, {"w": np.array([0.0, 4.0])}
+    got = fedbuff_step(x, [d1, d2], [1, 3], [0, 1], s)
+    # x + 0.5 * (1 * 1 * d1 + 3 * 0.5 * d2) / 4 = [1 + 0.125, 2 + 0.75]
+    np.testing.assert_allclose(got["w"], [1.125, 2.75])
+
+
+def test_loop_step_equals_fedbuff_by_hand() -> None:
+    """The loop's composition (rebase onto x, Flower's FedAvg, server lr) is FedBuff's step.
+
+    Nodes 1 and 2 start on version 0. Node 1 (1 s, 1 example, +[1, 0]) answers at t = 1,
+    again at 2, 3, ...; node 2 (2.5 s, 3 examples, +[0, 4]) at t = 2.5. Buffer 2: version 1 is
+    node 1's two fresh updates; node 2's update on version 0 then arrives one version old."""
+    s = AsyncSettings(buffer_size=2, concurrency=2, staleness="polynomial", a=1.0, server_lr=0.5)
+    grid = VirtualTimeGrid(
+        {1: mover(np.array([1.0, 0.0]), 1), 2: mover(np.array([0.0, 4.0]), 3)},
+        lambda node, k: 1.0 if node == 1 else 2.5,
+    )
+    rows = Rows()
+    loop = AsyncLoop(FedAvg(), grid, s, callbacks=[rows], clock=grid.clock, sleep=lambda _: None)
+    out = loop.run(rec(w=W0), 2)
+    v1 = rows.results[0].arrays["w"].numpy()
+    # Version 1: node 1 at t=1 (base v0) and t=2 (base v0 too: no version yet): both fresh.
+    np.testing.assert_allclose(v1, [0.0, 0.0] + 0.5 * np.array([1.0, 0.0]))
+    assert rows.results[0].extra["staleness_max"] == 0
+    # Version 2: node 2 (base v0, s = 1) at t = 2.5, node 1 (base v1, s = 0) at t = 3.
+    want = fedbuff_step(
+        {"w": v1.astype(np.float64)},
+        [{"w": np.array([0.0, 4.0])}, {"w": np.array([1.0, 0.0])}],
+        [3, 1],
+        [1, 0],
+        s,
+    )
+    np.testing.assert_allclose(out.arrays["w"].numpy(), want["w"], rtol=1e-6)
+    r2 = rows.results[1].extra
+    assert (r2["staleness_min"], r2["staleness_max"], r2["accepted"]) == (0, 1, 2)
+
+
+def _noisy_fleet(seed: int, nodes: int = 5) -> VirtualTimeGrid:
+    rng = np.random.default_rng(seed)
+    steps = {n: rng.normal(size=2).astype(np.float32) for n in range(1, nodes + 1)}
+    times = rng.lognormal(0.0, 1.0, size=(nodes + 1, 64))
+    return VirtualTimeGrid(
+        {n: mover(steps[n], n) for n in steps}, lambda node, k: float(times[node, k])
+    )
+
+
+def _run(seed: int, versions: int = 6, **kw: object) -> list[dict[str, object]]:
+    grid = _noisy_fleet(seed)
+    rows = Rows()
+    s = AsyncSettings(buffer_size=2, concurrency=3, **kw)  # type: ignore[arg-type]
+    loop = AsyncLoop(FedAvg(), grid, s, callbacks=[rows], clock=grid.clock, sleep=lambda _: None)
+    loop.run(rec(w=W0), versions)
+    return [
+        {"w": r.arrays["w"].numpy().tolist(), "who": r.participants, **r.extra, "t": r.wall_s}
+        for r in rows.results
+    ]
+
+
+def test_seeded_arrival_order_gives_the_same_versions_twice() -> None:
+    first, second = _run(3), _run(3)
+    assert len(first) == 6
+    assert first == second
+    assert _run(4) != first  # the seed matters: the test can fail
+    assert max(r["staleness_max"] for r in first) > 0  # it is asynchronous
+
+
+def test_a_ten_times_slower_device_does_not_slow_the_versions() -> None:
+    """Four devices, one 10x slower: versions come at the pace of the three fast ones (the
+    same virtual times as a fleet without the slow one), and the slow one's update still
+    counts once it arrives, discounted by its staleness."""
+
+    def fleet(slow: bool) -> tuple[list[float], list[list[str]], list[int]]:
+        handlers = {n: mover(np.array([1.0, 0.0], np.float32), 1) for n in (1, 2, 3)}
+        if slow:
+            handlers[4] = mover(np.array([0.0, 1.0], np.float32), 1)
+        grid = VirtualTimeGrid(handlers, lambda node, k: 10.0 if node == 4 else 1.0)
+        rows = Rows()
+        s = AsyncSettings(buffer_size=3, concurrency=len(handlers))
+        loop = AsyncLoop(FedAvg(), grid, s, callbacks=[rows], clock=grid.clock,
+                         sleep=lambda _: None)  # fmt: skip
+        loop.run(rec(w=W0), 12)
+        return (
+            [r.wall_s for r in rows.results],
+            [[str(n) for n in r.participant_nodes] for r in rows.results],
+            [int(r.extra["staleness_max"]) for r in rows.results],  # type: ignore[call-overload]
+        )
+
+    t_slow, who, stale = fleet(slow=True)
+    t_fast, _, _ = fleet(slow=False)
+    assert len(t_slow) == len(t_fast) == 12
+    # Versions at the fast devices' pace: never later than without the slow device.
+    assert all(a <= b for a, b in zip(t_slow, t_fast, strict=True))
+    slow_in = [i for i, nodes in enumerate(who) if "4" in nodes]
+    assert slow_in, "the slow device's update was never aggregated"
+    assert stale[slow_in[0]] >= 5  # it trained on a model many versions old
+
+
+def test_max_staleness_drops_with_reason() -> None:
+    handlers = {n: mover(np.array([1.0, 0.0], np.float32), 1) for n in (1, 2, 3, 4)}
+    grid = VirtualTimeGrid(handlers, lambda node, k: 10.0 if node == 4 else 1.0)
+    rows = Rows()
+    s = AsyncSettings(buffer_size=3, concurrency=4, max_staleness=2)
+    AsyncLoop(FedAvg(), grid, s, callbacks=[rows], clock=grid.clock,
+              sleep=lambda _: None).run(rec(w=W0), 12)  # fmt: skip
+    rejected = [x for r in rows.results for x in r.rejected]
+    assert any("max-staleness 2" in x["reason"] and x["device"] == "node-4" for x in rejected)
+    assert all(4 not in r.participant_nodes for r in rows.results)
+
+
+def test_a_bad_reply_is_dropped_and_the_run_goes_on() -> None:
+    def nan(msg: Message) -> Message:
+        return train_reply(msg, rec(w=np.array([np.nan, 0.0])), 1)
+
+    def declines(msg: Message) -> Message:
+        from flwr.app import Error
+
+        return Message(Error(code=0, reason="battery low"), reply_to=msg)
+
+    handlers = {1: mover(np.array([1.0, 0.0], np.float32), 1), 2: nan, 3: declines}
+    grid = VirtualTimeGrid(handlers, lambda node, k: 1.0)
+    rows = Rows()
+    s = AsyncSettings(buffer_size=2, concurrency=3)
+    out = AsyncLoop(FedAvg(), grid, s, callbacks=[rows], clock=grid.clock,
+                    sleep=lambda _: None).run(rec(w=W0), 3)  # fmt: skip
+    assert out.rounds_run == 3 and np.isfinite(out.arrays["w"].numpy()).all()
+    assert any(r.rejected for r in rows.results) and any(r.declined for r in rows.results)
+    assert all(set(r.participant_nodes) == {1} for r in rows.results)
+
+
+@pytest.mark.parametrize(
+    "inner",
+    [
+        lambda: EqualWeightFedAvg(min_available_nodes=1, min_train_nodes=1),
+        lambda: RobustAggregation(FedAvg(), "median"),
+        lambda: FedMedian(),
+        lambda: FedSAG(min_available_nodes=1, min_train_nodes=1),
+    ],
+    ids=["equal-weight", "robust-median", "flower-fedmedian", "fedsag"],
+)
+def test_inner_strategies_compose(inner) -> None:  # type: ignore[no-untyped-def]
+    """FedAvg-family aggregators, robust rules over the buffer and FedSAG's memory all make
+    versions that move towards the devices' common direction."""
+    handlers = {n: mover(np.array([1.0, 1.0], np.float32), 2) for n in (1, 2, 3)}
+    grid = VirtualTimeGrid(handlers, lambda node, k: float(node))
+    s = AsyncSettings(buffer_size=3, concurrency=3)
+    out = AsyncLoop(inner(), grid, s, clock=grid.clock, sleep=lambda _: None).run(rec(w=W0), 4)
+    w = out.arrays["w"].numpy()
+    assert out.rounds_run == 4 and np.all(w > 0.5), w
+
+
+def test_fedbuff_wraps_a_flower_strategy() -> None:
+    """The library entry: FedBuff(FedAvg()).start(...) with Flower's default FedAvg (which
+    would wait for 2 nodes when sampling 1) and Flower's Result."""
+    handlers = {n: mover(np.array([1.0, 0.0], np.float32), 1) for n in (1, 2)}
+    grid = VirtualTimeGrid(handlers, lambda node, k: float(node))
+    seen = []
+
+    def evaluate(version: int, arrays: ArrayRecord):  # type: ignore[no-untyped-def]
+        from flwr.app import MetricRecord
+
+        seen.append(version)
+        return MetricRecord({"w0": float(arrays["w"].numpy()[0])})
+
+    result = FedBuff(FedAvg(), buffer_size=2, concurrency=2, staleness="constant").start(
+        grid, rec(w=W0), num_rounds=3, evaluate_fn=evaluate, poll_s=0.001
+    )
+    assert seen == [0, 1, 2, 3]
+    assert result.arrays["w"].numpy()[0] == pytest.approx(3.0)
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
+
+
+# -- run config: keys and refusals ------------------------------------------------------------
+
+
+def test_async_keys_parse_and_bad_values_name_the_choices() -> None:
+    from edgefleet.config import ConfigError, parse_run_config
+
+    cfg = parse_run_config({"aggregation.mode": "async", "async.staleness": "hinge"})
+    assert cfg.aggregation.enabled and cfg.aggregation.staleness == "hinge"
+    assert not parse_run_config({}).aggregation.enabled
+    with pytest.raises(ConfigError, match="must be one of sync, async"):
+        parse_run_config({"aggregation.mode": "fedbuff"})
+    with pytest.raises(ConfigError, match="must be one of polynomial, constant, hinge"):
+        parse_run_config({"async.staleness": "exponential"})
+    with pytest.raises(ConfigError, match="async.buffer-size"):
+        parse_run_config({"async.buffer-size": 0})
+
+
+@pytest.mark.parametrize(
+    ("keys", "named"),
+    [
+        ({"selection.mode": "energy-age"}, "selection.mode = 'energy-age'"),
+        ({"pruning.keep-ratio": 0.5}, "CA-HFP"),
+        ({"pruning.keep-ratios": "1.0,0.5"}, "CA-HFP"),
+        ({"sessions.rounds": 3}, "sessions"),
+        ({"warmstart.mode": "pilot"}, "sessions"),
+        ({"stopping.mode": "observe"}, "stopping.mode = 'observe'"),
+        ({"stopping.mode": "validation"}, "stopping.mode = 'validation'"),
+        ({"fraction-evaluate": 0.5}, "fraction-evaluate"),
+    ],
+)
+def test_async_refuses_what_it_does_not_support(keys: dict[str, object], named: str) -> None:
+    from edgefleet.config import ConfigError, parse_run_config
+
+    parse_run_config(keys)  # fine in sync mode
+    with pytest.raises(ConfigError, match="aggregation.mode = 'async' does not yet support") as e:
+        parse_run_config({"aggregation.mode": "async", **keys})
+    assert named in str(e.value)
+
+
+class ThreadedGrid(InProcessGrid):
+    """Each pushed message runs on its own thread at once; a pull returns the replies that
+    are done (real time, real sleeps: the loop's polling path, not the virtual clock)."""
+
+    synchronous = False
+
+    def __init__(self, handlers: dict[int, Handler]) -> None:
+        super().__init__(handlers)
+        self.pool = ThreadPoolExecutor(max_workers=8)
+        self.futures: dict[str, Future[Message | None]] = {}
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        ids = super().push_messages(messages)
+        for mid in ids:
+            msg = self._pushed.pop(mid)
+            handler = self.handlers[msg.metadata.dst_node_id]
+            self.futures[mid] = self.pool.submit(answer, handler, msg)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        out = []
+        for mid in list(message_ids):
+            fut = self.futures.get(mid)
+            if fut is not None and fut.done():
+                del self.futures[mid]
+                if (reply := fut.result()) is not None:
+                    out.append(reply)
+        return out
+
+
+def test_a_sleeping_slow_device_does_not_hold_the_versions_back() -> None:
+    """Real threads and sleeps: the slow device sleeps 10x as long as the three fast ones.
+    Counted, not timed: in the time of its first update, the fast ones make several versions
+    (about 10 x 3 / 3; at least 2 holds unless the fast sleeps overrun 5x)."""
+    order: list[int] = []
+
+    def sleeper(node: int, seconds: float):  # type: ignore[no-untyped-def]
+        inner = mover(np.array([1.0, 0.0], np.float32), 1)
+
+        def handler(msg: Message) -> Message:
+            time.sleep(seconds)
+            order.append(node)
+            return inner(msg)
+
+        return handler
+
+    grid = ThreadedGrid({1: sleeper(1, 0.05), 2: sleeper(2, 0.05), 3: sleeper(3, 0.05),
+                         4: sleeper(4, 0.5)})  # fmt: skip
+    rows = Rows()
+    s = AsyncSettings(buffer_size=3, concurrency=4)
+    try:
+        AsyncLoop(FedAvg(), grid, s, callbacks=[rows], poll_s=0.005).run(rec(w=W0), 12)
+    finally:
+        grid.pool.shutdown(wait=True)
+    assert len(rows.results) == 12
+    slow_version = next(i for i, r in enumerate(rows.results) if 4 in r.participant_nodes)
+    assert slow_version >= 2, [r.participant_nodes for r in rows.results]
+    assert rows.results[slow_version].extra["staleness_max"] >= 2
+
+
+def test_messages_come_from_the_inner_strategy_and_never_wait_for_nodes() -> None:
+    """One node and Flower's FedProx with its default min_available_nodes = 2 (its own
+    sampling would wait for a second node for good): the device gets FedProx's config, with
+    server-round = the version being built."""
+    from flwr.serverapp.strategy import FedProx
+
+    seen: list[tuple[float, int, int]] = []
+
+    def device(msg: Message) -> Message:
+        config = msg.content["config"]
+        seen.append(
+            (float(config["proximal-mu"]), int(config["server-round"]), int(config[DISPATCH]))
+        )
+        return mover(np.array([1.0, 0.0], np.float32), 1)(msg)
+
+    grid = VirtualTimeGrid({7: device}, lambda node, k: 1.0)
+    s = AsyncSettings(buffer_size=1, concurrency=4)
+    out = AsyncLoop(FedProx(proximal_mu=0.25), grid, s, clock=grid.clock,
+                    sleep=lambda _: None).run(rec(w=W0), 3)  # fmt: skip
+    assert out.rounds_run == 3
+    # Each message numbered: a device sent one version twice must not repeat its batches.
+    assert seen == [(0.25, 1, 1), (0.25, 2, 2), (0.25, 3, 3)]
+
+
+def test_data_free_stopping_watches_the_versions() -> None:
+    """TaskVectorStopping around the aggregator: its rule runs on every version's model and
+    stops the asynchronous run on a plateau (devices that stop moving the model)."""
+    from edgefleet.strategies.context import StoppingRow
+    from edgefleet.strategies.stopping import TaskVectorStopping
+
+    def fading(msg: Message) -> Message:  # the k-th version's step is 0.5 ** k
+        w = msg.content["arrays"]["w"].numpy()
+        k = int(msg.content["config"]["server-round"])
+        return train_reply(msg, rec(w=w + np.float32(0.5**k)), 1)
+
+    grid = VirtualTimeGrid({1: fading, 2: fading}, lambda node, k: float(node))
+    rows = Rows()
+    stop = TaskVectorStopping(FedAvg(), tau=0.05, patience=2, keys=["w"])
+    s = AsyncSettings(buffer_size=2, concurrency=2, staleness="constant")
+    out = AsyncLoop(stop, grid, s, callbacks=[rows], clock=grid.clock,
+                    sleep=lambda _: None).run(rec(w=W0), 30)  # fmt: skip
+    assert out.stop_reason != "budget" and out.rounds_run < 30
+    norms = [r.context.section(StoppingRow).task_vector_norm for r in rows.results]
+    assert all(n is not None for n in norms) and norms == sorted(norms)
+
+
+def test_a_device_that_never_answers_loses_its_slot_while_the_others_go_on() -> None:
+    handlers = {n: mover(np.array([1.0, 0.0], np.float32), 1) for n in (1, 2)}
+    handlers[3] = lambda msg: None  # gone: its message is never answered
+    grid = VirtualTimeGrid(handlers, lambda node, k: 1.0)
+    rows = Rows()
+    s = AsyncSettings(buffer_size=2, concurrency=3)
+    out = AsyncLoop(FedAvg(), grid, s, callbacks=[rows], clock=grid.clock, reply_timeout=3.0,
+                    sleep=lambda _: None).run(rec(w=W0), 6)  # fmt: skip
+    assert out.rounds_run == 6
+    timed_out = [x for r in rows.results for x in r.rejected if x["device"] == "node-3"]
+    assert timed_out and all(x["reason"] == "no reply within 3 s" for x in timed_out)
+
+
+def test_a_fleet_whose_every_reply_is_dropped_ends_with_the_reason() -> None:
+    """No round budget bounds an asynchronous run's work: a fleet that only declines or
+    sends garbage ends the run (with why) instead of being re-sent models for ever."""
+
+    def nan(msg: Message) -> Message:
+        return train_reply(msg, rec(w=np.array([np.nan, 0.0])), 1)
+
+    grid = VirtualTimeGrid({1: nan, 2: nan}, lambda node, k: 1.0)
+    s = AsyncSettings(buffer_size=2, concurrency=2)
+    out = AsyncLoop(FedAvg(), grid, s, clock=grid.clock, sleep=lambda _: None).run(rec(w=W0), 5)
+    assert out.rounds_run == 0
+    assert out.stop_reason == "the last 40 replies were all declined or dropped (see the log)"
