@@ -41,6 +41,11 @@ CI run, 3 min 56 s beside a benchmark, 7.7 minutes earlier under a load average 
 Building everything from nothing (engine install included) took 9 minutes beside pytest.
 With the Prometheus overlay (2026-12-02, images built, load average 3-5 from other work):
 6 min 49 s, of which the Prometheus check took 2 s (its first scrape after the run's end).
+With the proxies and the LAN attacker (2026-12-05, images built, load average 11-25 from
+other developers' tests on the 2 cores): 16 min 52 s; the attacker's container (four ``flwr``
+CLI calls and a claim, each a fresh Python importing flwr) took 150 s of it, while run 1's
+rounds went on; nginx used 3.7-4.2 MB per proxy. Building the proxy image (Debian's nginx)
+took about a minute, beside the others.
 """
 
 from __future__ import annotations
