@@ -313,7 +313,10 @@ class FlowerFleet:
         self.superlink_address = f"127.0.0.1:{port}"
         self.root_certificates = root_certificates
         self.write_connection()
-        self.wait_for_health(proc, timeout, netns=netns)
+        if netns is None:
+            self.wait_for_health(proc, timeout)
+        else:
+            self._wait_for_health_in(netns, proc, timeout)
         if superexec_secret is not None:
             tls = (
                 ["--insecure"]
@@ -462,16 +465,10 @@ class FlowerFleet:
         path.write_text("\n".join(lines) + "\n")
         return path
 
-    def wait_for_health(
-        self, proc: FlowerProcess, timeout: float, netns: str | None = None
-    ) -> None:
-        """Poll the SuperLink's ``/health`` until it answers 2xx; fail early if it dies.
-        ``netns``: from inside that network namespace (a poller run there)."""
+    def wait_for_health(self, proc: FlowerProcess, timeout: float) -> None:
+        """Poll the SuperLink's ``/health`` until it answers 2xx; fail early if it dies."""
         scheme = "http" if self.root_certificates is None else "https"
         url = f"{scheme}://{self.superlink_address}/health"
-        if netns is not None:
-            self._wait_for_health_in(netns, proc, url, timeout)
-            return
         context = None
         if self.root_certificates is not None:
             context = ssl.create_default_context(cafile=str(self.root_certificates))
@@ -492,9 +489,10 @@ class FlowerFleet:
                 raise FleetError(f"{url} did not answer within {timeout:.0f} s")
             time.sleep(0.25)
 
-    def _wait_for_health_in(
-        self, netns: str, proc: FlowerProcess, url: str, timeout: float
-    ) -> None:
+    def _wait_for_health_in(self, netns: str, proc: FlowerProcess, timeout: float) -> None:
+        """:meth:`wait_for_health` from inside ``netns`` (a poller run there)."""
+        scheme = "http" if self.root_certificates is None else "https"
+        url = f"{scheme}://{self.superlink_address}/health"
         ca = str(self.root_certificates) if self.root_certificates is not None else ""
         poller = subprocess.Popen(
             ["ip", "netns", "exec", netns, sys.executable, "-c", _HEALTH_POLLER, url, ca],
