@@ -8,7 +8,9 @@ compose labels, each container's memory (container stats: what ``docker stats`` 
 cgroup's usage less its inactive page cache), kill / stop / start / restart, logs, a file read
 inside a container, a process killed inside one, and the containers left after ``down``.
 
-The ``flwr`` CLI (from the host, over TLS) submits and lists runs and nodes, as a user does.
+The ``flwr`` CLI (from the host, over TLS, through ``control-proxy`` on 127.0.0.1) submits
+and lists runs and nodes, as a user does. :meth:`ComposeFleet.attack` plays a LAN host that
+holds ``ca.crt`` (``deploy/lan_attacker.py`` in a container on a network of its own).
 """
 
 from __future__ import annotations
@@ -149,7 +151,8 @@ class ComposeFleet:
             raise RuntimeError("neither `docker compose` (v2) nor `docker-compose` is installed")
         self.docker = docker.from_env(timeout=120)
         self.project = f"edgefleet-test-{uuid.uuid4().hex[:8]}"
-        self.port = free_port()
+        self.port = free_port()  # the devices' port (fleet-proxy), on every interface
+        self.control_port = free_port()  # the Control API (control-proxy), 127.0.0.1 only
         self.certs = tmp / "certs"
         self.flwr_home = tmp / "flwr-home"
         self.flwr_home.mkdir(parents=True)
@@ -164,6 +167,7 @@ class ComposeFleet:
             **versions(),
             **QUIET_FLOWER_ENV,
             "EDGEFLEET_SUPERLINK_PORT": str(self.port),
+            "EDGEFLEET_CONTROL_PORT": str(self.control_port),
             "EDGEFLEET_CERTS_DIR": str(self.certs),
             "EDGEFLEET_DASHBOARD_TOKEN": self.token,
             "EDGEFLEET_DASHBOARD_PORT": str(self.dashboard_port),
@@ -173,7 +177,7 @@ class ComposeFleet:
         }
         (self.flwr_home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-            f"address = {toml_value(f'127.0.0.1:{self.port}')}\n"
+            f"address = {toml_value(f'127.0.0.1:{self.control_port}')}\n"
             f"root-certificates = {toml_value(self.certs / 'ca.crt')}\n"
         )
         self.timings: dict[str, float] = {}
@@ -325,6 +329,75 @@ class ComposeFleet:
         if code != 0:
             raise AssertionError(f"killing {needle!r} in {service}: {output.decode()[-500:]}")
         return [int(p) for p in output.decode().split()]
+
+    def attack(self, app: Path, run_id: int, timeout: float = 600.0) -> dict[str, Any]:
+        """``deploy/lan_attacker.py`` as a LAN host: in a container of the ``flwr/superexec``
+        image on a network of its own (not the project's), holding ``ca.crt``, the app and
+        a public key of its own, dialing this host's published ports by the name the server
+        certificate carries (``superlink`` -> the Docker host), and the SuperLink
+        container's own addresses directly. Its JSON answer (see the script)."""
+        network = self.docker.networks.create(f"{self.project}-lan", driver="bridge")
+        try:
+            network.reload()
+            gateway = network.attrs["IPAM"]["Config"][0]["Gateway"]
+            link = self.container("superlink")
+            link.reload()
+            direct = [
+                f"{net['IPAddress']}:8000"
+                for net in link.attrs["NetworkSettings"]["Networks"].values()
+                if net.get("IPAddress")
+            ]
+            keys = self.certs / "attacker"
+            keys.mkdir(exist_ok=True)
+            subprocess.run(
+                ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f",
+                 str(keys / "key")],
+                check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+            (keys / "key").unlink()  # the attacker registers a public key; it needs no more
+            command = [
+                "python", "/attack/lan_attacker.py", "--ca", "/attack/ca.crt",
+                "--app", "/attack/app", "--pubkey", "/attack/key.pub",
+                "--run-id", str(run_id), "--fleet", f"superlink:{self.port}",
+                "--closed", f"{gateway}:{self.control_port}",
+                *[x for a in direct for x in ("--closed", a)],
+            ]  # fmt: skip
+            ro = "ro"
+            volumes = {
+                str(DEPLOY / "lan_attacker.py"): {"bind": "/attack/lan_attacker.py", "mode": ro},
+                str(DEPLOY / "runtime_claim.py"): {"bind": "/attack/runtime_claim.py", "mode": ro},
+                str(self.certs / "ca.crt"): {"bind": "/attack/ca.crt", "mode": ro},
+                str(keys / "key.pub"): {"bind": "/attack/key.pub", "mode": ro},
+                str(app): {"bind": "/attack/app", "mode": ro},
+            }
+            container = self.docker.containers.run(
+                f"flwr/superexec:{versions()['FLWR_VERSION']}",
+                command,
+                entrypoint=[],
+                detach=True,
+                network=network.name,
+                extra_hosts={"superlink": gateway},
+                volumes=volumes,
+                environment={**QUIET_FLOWER_ENV, "HOME": "/tmp"},
+                labels={PROJECT_LABEL: self.project, SERVICE_LABEL: "lan-attacker"},
+                working_dir="/tmp",
+            )
+            try:
+                status = container.wait(timeout=timeout)
+                output = container.logs(stdout=True, stderr=False).decode(errors="replace")
+                errors = container.logs(stdout=False, stderr=True).decode(errors="replace")
+            finally:
+                container.remove(force=True)
+            start = output.rfind("\n{")
+            try:
+                data: dict[str, Any] = json.loads(output[start + 1 :])
+            except json.JSONDecodeError:
+                raise AssertionError(
+                    f"lan_attacker.py exited {status}:\n{output[-3000:]}\n{errors[-3000:]}"
+                ) from None
+            return data
+        finally:
+            network.remove()
 
     def leftovers(self) -> list[str]:
         return [c.name for c in self.containers().values()]

@@ -3,13 +3,16 @@
 # authentication key pair per node), for TLS between SuperNodes, the flwr CLI, the ServerApp
 # executor and the SuperLink.
 #
-#   deploy/gen-certs.sh [-o DIR] [-n NODES] [-d DAYS] [-f] [LAN_ADDRESS ...]
+#   deploy/gen-certs.sh [-o DIR] [-n NODES] [-d DAYS] [-u UID] [-f] [LAN_ADDRESS ...]
 #
 #   -o DIR    output folder (default deploy/certs; created with mode 0700)
 #   -n NODES  also make NODES SuperNode keys, keys/node-1 ... keys/node-NODES (ECDSA P-384,
 #             OpenSSH format, as `flower-supernode --auth-supernode-private-key` and
 #             `flwr supernode register` take them); 0 = none (default 0)
 #   -d DAYS   validity of the CA and the server certificate (default 825)
+#   -u UID    the user that reads the private keys server.key and keys/node-I (default 49999,
+#             the containers' user `app`; give your own uid, `id -u`, for a bare
+#             flower-superlink / flower-supernode run as you)
 #   -f        overwrite an existing CA / certificate / keys (default: keep what is there)
 #   LAN_ADDRESS  extra names the SuperLink is reached by: IPv4/IPv6 addresses go into the
 #             certificate as IP SANs, anything else as DNS SANs (e.g. 192.168.1.20,
@@ -22,29 +25,36 @@
 #   DIR/ca.key       keep it private; only needed to sign a new server certificate
 #   DIR/server.pem   SuperLink --ssl-certfile
 #   DIR/server.key   SuperLink --ssl-keyfile
-#   DIR/keys/node-I, node-I.pub   SuperNode I's private key / the public key to register
+#   DIR/keys/node-I  SuperNode I's private key (give it to that node only)
+#   DIR/pubkeys/node-I.pub  its public key, to register (`flwr supernode register`)
 #
-# Files are world-readable inside a 0700 folder: containers run as uid 49999 and read them
-# through bind mounts, while other users of the host cannot enter the folder.
+# Private keys (ca.key, server.key, keys/node-I) are mode 0600; server.key and the node keys
+# belong to UID (as root; otherwise an ACL entry gives UID read access where setfacl exists,
+# or a warning says who cannot read them), ca.key to you. Certificates and public keys are
+# 0644. The folder is 0700: containers read their files through bind mounts.
 set -euo pipefail
 
 out="$(cd "$(dirname "$0")" && pwd)/certs"
 nodes=0
 days=825
 force=""
-while getopts "o:n:d:fh" opt; do
+reader=49999
+while getopts "o:n:d:u:fh" opt; do
     case "$opt" in
         o) out="$OPTARG" ;;
         n) nodes="$OPTARG" ;;
         d) days="$OPTARG" ;;
+        u) reader="$OPTARG" ;;
         f) force=1 ;;
-        h) sed -n '2,30p' "$0"; exit 0 ;;
-        *) sed -n '2,30p' "$0" >&2; exit 2 ;;
+        h) sed -n '2,37p' "$0"; exit 0 ;;
+        *) sed -n '2,37p' "$0" >&2; exit 2 ;;
     esac
 done
 shift $((OPTIND - 1))
 command -v openssl >/dev/null || { echo "gen-certs: openssl not found" >&2; exit 1; }
 [[ "$nodes" =~ ^[0-9]+$ ]] || { echo "gen-certs: -n needs a number, got '$nodes'" >&2; exit 2; }
+[[ "$reader" =~ ^[0-9]+$ ]] || { echo "gen-certs: -u needs a numeric uid, got '$reader'" >&2; exit 2; }
+umask 077
 
 mkdir -p "$out"
 chmod 0700 "$out"
@@ -100,15 +110,36 @@ openssl verify -CAfile ca.crt server.pem >/dev/null
 
 if [[ "$nodes" -gt 0 ]]; then
     command -v ssh-keygen >/dev/null || { echo "gen-certs: ssh-keygen not found (openssh-client)" >&2; exit 1; }
-    mkdir -p keys
+    mkdir -p keys pubkeys
     for i in $(seq 1 "$nodes"); do
-        if [[ -n "$force" ]]; then rm -f "keys/node-$i" "keys/node-$i.pub"; fi
+        if [[ -n "$force" ]]; then rm -f "keys/node-$i" "keys/node-$i.pub" "pubkeys/node-$i.pub"; fi
         if [[ ! -f "keys/node-$i" ]]; then
             ssh-keygen -q -t ecdsa -b 384 -N "" -C "edgefleet-node-$i" -f "keys/node-$i"
         fi
+        # The public key apart from the private ones: what registers keys mounts pubkeys/.
+        if [[ -f "keys/node-$i.pub" ]]; then mv -f "keys/node-$i.pub" "pubkeys/node-$i.pub"; fi
     done
-    echo "gen-certs: SuperNode keys $out/keys/node-{1..$nodes}(.pub)"
+    echo "gen-certs: SuperNode keys $out/keys/node-{1..$nodes}, public keys $out/pubkeys/"
 fi
-chmod 0644 ca.crt server.pem server.key
-chmod 0600 ca.key
-if [[ -d keys ]]; then chmod 0755 keys; chmod 0644 keys/*; fi
+chmod 0644 ca.crt server.pem
+chmod 0600 ca.key server.key
+readable=(server.key)
+if [[ -d keys ]]; then
+    chmod 0700 keys
+    chmod 0600 keys/*
+    readable+=(keys/*)
+fi
+if [[ -d pubkeys ]]; then chmod 0755 pubkeys; chmod 0644 pubkeys/*; fi
+# The keys the SuperLink (and the proxies) and the SuperNodes read, for the user they run as.
+if [[ "$(id -u)" == "$reader" ]]; then
+    :
+elif [[ "$(id -u)" == 0 ]]; then
+    chown "$reader" "${readable[@]}"
+    [[ -d keys ]] && chown "$reader" keys
+elif command -v setfacl >/dev/null; then
+    setfacl -m "u:${reader}:r" "${readable[@]}"
+    [[ -d keys ]] && setfacl -m "u:${reader}:x" keys
+else
+    echo "gen-certs: warning: uid $reader cannot read ${readable[*]} (mode 0600, yours):" \
+        "run as root, install acl (setfacl), or give -u your uid for processes run as you" >&2
+fi

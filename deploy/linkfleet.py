@@ -352,7 +352,7 @@ class LinkFleet(FlowerFleet):
         a key the SuperLink's database already holds is fine)."""
         for i in range(len(self.node_ns)):
             out = self.flwr_output(
-                "supernode", "register", str(self.certs / "keys" / f"node-{i + 1}.pub"),
+                "supernode", "register", str(self.certs / "pubkeys" / f"node-{i + 1}.pub"),
                 self.connection, "--format", "json",
             )  # fmt: skip
             if '"success": true' not in out and "already in use" not in out.lower():

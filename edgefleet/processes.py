@@ -36,6 +36,7 @@ import contextlib
 import ctypes
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -141,6 +142,15 @@ def free_ports(n: int) -> list[int]:
             sock.bind(("127.0.0.1", 0))
             ports.append(int(sock.getsockname()[1]))
         return ports
+
+
+def write_superexec_secret(path: Path) -> Path:
+    """A new SuperExec secret (32 random bytes, hex) in ``path``, created with mode 0600
+    (never readable by another user, not even for a moment); ``path``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    return path
 
 
 def toml_value(value: Any) -> str:
@@ -294,6 +304,8 @@ class FlowerFleet:
         port: int | None = None,
         timeout: float = 60.0,
         simulation: bool = False,
+        superexec_secret: Path | None = None,
+        netns: str | None = None,
     ) -> FlowerProcess:
         """A Deployment Engine SuperLink on 127.0.0.1, ServerApps in subprocesses.
 
@@ -301,6 +313,16 @@ class FlowerFleet:
         hold the ``--ssl-*`` files. Returns once ``/health`` answers, having written this
         fleet's connection (``self.connection``) into ``$FLWR_HOME/config.toml``. With
         ``simulation`` it runs Flower's Simulation Engine instead of waiting for SuperNodes.
+
+        ``superexec_secret`` (a file, see :func:`write_superexec_secret`): the Runtime API
+        takes a task claim only when signed with it. Flower ignores the secret in its
+        ``subprocess`` isolation (the SuperLink's own child claims unsigned, and so can any
+        local process), so the SuperLink then runs ``--isolation process`` and this fleet
+        starts the ServerApps' ``flower-superexec`` itself, with the same secret.
+
+        ``netns``: both run inside that network namespace (root only), the SuperLink on every
+        address of it (``--host 0.0.0.0``: a namespace of the caller's own, standing for a
+        server on a LAN); the connection still names 127.0.0.1, as seen from inside it.
         """
         port = port or free_port()
         args = ["flower-superlink"]
@@ -313,12 +335,18 @@ class FlowerFleet:
             # of our own (start_ray_head) or one the caller named (``ray_address``), start a
             # fresh one.
             self.env["RAY_ADDRESS"] = self.ray_address or "local"
+        if superexec_secret is not None:
+            extra_args = [
+                *extra_args,
+                "--superexec-auth-secret-file",
+                str(superexec_secret),
+            ]
         args += [
             "--isolation",
-            "subprocess",
+            "subprocess" if superexec_secret is None else "process",
             "--disable-runtime-dependency-installation",
             "--host",
-            "127.0.0.1",
+            "127.0.0.1" if netns is None else "0.0.0.0",
             "--port",
             str(port),
             *extra_args,
@@ -330,11 +358,33 @@ class FlowerFleet:
             # round from the Ray actors at 100 devices (docs/benchmarks.md). Flower's default,
             # once a second, costs at most 1 s of a run's start-up instead.
             env = {k: v for k, v in self.env.items() if k != POLL_VAR}
-        proc = self.start("superlink", args, env=env)
+        proc = self.start("superlink", args, env=env, netns=netns)
         self.superlink_address = f"127.0.0.1:{port}"
         self.root_certificates = root_certificates
         self.write_connection()
-        self.wait_for_health(proc, timeout)
+        if netns is None:
+            self.wait_for_health(proc, timeout)
+        else:
+            self._wait_for_health_in(netns, proc, timeout)
+        if superexec_secret is not None:
+            tls = (
+                ["--insecure"]
+                if root_certificates is None
+                else ["--root-certificates", str(root_certificates)]
+            )
+            self.start(
+                "superexec",
+                [
+                    "flower-superexec",
+                    *tls,
+                    "--runtime-api-address",
+                    self.superlink_address,
+                    "--superexec-auth-secret-file",
+                    str(superexec_secret),
+                ],
+                env=env,
+                netns=netns,
+            )
         return proc
 
     def start_ray_head(
@@ -488,6 +538,35 @@ class FlowerFleet:
                 raise FleetError(f"{url} did not answer within {timeout:.0f} s")
             time.sleep(0.25)
 
+    def _wait_for_health_in(self, netns: str, proc: FlowerProcess, timeout: float) -> None:
+        """:meth:`wait_for_health` from inside ``netns`` (a poller run there)."""
+        scheme = "http" if self.root_certificates is None else "https"
+        url = f"{scheme}://{self.superlink_address}/health"
+        ca = str(self.root_certificates) if self.root_certificates is not None else ""
+        poller = subprocess.Popen(
+            ["ip", "netns", "exec", netns, sys.executable, "-c", _HEALTH_POLLER, url, ca],
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout
+        try:
+            while poller.poll() is None:
+                if not proc.running():
+                    raise FleetError(
+                        f"{proc.name} exited with code {proc.popen.returncode} before it "
+                        f"was healthy; log:\n{proc.tail()}"
+                    )
+                if time.monotonic() > deadline:
+                    raise FleetError(f"{url} in {netns} did not answer within {timeout:.0f} s")
+                time.sleep(0.25)
+        finally:
+            if poller.poll() is None:
+                poller.kill()
+            poller.wait()
+        if poller.returncode != 0:
+            raise FleetError(f"polling {url} in {netns} failed (exit {poller.returncode})")
+
     def start_supernode(
         self,
         node_config: Mapping[str, Any],
@@ -635,6 +714,20 @@ class FlowerFleet:
         finally:
             if self._previous_sigterm is not None:
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
+
+
+# Run inside a network namespace: poll URL (argv[1]) until it answers 2xx, verifying TLS with
+# the CA in argv[2] when one is given; the caller bounds the wait.
+_HEALTH_POLLER = (
+    "import ssl, sys, time, urllib.request\n"
+    "ctx = ssl.create_default_context(cafile=sys.argv[2]) if sys.argv[2] else None\n"
+    "while True:\n"
+    "    try:\n"
+    "        with urllib.request.urlopen(sys.argv[1], timeout=1.0, context=ctx) as r:\n"
+    "            if 200 <= r.status < 300: break\n"
+    "    except OSError: pass\n"
+    "    time.sleep(0.25)\n"
+)
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

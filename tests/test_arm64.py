@@ -226,7 +226,8 @@ def test_emulated_pis_join_a_live_superlink(tmp_path: Path) -> None:
         )
         for i in range(X86_NODES):
             key = certs / "keys" / f"node-{i + 1}"
-            fleet.flwr_output("supernode", "register", str(key) + ".pub", fleet.connection)
+            pub = certs / "pubkeys" / f"node-{i + 1}.pub"  # gen-certs keeps them apart
+            fleet.flwr_output("supernode", "register", str(pub), fleet.connection)
             fleet.start_supernode(
                 {"partition-id": i, "num-partitions": X86_NODES, "device-id": i},
                 ["--auth-supernode-private-key", str(key)],

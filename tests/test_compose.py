@@ -16,9 +16,15 @@ reason) where no Docker engine answers or no compose is installed. Otherwise:
 2. makes a CA, a server certificate and three node keys (``deploy/gen-certs.sh``) and brings
    the fleet up: SuperLink (TLS, ``--enable-supernode-auth``, state on a volume), the key
    registration service, the ServerApp executor, three SuperNodes and their ClientApp
-   executors, in a compose project of its own on a free host port;
+   executors, and the two nginx proxies (the devices' Fleet routes on a free port of every
+   interface, the Control API on a free port of 127.0.0.1), in a compose project of its own;
 3. ``flwr run`` from the host over TLS; once round 1 is on record it stops ``supernode-2``:
-   the run still completes every round, later rounds without device 1; every service's
+   the run still completes every round, later rounds without device 1, although meanwhile
+   a LAN host holding ``ca.crt`` (``deploy/lan_attacker.py``, a container on a network of its
+   own) tried ``flwr run``, ``flwr supernode register``, ``flwr stop`` of that run, ``flwr
+   ls`` and a Runtime task claim through the devices' port, the Control port and the
+   SuperLink's own addresses, and was refused every time (an unsigned claim from inside the
+   SuperLink's network too: 401, the SuperExec secret); every service's
    memory is read through the SDK's container stats after round 1 and after each run;
    after the run, the compose Prometheus (``deploy/compose.prometheus.yml``, scraping the
    ``dashboard`` service with its token) returns each device's battery gauge equal to the
@@ -35,6 +41,11 @@ CI run, 3 min 56 s beside a benchmark, 7.7 minutes earlier under a load average 
 Building everything from nothing (engine install included) took 9 minutes beside pytest.
 With the Prometheus overlay (2026-12-02, images built, load average 3-5 from other work):
 6 min 49 s, of which the Prometheus check took 2 s (its first scrape after the run's end).
+With the proxies and the LAN attacker (2026-12-05, images built, load average 11-25 from
+other developers' tests on the 2 cores): 16 min 52 s; the attacker's container (four ``flwr``
+CLI calls and a claim, each a fresh Python importing flwr) took 150 s of it, while run 1's
+rounds went on; nginx used 3.7-4.2 MB per proxy. Building the proxy image (Debian's nginx)
+took about a minute, beside the others.
 """
 
 from __future__ import annotations
@@ -42,6 +53,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -61,7 +74,7 @@ STOPPED_NODE = "supernode-2"
 STOPPED_DEVICE = "1"  # supernode-2's device-id in docker-compose.yml
 # Every long-running service of the project: each must have a memory sample (Docker SDK).
 SERVICES = {
-    "superlink", "serverapp", "dashboard", "prometheus",
+    "superlink", "serverapp", "dashboard", "prometheus", "fleet-proxy", "control-proxy",
     *(f"supernode-{i}" for i in range(1, NUM_NODES + 1)),
     *(f"clientapp-{i}" for i in range(1, NUM_NODES + 1)),
 }  # fmt: skip
@@ -149,6 +162,43 @@ def _wait_batteries_scraped(fleet: Any, timeout: float) -> dict[str, float]:
         time.sleep(2.0)
 
 
+def _attack_is_refused(fleet: Any, app: Path, run_id: int) -> None:
+    """The LAN attacker (deploy/lan_attacker.py) gets nowhere; the operator's side holds.
+
+    Through the devices' port (fleet-proxy) it reaches nginx over TLS (``/nginx-health``),
+    so the path and the certificate work, and every Control and Runtime route is a 404
+    there; the Control port (bound to 127.0.0.1) and the SuperLink's own addresses (on an
+    internal network) take no connection from it at all. On the old docker-compose.yml
+    (8000 published on every interface) all four attempts succeed through the devices'
+    port."""
+    found = fleet.attack(app, run_id)
+    print(f"\nLAN attacker: {json.dumps(found)}")
+    assert found["proxy_health"]["ok"] is True, found["proxy_health"]
+    assert sorted(found["fleet"]) == ["claim", "register", "run", "stop"], found
+    for attempt, answer in found["fleet"].items():
+        assert answer["ok"] is False, (attempt, answer)
+    # Through the proxy, refused by the proxy (nginx's 404), not by a broken link.
+    assert "404" in found["fleet"]["claim"]["said"], found["fleet"]["claim"]
+    assert len(found["closed"]) >= 2, found["closed"]  # the Control port, the SuperLink
+    for address, answer in found["closed"].items():
+        assert answer["ok"] is False, (address, answer)
+    # The host's loopback: the Control API works, the Runtime API is not forwarded.
+    assert fleet.flwr("ls", cf.CONNECTION).get("success") is True
+    claim = subprocess.run(
+        [sys.executable, str(cf.DEPLOY / "runtime_claim.py"), f"127.0.0.1:{fleet.control_port}",
+         "--root-certificates", str(fleet.certs / "ca.crt")],
+        capture_output=True, text=True, timeout=60, env=fleet.env,
+    )  # fmt: skip
+    assert claim.returncode == 1 and "404" in claim.stdout, claim
+    # Inside the SuperLink's own network (the ServerApp executor's container), an unsigned
+    # claim is refused by the SuperLink itself: the SuperExec secret.
+    code, out = fleet.container("serverapp").exec_run(
+        ["python", "-c", (cf.DEPLOY / "runtime_claim.py").read_text(), "superlink:8000",
+         "--root-certificates", "/app/certificates/ca.crt"]
+    )  # fmt: skip
+    assert code == 1 and b"401" in out, (code, out.decode(errors="replace"))
+
+
 @pytest.mark.timeout(2400)
 def test_compose_fleet_with_tls_and_auth(tmp_path: Path) -> None:
     reason = _skip_reason()
@@ -194,6 +244,10 @@ def test_compose_fleet_with_tls_and_auth(tmp_path: Path) -> None:
         assert not fleet.running(STOPPED_NODE)
         sample()  # after the stop: sampling takes seconds, and rounds go on meanwhile
         fleet.step("round 1 done, supernode-2 stopped", t0)
+
+        # A LAN host with ca.crt, while the run goes on: nothing but the Fleet API.
+        _attack_is_refused(fleet, app, run_id)
+        fleet.step("LAN attacker refused", t0)
         summary = fleet.wait_summary("compose-1", timeout=480)
         sample()
         fleet.step("run 1 complete", t0)

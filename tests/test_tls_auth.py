@@ -9,6 +9,9 @@ SuperNode key pairs. A real ``flower-superlink`` runs with ``--ssl-*`` and
   with exactly them in every round;
 - a SuperNode with an unregistered key (key 5) never comes online, and the run completes
   without it;
+- the SuperLink has a SuperExec secret (the fleet starter runs its ``flower-superexec`` with
+  it): the run trains through it, and an unsigned Runtime task claim
+  (``deploy/runtime_claim.py``) is refused with 401;
 - plaintext is refused: an HTTP request to the TLS port gets no answer, the ``flwr`` CLI over
   an ``insecure = true`` connection fails, and a SuperNode that connects with ``--insecure``
   never comes online. (A SuperNode given a key *and* ``--insecure`` does not even start:
@@ -22,6 +25,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -35,10 +39,12 @@ from edgefleet.processes import (
     config_arg,
     free_port,
     toml_value,
+    write_superexec_secret,
 )
 from tests.flower_runs import SUMMARY_GRACE, submit, summary_and_rows, wait_for_summary
 
 GEN_CERTS = Path(__file__).resolve().parents[1] / "deploy" / "gen-certs.sh"
+CLAIM = Path(__file__).resolve().parents[1] / "deploy" / "runtime_claim.py"
 NUM_NODES = 3
 NUM_ROUNDS = 1
 RUN_NAME = "tls-auth"
@@ -85,8 +91,18 @@ def test_tls_with_registered_supernodes(tmp_path: Path) -> None:
             ],
             root_certificates=certs / "ca.crt",
             timeout=STARTUP_TIMEOUT,
+            superexec_secret=write_superexec_secret(tmp_path / "superexec.secret"),
         )
         port = fleet.superlink_address.rsplit(":", 1)[1] if fleet.superlink_address else ""
+
+        # A Runtime task claim without the secret: refused (Flower's default answers it).
+        claim = subprocess.run(
+            [sys.executable, str(CLAIM), fleet.superlink_address or "",
+             "--root-certificates", str(certs / "ca.crt")],
+            capture_output=True, text=True, timeout=60, env=fleet.env,
+        )  # fmt: skip
+        assert claim.returncode == 1 and '"claimed": false' in claim.stdout, claim
+        assert "401" in claim.stdout, claim.stdout
 
         # Plaintext against the TLS port: no HTTP answer.
         with pytest.raises((urllib.error.URLError, OSError)):
@@ -107,7 +123,7 @@ def test_tls_with_registered_supernodes(tmp_path: Path) -> None:
         # Register keys 1..NUM_NODES+1 (over TLS); key NUM_NODES+2 stays unregistered.
         for i in range(1, NUM_NODES + 2):
             out = fleet.flwr_output(
-                "supernode", "register", str(keys / f"node-{i}.pub"), fleet.connection
+                "supernode", "register", str(certs / "pubkeys" / f"node-{i}.pub"), fleet.connection
             )
             assert "registered successfully" in out, out
 
