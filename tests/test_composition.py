@@ -212,5 +212,3 @@ def test_warm_start_around_energy_selection_as_the_readme_writes_it(tmp_path: Pa
         initial=arrays,
     )
     check_trains(run(strategy, True, rounds=6), rounds=6)
-
-

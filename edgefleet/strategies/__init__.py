@@ -25,7 +25,7 @@ standard Flower reply (arrays + metrics with ``num-examples``) is valid and a ma
 is dropped with its reason. Nothing here imports EdgeFleet's apps or torch.
 """
 
-from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.base import LoopStrategy, SubsetGrid
 from edgefleet.strategies.context import RoundContext, current_round
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
@@ -38,6 +38,7 @@ from edgefleet.strategies.robust import RobustAggregation, RobustRule
 from edgefleet.strategies.saga import SagaMemory
 from edgefleet.strategies.screening import RecordKeys, check_train_reply
 from edgefleet.strategies.sessions import WarmStartInitializer
+from edgefleet.strategies.status import Declaration, StatusQuery
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.teacher import ContinuousTeacher
 from edgefleet.strategies.tracker import SessionTracker
@@ -45,6 +46,7 @@ from edgefleet.strategies.warmstart import SessionStore
 
 __all__ = [
     "ContinuousTeacher",
+    "Declaration",
     "DeviceRecord",
     "DeviceRegistry",
     "DeviceStatus",

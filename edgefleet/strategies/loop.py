@@ -4,6 +4,9 @@ Flower's ``Strategy.start`` runs a fixed number of rounds and offers no hook bet
 stopping rules, checkpoints and metrics rows would each have to copy it. Here the loop is
 written once. Per round it:
 
+0. runs the status phase when a component needs it (:mod:`edgefleet.strategies.status`):
+   the one status query of the round, on the fleet's one slot clock, answers in the
+   registry and the round context;
 1. asks the strategy for train messages and sends them with a bounded timeout;
 2. screens every reply (:mod:`edgefleet.strategies.screening`): on its own (well-formed,
    finite, within the server's bounds, claiming a device id that is its node's), then
@@ -20,7 +23,9 @@ The loop owns the run's :class:`~edgefleet.strategies.registry.DeviceRegistry` (
 speaks for which device, and what each device did) and makes one
 :class:`~edgefleet.strategies.context.RoundContext` per round, current around every call it
 makes into the strategy and the callbacks for that round: wrappers keep what they learn in a
-round there, never on themselves.
+round there. It is the only sender of messages: wrappers build them and declare what they
+need of the fleet (the status answers, the slot clock, the participant cap), which the loop
+fixes once before round 1 (:class:`~edgefleet.strategies.context.FleetFacts`).
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ from edgefleet.strategies.screening import (
     parse_device_id,
     reply_metrics,
 )
+from edgefleet.strategies.status import StatusPhase
 from edgefleet.strategies.timing import (
     Exchange,
     LinkEstimate,
@@ -75,7 +81,6 @@ from edgefleet.strategies.timing import (
 )
 from edgefleet.wire import BATTERY_LEVEL, DEVICE_ID, ENERGY_RECORD, FEASIBLE
 
-# A train reply's energy after the round's cost: a ConfigRecord the energy mod adds.
 TRAIN_TIME = "train-time-s"  # the seconds a ClientApp says it trained (EdgeFleet's reports it)
 EvaluateFn = Callable[[int, ArrayRecord], dict[str, float]]
 
@@ -215,6 +220,9 @@ class RoundLoop:
         self.check: ReplyCheck = hooks_of(strategy).check_reply
         self.screening = screening or Screening()
         self.registry = DeviceRegistry(self.screening.device_binding)
+        # What the components declare of the fleet, merged once: two clocks are refused here.
+        self.status = StatusPhase(strategy, hooks_of(strategy).declarations())
+        self.fleet = self.status.fleet
         # Update norms accepted in recent rounds: the reference of a round with few replies.
         self.norm_history: deque[list[float]] = deque(maxlen=NORM_HISTORY_ROUNDS)
         self._last_eval: tuple[ArrayRecord, dict[str, float]] | None = None
@@ -260,7 +268,7 @@ class RoundLoop:
         return metrics
 
     def new_context(self, rnd: int) -> RoundContext:
-        return RoundContext(rnd, self.registry, online=self.grid.online)
+        return RoundContext(rnd, self.registry, online=self.grid.online, fleet=self.fleet)
 
     def run_round(
         self, rnd: int, arrays: ArrayRecord, config: ConfigRecord, t0: float, last: bool = False
@@ -272,6 +280,11 @@ class RoundLoop:
             with in_round(self.new_context(rnd)):
                 return self.run_round(rnd, arrays, config, t0, last)
         log(INFO, "[ROUND %d]", rnd)
+        self.grid.restart()
+        try:
+            self.status.run(self.grid, rnd, arrays)  # type: ignore[arg-type]
+        except NotEnoughNodes as err:  # a strategy's own wait for nodes, bounded
+            log(WARNING, "Round %d: %s: status phase skipped", rnd, err)
         messages = self._configure(self.strategy.configure_train, rnd, arrays, config)
         bytes_down = sum(_payload_bytes(m) for m in messages)
         sent_round = self._exchange(messages, ctx)
