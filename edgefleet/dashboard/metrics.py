@@ -9,8 +9,9 @@ last exposition while both files hold the same bytes: see ``app.py``.)
 Per device (label ``device``): battery, online, last round seen, participations, declines,
 last round trained, and any other numeric field the server adds to a device's entry
 (telemetry), as ``edgefleet_device_<field>``. Counters over the rows: rounds, replies
-accepted, declined and rejected (by reason), bytes up and down, energy spent. Run gauges:
-round, session, accuracy and loss, task-vector growth and its tau, devices known and online.
+accepted, declined, unreachable and rejected (by reason), bytes up and down, energy spent.
+Run gauges: round, session, accuracy and loss, task-vector growth and its tau, devices known
+and online.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ DEVICE_GAUGES = {
     "last_seen": "last round the server heard from the device",
     "participations": "rounds in which the device's update was aggregated",
     "declines": "train messages the device declined",
+    "unreachable": "train messages the transport could not deliver to the device",
     "last_trained": "last round the device's update was aggregated (0: never)",
 }
 SKIP = {"node"}  # an id, not a measure
@@ -105,6 +107,11 @@ class RunCollector(Collector):
         yield total("rounds", "rounds run (rows of metrics.jsonl)", len(rows))
         yield total("replies_accepted", "train replies aggregated", count("participants"))
         yield total("replies_declined", "train messages declined by devices", count("declined"))
+        yield total(
+            "replies_unreachable",
+            "train messages to devices the transport could not reach (node unavailable)",
+            count("unreachable"),
+        )
         reasons: Counter[str] = Counter()
         for row in rows:
             for item in row.get("rejected") or []:

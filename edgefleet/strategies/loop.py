@@ -71,7 +71,7 @@ from edgefleet.strategies.screening import (
     parse_device_id,
     reply_metrics,
 )
-from edgefleet.strategies.status import StatusPhase
+from edgefleet.strategies.status import StatusPhase, bounded_reason, is_unreachable
 from edgefleet.strategies.timing import (
     Exchange,
     LinkEstimate,
@@ -94,7 +94,7 @@ class RoundResult:
     session: int
     arrays: ArrayRecord  # global model after the round
     participants: list[str]  # device ids whose update was aggregated
-    declined: list[str]  # devices that answered with an error
+    declined: list[str]  # devices that answered with an error of their own (a battery decline)
     rejected: list[dict[str, str]]  # {"device": ..., "reason": ...} for dropped replies
     bytes_up: int
     bytes_down: int
@@ -107,6 +107,9 @@ class RoundResult:
     evaluated: bool = True  # whether central evaluation ran this round
     extra: dict[str, object] = field(default_factory=dict)
     context: RoundContext = field(default_factory=lambda: RoundContext(0, DeviceRegistry()))
+    # devices the transport could not reach (Flower's "Node Unavailable" for a SuperNode
+    # that stopped heartbeating, a message or reply lost): gone, not a device's decision
+    unreachable: list[str] = field(default_factory=list)
 
 
 class RoundCallback:
@@ -305,7 +308,7 @@ class RoundLoop:
                 len(messages), ", ".join(missing))  # fmt: skip
             row.missing = missing
         sent = {m.metadata.dst_node_id: m.content for m in messages if m.has_content()}
-        accepted, declined, rejected = self._screen(replies, arrays, sent, row)
+        accepted, declined, rejected, unreachable = self._screen(replies, arrays, sent, row)
         # Counted before aggregation: Flower's FedMedian, FedTrimmedAvg and Bulyan empty the
         # replies' ArrayRecords while they aggregate.
         bytes_up = sum(_payload_bytes(m) for m in accepted)
@@ -319,7 +322,7 @@ class RoundLoop:
             why = self._why_empty(len(messages), len(replies), len(accepted), row)
             row.no_participants = row.no_participants or why
         participants = [self.device_of(m) for m in aggregated]
-        self.registry.note_round(rnd, participants, declined, rejected)
+        self.registry.note_round(rnd, participants, declined, rejected, unreachable)
         federated = self._evaluate_federated(rnd, arrays)
         evaluated = self.evaluate_fn is not None and (rnd % self.evaluate_every == 0 or last)
         eval_metrics = self.evaluate(rnd, arrays) if evaluated else {}
@@ -333,6 +336,7 @@ class RoundLoop:
             participants=participants,
             participant_nodes=[m.metadata.src_node_id for m in aggregated],
             declined=declined,
+            unreachable=unreachable,
             rejected=rejected,
             bytes_up=bytes_up,
             bytes_down=bytes_down,
@@ -500,10 +504,11 @@ class RoundLoop:
         reference: ArrayRecord,
         sent: Mapping[int, Any],
         row: ScreeningRow,
-    ) -> tuple[list[Message], list[str], list[dict[str, str]]]:
-        """Accepted (in device order, metrics made consistent), declined and rejected
-        replies. Nothing a reply holds can raise out of here."""
+    ) -> tuple[list[Message], list[str], list[dict[str, str]], list[str]]:
+        """Accepted (in device order, metrics made consistent), declined, rejected and
+        unreachable replies. Nothing a reply holds can raise out of here."""
         declined: list[str] = []
+        unreachable: list[str] = []
         rejected: list[dict[str, str]] = []
 
         def reject(msg: Message, reason: str, device: str | None = None) -> None:
@@ -514,8 +519,13 @@ class RoundLoop:
         candidates: list[Message] = []
         for msg in replies:
             if msg.has_error():
-                log(INFO, "Device %s declined: %s", self.device_of(msg), msg.error.reason)
-                declined.append(self.device_of(msg))
+                why = bounded_reason(msg)
+                if is_unreachable(msg):
+                    log(WARNING, "Device %s unreachable: %s", self.device_of(msg), why)
+                    unreachable.append(self.device_of(msg))
+                else:
+                    log(INFO, "Device %s declined: %s", self.device_of(msg), why)
+                    declined.append(self.device_of(msg))
                 continue
             try:
                 reason = self._check_one(msg, reference)
@@ -546,7 +556,7 @@ class RoundLoop:
         # Replies arrive in whatever order the devices finish; float sums depend on the
         # order, so aggregate in device order to make a seeded run repeatable.
         candidates.sort(key=lambda m: _order(self.device_of(m)))
-        return common_metrics(candidates, self.keys), declined, rejected
+        return common_metrics(candidates, self.keys), declined, rejected, unreachable
 
     def _check_one(self, msg: Message, reference: ArrayRecord) -> str | None:
         if not msg.has_content():

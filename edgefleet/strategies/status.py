@@ -31,11 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from logging import WARNING
+from logging import INFO, WARNING
 from typing import TYPE_CHECKING
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.common import log
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from edgefleet.strategies.context import (
@@ -238,6 +239,9 @@ class StatusQuery:
                     new.append(node)
                     continue
                 why = bounded_reason(reply)
+                if is_unreachable(reply):  # gone (a killed SuperNode): no answer, as a timeout
+                    log(INFO, "Node %d unreachable for the status query: %s", node, why)
+                    continue
                 log(WARNING, "Node %d (device %s) answered the status query with an error "
                     "(unknown this round, not departed): %s", node, registry.name(node),
                     why)  # fmt: skip
@@ -268,6 +272,20 @@ class StatusQuery:
             answers.update({n: _assumed(registry, n) for n in new})
         ctx.status.update(answers)
         return answers
+
+
+# Error codes that the transport sets, not the device: Flower's SuperLink answers a message
+# to a node that stopped heartbeating with NODE_UNAVAILABLE, and a lost message or reply with
+# the *_UNAVAILABLE codes (flwr/server/superlink/linkstate/utils.py).
+TRANSPORT_ERRORS = frozenset(
+    {ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE}
+)
+
+
+def is_unreachable(msg: Message) -> bool:
+    """Whether an error reply says the device could not be reached (its own error, such as
+    the energy mod's decline, says it was reached and refused)."""
+    return msg.error.code in TRANSPORT_ERRORS
 
 
 def bounded_reason(reply: Message) -> str:
