@@ -212,3 +212,34 @@ def test_warm_start_around_energy_selection_as_the_readme_writes_it(tmp_path: Pa
         initial=arrays,
     )
     check_trains(run(strategy, True, rounds=6), rounds=6)
+
+
+def test_a_second_run_of_a_users_app_continues_the_warm_start_store(tmp_path: Path) -> None:
+    """The store keeps the session a run ends in: a user's second ``start()`` on the same
+    folder (a new ServerApp run) opens Session 2, warm-started from the stored model,
+    instead of Session 1 again."""
+    from edgefleet.strategies.context import SessionRow
+    from edgefleet.strategies.loop import RoundCallback, RoundResult
+
+    sessions: list[tuple[int, str]] = []
+
+    class Watch(RoundCallback):
+        def after_round(self, result: RoundResult) -> str | None:
+            sessions.append((result.session, str(result.context.section(SessionRow).phase)))
+            return None
+
+    def one_run() -> None:
+        strategy = WarmStartInitializer(
+            FedAvg(fraction_train=1.0, fraction_evaluate=0.0, **ONE),  # type: ignore[arg-type]
+            store=tmp_path / "store",
+            initial=initial_model(),
+        )
+        strategy.own_callbacks = lambda: [strategy, Watch()]  # type: ignore[method-assign]
+        check_trains(run(strategy, False, rounds=4), rounds=4)
+
+    one_run()
+    assert SessionStore.open(tmp_path / "store", 10).last_session() == 1
+    one_run()
+    assert [s for s, _ in sessions] == [1] * 4 + [2] * 4
+    assert sessions[4][1] == "aux"  # from the pilot model the first run stored
+    assert SessionStore.open(tmp_path / "store", 10).last_session() == 2

@@ -122,6 +122,10 @@ class RoundCallback:
         """Called after each round; return a stop reason to end the run, else None."""
         return None
 
+    def on_end(self, arrays: ArrayRecord, last_round: int) -> None:
+        """Called once when the run ends (budget used or stopped) with its final model: what
+        must outlive the run (the warm-start store's open session) is kept here."""
+
 
 class NotEnoughNodes(RuntimeError):
     """A strategy waited longer than the loop allows for nodes that are not online."""
@@ -254,9 +258,15 @@ class RoundLoop:
             if reasons:
                 log(INFO, "Stopping after round %d: %s", rnd, reasons[0])
                 final = result.eval_metrics if result.evaluated else self.evaluate(rnd, arrays)
+                self._end(arrays, rnd)
                 return LoopOutcome(arrays, rnd, rnd, reasons[0], final)
         final = result.eval_metrics if result is not None else {}
+        self._end(arrays, num_rounds)
         return LoopOutcome(arrays, num_rounds, None, "budget", final)
+
+    def _end(self, arrays: ArrayRecord, last_round: int) -> None:
+        for callback in self.callbacks:
+            callback.on_end(arrays, last_round)
 
     def evaluate(self, rnd: int, arrays: ArrayRecord) -> dict[str, float]:
         """Central evaluation of ``arrays``. A round that aggregated nothing keeps the very

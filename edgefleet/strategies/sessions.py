@@ -394,6 +394,18 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
 
     # -- RoundCallback ------------------------------------------------------------------
 
+    def on_end(self, arrays: ArrayRecord, last_round: int) -> None:
+        """The run ends: the open session is stored with the final model, as a boundary
+        would store it, so that the next run on this store (a user's second
+        ``strategy.start``, a new ``flwr run`` of EdgeFleet's ServerApp) continues from it. A
+        session still in its auxiliary rounds never trained and is not stored."""
+        if self.phase == Phase.AUX or self.previous is None:
+            return
+        session = self.tracker.session
+        if session in {s.session for s in self.store.pilots() + self.store.candidates()}:
+            return  # already stored (a run that ended twice on one object)
+        self._finish_session(session, arrays)
+
     def after_round(self, result: RoundResult) -> str | None:
         """The row's accuracy on the classes of this round's present devices."""
         row = result.context.section(SessionRow)
