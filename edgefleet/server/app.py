@@ -44,10 +44,10 @@ from edgefleet.server.fleet import FleetWriter
 from edgefleet.server.polling import fast_grid
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
 from edgefleet.strategies.base import build_loop, find_wrapper
-from edgefleet.strategies.context import in_round
+from edgefleet.strategies.context import ClassAccuracy, in_round
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
-from edgefleet.strategies.loop import EvaluateFn, RoundLoop
+from edgefleet.strategies.loop import EvaluateFn, Evaluation, RoundLoop
 from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.robust import RobustAggregation
 from edgefleet.strategies.screening import Screening
@@ -408,7 +408,7 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     model = model.to(accelerator).to(memory_format=torch.channels_last)
     test_set, validation = _channels_last(test_set), _channels_last(validation)
 
-    def evaluate_fn(_: int, arrays: ArrayRecord) -> dict[str, float]:
+    def evaluate_fn(_: int, arrays: ArrayRecord) -> Evaluation:
         set_arrays(model, arrays)
         res = evaluate(model, test_set)
         out = {
@@ -417,9 +417,8 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
             "test_balanced_accuracy": res.balanced_accuracy,
         }
         # Per-class counts: the sessions wrapper's accuracy on the classes present.
-        for c, (ok, n) in res.per_class.items():
-            out[f"class{c}_correct"], out[f"class{c}_total"] = float(ok), float(n)
-        return out
+        per_class = {c: ClassAccuracy(ok, n) for c, (ok, n) in res.per_class.items()}
+        return Evaluation(out, per_class)
 
     def validate(arrays: ArrayRecord) -> dict[str, float]:
         set_arrays(model, arrays)

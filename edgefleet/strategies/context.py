@@ -184,10 +184,11 @@ class FleetFacts:
 @dataclass(frozen=True)
 class ClassAccuracy:
     """Central evaluation's correct predictions and test examples of one class (the sessions
-    wrapper's accuracy on the classes present)."""
+    wrapper's accuracy on the classes present). Counts; floats, so that a weighted
+    evaluation fits too."""
 
-    correct: int
-    total: int
+    correct: float
+    total: float
 
 
 # -- the context -----------------------------------------------------------------------------

@@ -45,6 +45,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.strategies.context import (
+    ClassAccuracy,
     RoundContext,
     ScreeningRow,
     in_round,
@@ -82,7 +83,20 @@ from edgefleet.strategies.timing import (
 from edgefleet.wire import BATTERY_LEVEL, DEVICE_ID, ENERGY_RECORD, FEASIBLE
 
 TRAIN_TIME = "train-time-s"  # the seconds a ClientApp says it trained (EdgeFleet's reports it)
-EvaluateFn = Callable[[int, ArrayRecord], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A central evaluation's figures (``metrics.jsonl`` columns such as ``test_accuracy``)
+    and, when the evaluation counts them, each class's correct predictions (read by the
+    sessions wrapper, typed rather than spelled into metric names)."""
+
+    metrics: dict[str, float]
+    per_class: dict[int, ClassAccuracy] = field(default_factory=dict)
+
+
+# A central evaluation: its figures, or an Evaluation with the per-class counts too.
+EvaluateFn = Callable[[int, ArrayRecord], "dict[str, float] | Evaluation"]
 
 
 @dataclass
@@ -107,6 +121,8 @@ class RoundResult:
     evaluated: bool = True  # whether central evaluation ran this round
     extra: dict[str, object] = field(default_factory=dict)
     context: RoundContext = field(default_factory=lambda: RoundContext(0, DeviceRegistry()))
+    # each class's counts in this round's central evaluation ({}: none, or not counted)
+    per_class: dict[int, ClassAccuracy] = field(default_factory=dict)
     # devices the transport could not reach (Flower's "Node Unavailable" for a SuperNode
     # that stopped heartbeating, a message or reply lost): gone, not a device's decision
     unreachable: list[str] = field(default_factory=list)
@@ -232,7 +248,7 @@ class RoundLoop:
         self.fleet = self.status.fleet
         # Update norms accepted in recent rounds: the reference of a round with few replies.
         self.norm_history: deque[list[float]] = deque(maxlen=NORM_HISTORY_ROUNDS)
-        self._last_eval: tuple[ArrayRecord, dict[str, float]] | None = None
+        self._last_eval: tuple[ArrayRecord, Evaluation] | None = None
 
     def run(
         self,
@@ -266,7 +282,10 @@ class RoundLoop:
 
     def _end(self, arrays: ArrayRecord, last_round: int) -> None:
         for callback in self.callbacks:
-            callback.on_end(arrays, last_round)
+            # A callback written against the older protocol (after_round only) has none.
+            end = getattr(callback, "on_end", None)
+            if end is not None:
+                end(arrays, last_round)
 
     def evaluate(self, rnd: int, arrays: ArrayRecord) -> dict[str, float]:
         """Central evaluation of ``arrays``. A round that aggregated nothing keeps the very
@@ -275,10 +294,16 @@ class RoundLoop:
         if self.evaluate_fn is None:
             return {}
         if self._last_eval is not None and self._last_eval[0] is arrays:
-            return dict(self._last_eval[1])
-        metrics = self.evaluate_fn(rnd, arrays)
-        self._last_eval = (arrays, dict(metrics))
-        return metrics
+            return dict(self._last_eval[1].metrics)
+        res = self.evaluate_fn(rnd, arrays)
+        done = res if isinstance(res, Evaluation) else Evaluation(dict(res))
+        self._last_eval = (arrays, done)
+        return dict(done.metrics)
+
+    def _per_class(self, arrays: ArrayRecord) -> dict[int, ClassAccuracy]:
+        """The per-class counts of the evaluation of ``arrays`` ({} if it had none)."""
+        last = self._last_eval
+        return dict(last[1].per_class) if last is not None and last[0] is arrays else {}
 
     def new_context(self, rnd: int) -> RoundContext:
         return RoundContext(rnd, self.registry, online=self.grid.online, fleet=self.fleet)
@@ -336,7 +361,7 @@ class RoundLoop:
         federated = self._evaluate_federated(rnd, arrays)
         evaluated = self.evaluate_fn is not None and (rnd % self.evaluate_every == 0 or last)
         eval_metrics = self.evaluate(rnd, arrays) if evaluated else {}
-        shown = {k: v for k, v in {**eval_metrics, **federated}.items() if "class" not in k}
+        shown = {**eval_metrics, **federated}
         if shown:
             log(INFO, "Round %d: %s", rnd, shown)
         return RoundResult(
@@ -355,6 +380,7 @@ class RoundLoop:
             eval_metrics=eval_metrics,
             federated_metrics=federated,
             evaluated=evaluated,
+            per_class=self._per_class(arrays) if evaluated else {},
             wall_s=time.monotonic() - t0,
             context=ctx,
         )

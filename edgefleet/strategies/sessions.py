@@ -411,8 +411,9 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         row = result.context.section(SessionRow)
         present = result.context.own(self, _Round).present.values()
         classes = sorted({c for status in present for c in status.labels})
-        correct = sum(result.eval_metrics.get(f"class{c}_correct", 0.0) for c in classes)
-        total = sum(result.eval_metrics.get(f"class{c}_total", 0.0) for c in classes)
+        counts = [result.per_class[c] for c in classes if c in result.per_class]
+        correct = sum(c.correct for c in counts)
+        total = sum(c.total for c in counts)
         row.session_classes = classes
         row.session_accuracy = correct / total if total else None
         return None
