@@ -35,7 +35,7 @@ from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 from edgefleet.strategies.hooks import StrategyHooks, hooks_of
 from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult, numbers
 from edgefleet.strategies.screening import RecordKeys, Screening
-from edgefleet.strategies.status import Ask, Declaration, StatusQuery
+from edgefleet.strategies.status import Ask, Declaration, StatusQuery, fleet_facts
 
 __all__ = ["LoopStrategy", "StatusQuery", "SubsetGrid", "build_loop", "start_on_loop"]
 
@@ -173,11 +173,11 @@ def build_loop(
     after them, so that they record what the wrappers wrote). ``loop_kwargs`` go to
     :class:`~edgefleet.strategies.loop.RoundLoop`. The one way both
     :func:`start_on_loop` and EdgeFleet's ServerApp build it."""
-    from edgefleet.strategies.energy import EnergyAgeSelection  # imports this module
-    from edgefleet.strategies.robust import participant_cap_error
+    from edgefleet.strategies.robust import participant_cap_error  # robust imports this module
 
-    selection = find_wrapper(strategy, EnergyAgeSelection)
-    why = participant_cap_error(strategy, selection.max_devices if selection else None)
+    # The fleet's cap as the components declare it (RoundLoop merges them the same way).
+    cap = fleet_facts(hooks_of(strategy).declarations()).participant_cap
+    why = participant_cap_error(strategy, cap)
     if why:  # before round 1, not a run that never aggregates
         raise ValueError(why)
     callbacks = [*before, *hooks_of(strategy).round_callbacks(), *after]
