@@ -19,12 +19,12 @@ from flwr.serverapp.strategy import FedAvg
 from edgefleet.client.app import app
 from edgefleet.config import parse_run_config
 from edgefleet.server.app import build_strategy
-from edgefleet.strategies.base import StatusQuery
 from edgefleet.strategies.context import ScreeningRow, SelectionRow
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
 from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.registry import DeviceRegistry
+from edgefleet.strategies.status import Declaration, StatusPhase, StatusQuery
 from tests.fakes import FakeGrid, Rows, by_hand, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}
@@ -456,9 +456,11 @@ def test_answers_from_an_outer_query_are_not_asked_again() -> None:
     devices = {n: FakeDevice(n - 1, 1.0, feasible=n % 2 == 0) for n in range(1, 7)}
     grid = FakeGrid(devices)  # type: ignore[arg-type]
     strategy = EnergyAgeSelection(FedAvg(**KW), max_devices=2, slots_per_round=4, batch_size=2)
-    # what the sessions wrapper's presence query hands down before configure_train
+    # an outer component (sessions) needs every node's status: the phase asks all first
+    outer = Declaration("Sessions", status=True, every_node=True)
+    phase = StatusPhase(strategy, [outer, *strategy.declarations()])
     with by_hand(1) as ctx:
-        strategy.on_status(1, StatusQuery(4, 5).ask(grid, list(devices), 1))  # type: ignore[arg-type]
+        phase.run(grid, 1, rec(w=np.zeros(1)))  # type: ignore[arg-type]
         msgs = list(strategy.configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), grid))  # type: ignore[arg-type]
     assert ctx.section(SelectionRow).status_queries == 0
     assert sum(d.queries for d in devices.values()) == 6  # the outer query only

@@ -170,3 +170,34 @@ def test_reply_with_malformed_device_id_is_rejected_and_one_without_is_not() -> 
     reply = grid.handlers[1](ins)  # type: ignore[arg-type]
     del reply.content.metric_records["metrics"]["device-id"]
     assert check_train_reply(reply, rec(W0), RecordKeys()) is None
+
+
+def test_an_unreachable_device_is_its_own_outcome_not_a_decline(tmp_path: Path) -> None:
+    """Flower's SuperLink answers a message to a killed SuperNode with NODE_UNAVAILABLE: the
+    device is gone, not declining (the battery decline is the device's own Error)."""
+    from flwr.common.constant import ErrorCode
+
+    from edgefleet.dashboard.metrics import render_data
+    from edgefleet.server.results import MetricsRow
+    from edgefleet.simulation.story import _energy_helped
+
+    def gone(msg: Message) -> Message:
+        reason = "Error: Node Unavailable — The destination node failed to report a heartbeat"
+        return Message(Error(ErrorCode.NODE_UNAVAILABLE, reason), reply_to=msg)
+
+    def no_energy(msg: Message) -> Message:
+        return Message(Error(12, "battery 1.00 < round cost 4"), reply_to=msg)
+
+    grid = FakeGrid({1: _adds(1.0, 2, 1), 2: gone, 3: no_energy})
+    writer = MetricsWriter(tmp_path)
+    loop = RoundLoop(_strategy(), grid, evaluate_fn=no_eval, callbacks=[writer])
+    loop.run(rec(W0), 1)
+    row = writer.rows[0]
+    assert row["unreachable"] == ["node-2"] and row["declined"] == ["node-3"]
+    assert row["participants"] == ["1"]
+    text = render_data({"devices": []}, writer.rows).decode()
+    assert "edgefleet_replies_unreachable_total 1.0" in text
+    assert "edgefleet_replies_declined_total 1.0" in text
+    told = _energy_helped({"selection.mode": "energy-age"}, [MetricsRow.parse(row)])
+    assert told is not None and "1 of 3 train messages were declined" in told
+    assert "1 went to devices the transport could not reach" in told

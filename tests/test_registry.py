@@ -19,6 +19,7 @@ from edgefleet.strategies.context import (
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.registry import DeviceRegistry, DeviceStatus, RegistryError
+from edgefleet.strategies.status import StatusPhase
 from tests.fakes import FakeGrid, by_hand, rec
 from tests.test_ehfedsag import KW, FakeDevice
 
@@ -126,7 +127,13 @@ def test_two_interleaved_runs_on_one_strategy_object_keep_their_rounds_apart() -
     strategy = EnergyAgeSelection(FedSAG(**KW), max_devices=1, slots_per_round=4)
     grid_a = FakeGrid({1: FakeDevice(0, 1.0)})  # type: ignore[dict-item]
     grid_b = FakeGrid({2: FakeDevice(1, 2.0)})  # type: ignore[dict-item]
-    ctx_a, ctx_b = RoundContext(1, DeviceRegistry()), RoundContext(1, DeviceRegistry())
+    phase = StatusPhase(strategy, strategy.declarations())
+    ctx_a = RoundContext(1, DeviceRegistry(), fleet=phase.fleet)
+    ctx_b = RoundContext(1, DeviceRegistry(), fleet=phase.fleet)
+    with in_round(ctx_a):
+        phase.run(grid_a, 1, rec(w=np.zeros(1)))  # type: ignore[arg-type]
+    with in_round(ctx_b):
+        phase.run(grid_b, 1, rec(w=np.full(1, 10.0)))  # type: ignore[arg-type]
     with in_round(ctx_a):
         sent_a = list(strategy.configure_train(1, rec(w=np.zeros(1)), ConfigRecord(), grid_a))  # type: ignore[arg-type]
     with in_round(ctx_b):

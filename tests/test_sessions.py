@@ -14,8 +14,8 @@ from flwr.serverapp.strategy import FedAvg
 from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.server.checkpoint import Checkpoint, dumps, loads
 from edgefleet.simulation.runner import load_scenario, run_scenario
-from edgefleet.strategies.context import SelectionRow, SessionRow, StoppingRow
-from edgefleet.strategies.loop import RoundLoop
+from edgefleet.strategies.context import ClassAccuracy, SelectionRow, SessionRow, StoppingRow
+from edgefleet.strategies.loop import Evaluation, RoundLoop
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping
 from edgefleet.strategies.tracker import SessionTracker
@@ -50,9 +50,9 @@ class GroupDevice:
         return Message(RecordDict({"arrays": rec(w=new), "metrics": metrics}), reply_to=msg)
 
 
-def _eval(rnd: int, arrays: ArrayRecord) -> dict[str, float]:
+def _eval(rnd: int, arrays: ArrayRecord) -> Evaluation:
     w = float(arrays["w"].numpy()[0])
-    return {"test_accuracy": 0.0, "class0_correct": -abs(w + 4), "class0_total": 1.0}
+    return Evaluation({"test_accuracy": 0.0}, {0: ClassAccuracy(-abs(w + 4), 1.0)})
 
 
 def _strategy(
@@ -235,7 +235,8 @@ def test_average_mode_starts_from_the_mean_of_stored_sessions(tmp_path: Path) ->
     assert all(r.context.section(SessionRow).phase == "train" for r in rows)
     finals = [float(rows[i].arrays["w"].numpy()[0]) for i in (2, 5)]
     assert devices[1].trained_from[3] == pytest.approx(np.mean(finals))
-    assert len(strategy.store.candidates()) == 3
+    # the three that ended at a boundary, and the one the run ended in (kept at its end)
+    assert len(strategy.store.candidates()) == 4
 
 
 def test_session_change_during_aux_rounds_keeps_the_last_real_model(tmp_path: Path) -> None:
@@ -343,9 +344,9 @@ def test_a_users_app_opens_its_store_again_and_continues_it(tmp_path: Path) -> N
     first, rows = app_run()
     assert [r.session for r in rows] == [1] * T + [2] * T + [3] * T + [4] * T
     stored = {s.session: s.final.copy() for s in first.store.pilots() + first.store.candidates()}
-    assert sorted(stored) == [1, 2, 3]  # session 4 was still running at the end
+    assert sorted(stored) == [1, 2, 3, 4]  # session 4, open at the end, kept then too
     again, rows = app_run()
-    assert [r.session for r in rows][:T] == [4] * T  # continues after the stored sessions
+    assert [r.session for r in rows][:T] == [5] * T  # continues after the stored sessions
     assert rows[0].context.section(SessionRow).phase == "aux"  # pilot model -> warm start
     assert any(r.context.section(SessionRow).warmstart_weights for r in rows)
     for s in again.store.pilots():  # the pilots the first run stored, unchanged

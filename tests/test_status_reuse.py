@@ -85,7 +85,7 @@ def test_reusing_feasible_answers_selects_what_asking_selects_with_fewer_queries
 
 def test_a_status_answer_whose_feasible_is_not_0_or_1_is_malformed() -> None:
     # NaN, 0.5 or 7 once counted as feasible (bool(x)); such an answer is now ignored.
-    from edgefleet.strategies.base import _parse_status
+    from edgefleet.strategies.status import _parse_status
 
     for bad in (float("nan"), 0.5, 7):
         status = MetricRecord({"device-id": 1, "feasible": bad, "present": 1})

@@ -17,8 +17,9 @@ Prometheus name cannot hold is left out (:func:`metric_name`). Not of every devi
 first, then the most recently seen), within :data:`MAX_DEVICE_SAMPLES` samples;
 ``edgefleet_devices`` (all known) beside ``edgefleet_devices_exported`` and
 ``edgefleet_devices_export_limit`` shows the cut. Counters over the rows: rounds, replies
-accepted, declined and rejected (by reason), bytes up and down, energy spent. Run gauges:
-round, session, accuracy and loss, task-vector growth and its tau, devices known and online.
+accepted, declined, unreachable and rejected (by reason), bytes up and down, energy spent.
+Run gauges: round, session, accuracy and loss, task-vector growth and its tau, devices known
+and online.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ DEVICE_GAUGES = {
     "last_seen": "last round the server heard from the device",
     "participations": "rounds in which the device's update was aggregated",
     "declines": "train messages the device declined",
+    "unreachable": "train messages the transport could not deliver to the device",
     "last_trained": "last round the device's update was aggregated (0: never)",
 }
 SKIP = {"node"}  # an id, not a measure
@@ -132,6 +134,11 @@ class RunCollector(Collector):
         yield total("rounds", "rounds run (rows of metrics.jsonl)", len(rows))
         yield total("replies_accepted", "train replies aggregated", count("participants"))
         yield total("replies_declined", "train messages declined by devices", count("declined"))
+        yield total(
+            "replies_unreachable",
+            "train messages to devices the transport could not reach (node unavailable)",
+            count("unreachable"),
+        )
         reasons: Counter[str] = Counter()
         for row in rows:
             for item in row.get("rejected") or []:

@@ -47,15 +47,16 @@ from edgefleet.server.emptyrounds import EmptyRoundsStop
 from edgefleet.server.fleet import FleetWriter
 from edgefleet.server.polling import fast_grid
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
-from edgefleet.strategies.base import StatusQuery, build_loop, find_wrapper
-from edgefleet.strategies.context import in_round
+from edgefleet.strategies.base import build_loop, find_wrapper
+from edgefleet.strategies.context import ClassAccuracy, in_round
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
-from edgefleet.strategies.loop import EvaluateFn, RoundLoop
+from edgefleet.strategies.loop import EvaluateFn, Evaluation, RoundLoop
 from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.robust import RobustAggregation
 from edgefleet.strategies.screening import Screening
 from edgefleet.strategies.sessions import WarmStartInitializer
+from edgefleet.strategies.status import StatusQuery
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.timing import RoundWait, WaitMode
 from edgefleet.strategies.tracker import SessionTracker
@@ -83,8 +84,9 @@ def build_strategy(
 
     - **Sessions** (``WarmStartInitializer``) outermost: a session boundary changes the
       device set and the model every layer inside starts from; it announces boundaries
-      inwards (``on_session``), and the presence answers it collects are handed down
-      (``on_status``) so that selection does not ask the same nodes again.
+      inwards (``on_session``). It and selection declare the status they need; the round
+      loop's status phase asks every node once a round, on one slot clock, and both read
+      the answers from the round context.
     - **Stopping** (``TaskVectorStopping`` / ``ValidationStopping``) next: it watches the
       global model of the whole run (or session, from the session's start), and when it
       rests the devices inside sessions it sends no train messages at all, so selection
@@ -113,7 +115,9 @@ def build_strategy(
         "fraction_evaluate": cfg.server.fraction_evaluate,
         "min_train_nodes": 1,
         "min_evaluate_nodes": 1,
-        "min_available_nodes": 1,  # the wait for nodes is bounded in wait_for_nodes()
+        # Flower's own wait for nodes has no timeout: the ServerApp waits for the fleet in
+        # wait_for_nodes() and the round loop bounds any later wait (BoundedGrid).
+        "min_available_nodes": 1,
     }
     energy_age = cfg.energy.selection == SelectionMode.ENERGY_AGE
     if energy_age:
@@ -123,8 +127,9 @@ def build_strategy(
         strategy = FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
     elif cfg.server.strategy == StrategyName.FEDSAG:
         srv = cfg.server
-        # Corrections weighted 1/max(|S|, M), M read from the energy-age selection around it
-        # (none without one: the seed's 1/|S|), as FedSAG does in any app.
+        # Corrections weighted 1/max(|S|, M), M the fleet's participant cap, which the
+        # energy-age selection around it declares (none without one: the seed's 1/|S|), as
+        # FedSAG does in any app.
         strategy = FedSAG(
             server_lr=srv.server_lr,
             init=srv.saga_init,
@@ -309,9 +314,11 @@ def fleet_census(loop: RoundLoop, cfg: RunConfig, first_round: int) -> None:
     it) in a fresh run, and in a resumed run checks it and the devices' ids against the
     checkpoint's, so that a run of 3 SuperNodes never resumes on 10 simulated devices, nor on
     a fleet none of whose devices it has seen (``FleetMismatch``). Nodes whose ClientApp
-    cannot answer are not checked. The query carries the first round's slot
-    clock, so batteries advance to where that round finds them anyway."""
-    query = StatusQuery(cfg.energy.slots_per_round, query_timeout(cfg), first_answer_timeout(cfg))
+    cannot answer are not checked. The query carries the first round's slot on the loop's
+    fleet clock, so batteries advance to where that round finds them anyway. (Before round
+    1, not a round's status phase: the ServerApp sends it, as it waits for the nodes.)"""
+    slots = loop.fleet.slots_per_round
+    query = StatusQuery(slots, query_timeout(cfg), first_answer_timeout(cfg))
     with in_round(loop.new_context(first_round)):
         query.ask(loop.grid, sorted(loop.grid.online()), first_round)  # type: ignore[arg-type]
 
@@ -417,7 +424,7 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     model = model.to(accelerator).to(memory_format=torch.channels_last)
     test_set, validation = _channels_last(test_set), _channels_last(validation)
 
-    def evaluate_fn(_: int, arrays: ArrayRecord) -> dict[str, float]:
+    def evaluate_fn(_: int, arrays: ArrayRecord) -> Evaluation:
         set_arrays(model, arrays)
         res = evaluate(model, test_set)
         out = {
@@ -426,9 +433,8 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
             "test_balanced_accuracy": res.balanced_accuracy,
         }
         # Per-class counts: the sessions wrapper's accuracy on the classes present.
-        for c, (ok, n) in res.per_class.items():
-            out[f"class{c}_correct"], out[f"class{c}_total"] = float(ok), float(n)
-        return out
+        per_class = {c: ClassAccuracy(ok, n) for c, (ok, n) in res.per_class.items()}
+        return Evaluation(out, per_class)
 
     def validate(arrays: ArrayRecord) -> dict[str, float]:
         set_arrays(model, arrays)

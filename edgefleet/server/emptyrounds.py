@@ -44,6 +44,13 @@ def empty_round_cause(result: RoundResult) -> str:
     """Why ``result``'s round aggregated nobody, as one line."""
     row = result.context.section(ScreeningRow)
     said = row.no_participants or "nobody was selected"
+    if result.unreachable and not result.declined and not result.rejected:
+        names = ", ".join(result.unreachable[:5]) + (", ..." if len(result.unreachable) > 5 else "")
+        return (
+            f"the devices asked are unreachable ({len(result.unreachable)}: {names}); on the "
+            "Simulation Engine the engine's workers may have been killed (e.g. out of memory): "
+            "see flower.log"
+        )
     if result.declined and not result.rejected:
         names = ", ".join(result.declined[:5]) + (", ..." if len(result.declined) > 5 else "")
         return f"every device asked declined ({len(result.declined)}: {names})"

@@ -52,6 +52,7 @@ def snapshot(result: RoundResult, stopping_tau: float | None = None) -> dict[str
         "test_accuracy": _finite(result.eval_metrics.get("test_accuracy")),
         "participants": list(result.participants),
         "declined": list(result.declined),
+        "unreachable": list(result.unreachable),
         "rejected": list(result.rejected),
         "selected": None if selection is None else list(selection.selected),
         "task_vector_growth": None if stopping is None else _finite(stopping.task_vector_growth),

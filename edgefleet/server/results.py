@@ -147,6 +147,7 @@ def round_row(result: RoundResult) -> dict[str, Any]:
         "test_balanced_accuracy": result.eval_metrics.get("test_balanced_accuracy"),
         "participants": result.participants,
         "declined": result.declined,
+        "unreachable": result.unreachable,
         "rejected": result.rejected,
         "bytes_up": result.bytes_up,
         "bytes_down": result.bytes_down,
@@ -241,6 +242,7 @@ class MetricsRow:
     test_balanced_accuracy: float | None = None
     participants: list[str] = field(default_factory=list)
     declined: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)  # absent in rows before issue 42
     rejected: list[dict[str, str]] = field(default_factory=list)
     bytes_up: int = 0
     bytes_down: int = 0

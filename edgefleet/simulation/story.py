@@ -156,12 +156,14 @@ def _energy(cfg: dict[str, Any], rows: list[Row]) -> str | None:
     short = sum(0 < len(r.of(SelectionRow).selected or r.participants) < m for r in rows)
     empty = sum(not r.participants and not r.of(StoppingRow).stopping_resting for r in rows)
     declined = sum(len(r.declined) for r in rows)
+    unreachable = sum(len(r.unreachable) for r in rows)
     aggregator = "SAGA server memory (EH-FedSAG)" if cfg["strategy"] == "fedsag" else \
         "the participants' plain mean (EH-FedAvg)"  # fmt: skip
     return (
         f"Energy: at most {m} devices a round, oldest affordable first, {aggregator}: "
         f"{mean:.1f} trained a round on average ({len(trained)} rounds trained), {short} rounds "
         f"had fewer than {m} affordable, {empty} none; {declined} declines; "
+        f"{unreachable} train messages to unreachable devices; "
         f"{sum(r.energy_spent for r in rows):g} energy units spent."
     )
 
@@ -299,13 +301,17 @@ def _energy_helped(cfg: dict[str, Any], rows: list[Row]) -> str | None:
     if cfg.get("selection.mode") != "energy-age":
         return None
     declined = sum(len(r.declined) for r in rows)
-    sent = sum(len(r.participants) + len(r.declined) + len(r.rejected) for r in rows)
+    unreachable = sum(len(r.unreachable) for r in rows)
+    sent = sum(
+        len(r.participants) + len(r.declined) + len(r.rejected) + len(r.unreachable) for r in rows
+    )
     if not sent:
         return "Energy-aware selection sent no train message in this run."
     return (
         f"Energy-aware selection: {declined} of {sent} train messages were declined (a "
-        "battery short of the round's cost, or another error; the battery is asked before a "
-        "device is sent one). The declines a battery-blind selection would have met are not "
+        "battery short of the round's cost, or another error of the device's; the battery is "
+        f"asked before a device is sent one), {unreachable} went to devices the transport "
+        "could not reach. The declines a battery-blind selection would have met are not "
         "measured in this run."
     )
 

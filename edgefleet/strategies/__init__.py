@@ -31,7 +31,7 @@ is dropped with its reason. Nothing here imports EdgeFleet's apps or torch.
 """
 
 from edgefleet.strategies.asyncloop import AsyncLoop, FedBuff
-from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.base import LoopStrategy, SubsetGrid
 from edgefleet.strategies.context import RoundContext, current_round
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
@@ -47,6 +47,7 @@ from edgefleet.strategies.saga import SagaMemory
 from edgefleet.strategies.scaffold import Scaffold
 from edgefleet.strategies.screening import RecordKeys, check_train_reply
 from edgefleet.strategies.sessions import WarmStartInitializer
+from edgefleet.strategies.status import Declaration, StatusQuery
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.teacher import ContinuousTeacher
 from edgefleet.strategies.tracker import SessionTracker
@@ -55,6 +56,7 @@ from edgefleet.strategies.warmstart import SessionStore
 __all__ = [
     "AsyncLoop",
     "ContinuousTeacher",
+    "Declaration",
     "DeviceRecord",
     "DeviceRegistry",
     "DeviceStatus",

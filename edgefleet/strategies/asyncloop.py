@@ -72,6 +72,7 @@ from edgefleet.strategies.context import RoundContext, in_round
 from edgefleet.strategies.hooks import hooks_of
 from edgefleet.strategies.loop import (
     EvaluateFn,
+    Evaluation,
     LoopOutcome,
     RoundCallback,
     RoundResult,
@@ -522,7 +523,11 @@ class AsyncLoop:
         )
 
     def _evaluate(self, version: int, arrays: ArrayRecord) -> dict[str, float]:
-        return {} if self.evaluate_fn is None else self.evaluate_fn(version, arrays)
+        if self.evaluate_fn is None:
+            return {}
+        # The figures alone: per-class counts serve sessions, which async mode refuses.
+        res = self.evaluate_fn(version, arrays)
+        return dict(res.metrics if isinstance(res, Evaluation) else res)
 
     def _link(self, node: int) -> LinkEstimate:
         device = self.registry.device_of(node)

@@ -12,253 +12,32 @@ and the same :class:`~flwr.serverapp.strategy.Result`, so a Flower user can writ
 
 and EdgeFleet's own ServerApp is only the first user of that public API.
 
-The status query (:class:`StatusQuery`) is how energy-aware selection and sessions learn a
-device's battery and presence. A ClientApp that does not answer it (no ``@app.query()``, as
-in Flower's quickstart) is not an error: the node is taken as present and feasible under its
-node id (``node-<id>``), once said in the log, and never asked again.
+A wrapper sends nothing itself: it builds messages (Flower's ``configure_*`` contract) and
+reads or writes the round context. What it needs of the fleet (the status answers, the slot
+clock, the participant cap) it declares (:meth:`~edgefleet.strategies.hooks.StrategyHooks.
+declarations`), and the loop's status phase (:mod:`edgefleet.strategies.status`) asks once
+a round for all of them.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from logging import INFO, WARNING
+from collections.abc import Callable, Iterable, Sequence
+from logging import INFO
 from typing import Any, TypeVar
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
-from edgefleet.bounds import MAX_LABELS, bound_reason, describe
-from edgefleet.strategies.context import RoundContext, ScreeningRow, TelemetryRow, current_round
 from edgefleet.strategies.hooks import StrategyHooks, hooks_of
 from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult, numbers
-from edgefleet.strategies.registry import (
-    DeviceRegistry,
-    DeviceStatus,
-    parse_battery,
-    parse_feasible,
-    screen_telemetry,
-)
-from edgefleet.strategies.screening import RecordKeys, Screening, parse_device_id
-from edgefleet.strategies.timing import exchange
-from edgefleet.wire import (
-    BATTERY_LEVEL,
-    DEVICE_ID,
-    FEASIBLE,
-    LABELS,
-    NUM_PARTITIONS,
-    PRESENT,
-    STATUS_RECORD,
-    TELEMETRY_RECORD,
-)
+from edgefleet.strategies.screening import RecordKeys, Screening
+from edgefleet.strategies.status import Ask, Declaration, StatusQuery, fleet_facts
 
-# What Flower's ClientApp raises for a message type it has no function for.
-_NO_QUERY_HANDLER = "No query function registered"
-
-
-@dataclass
-class StatusQuery:
-    """Sends the status query (carrying the global slot clock) and reads the answers.
-
-    A node that does not answer, answers with an error or with a malformed status is left
-    out: unavailable this round, never an end of the run. A node whose ClientApp has no
-    query function (Flower says so in its error), or whose query function answers without a
-    ``status`` record, cannot report: it is taken as present and feasible from then on
-    (logged once) and not asked again (the registry's ``unreported`` nodes).
-
-    Every answer goes through the run's :class:`~edgefleet.strategies.registry.
-    DeviceRegistry`: the ``device-id`` it claims must pass the same binding rules as a
-    train reply's (a node that claims another online device's id is refused, with its
-    reason in the row's ``status_refused``), and the accepted ones land in the round
-    context's ``status``, where every wrapper of the round finds them.
-
-    How long to wait: ``timeout`` for nodes that have answered before; for a batch with a node
-    that never has, ``first_timeout`` (when larger). A node's first answer waits for its
-    ClientApp to start (a Ray actor on a loaded machine, a device loading its data), and a
-    run whose first rounds gave up on starting nodes selected nobody and so depended on the
-    machine's load. The wait is not what detects a dead node: Flower answers a message to a
-    node that stopped heartbeating with an error once it counts as offline.
-    """
-
-    slots_per_round: int = 1
-    timeout: float = 60.0
-    first_timeout: float | None = None
-
-    def ask(
-        self, grid: Grid, nodes: Iterable[int], server_round: int, labels: bool = False
-    ) -> dict[int, DeviceStatus]:
-        ctx = current_round()
-        registry = ctx.registry
-        nodes = list(nodes)
-        answers = {n: _assumed(registry, n) for n in nodes if n in registry.unreported}
-        config = ConfigRecord(
-            {
-                "slot": (server_round - 1) * self.slots_per_round,
-                "server-round": server_round,
-                "labels": int(labels),
-            }
-        )
-        # One content for every message, as Flower's FedAvg sends its train messages: at a
-        # thousand nodes a RecordDict each was a tenth of the query's cost.
-        content = RecordDict({"config": config})
-        messages = [
-            Message(content, dst_node_id=n, message_type=MessageType.QUERY)
-            for n in nodes
-            if n not in registry.unreported
-        ]
-        if not messages:
-            ctx.status.update(answers)
-            return answers
-        wait = self.timeout
-        if self.first_timeout is not None and any(
-            m.metadata.dst_node_id not in registry.heard for m in messages
-        ):
-            wait = max(wait, self.first_timeout)
-        new: list[int] = []
-        parsed: dict[int, DeviceStatus] = {}
-        # Through the loop's exchange, not Flower's send_and_receive: the deployment grid's
-        # polls every 3 s, a good part of a round on fast links.
-        for reply in exchange(grid, messages, [wait] * len(messages)).replies:
-            node = reply.metadata.src_node_id
-            registry.heard.add(node)
-            if reply.has_error():
-                if _NO_QUERY_HANDLER in (reply.error.reason or ""):
-                    new.append(node)
-                continue
-            # content.get, not content.metric_records (a new typed view of the records per
-            # call): a "status" record that is not a MetricRecord is no status.
-            status = reply.content.get(STATUS_RECORD)
-            if not isinstance(status, MetricRecord):
-                new.append(node)
-                continue
-            one = _parse_status(node, status)
-            if one is not None:
-                telemetry = screen_telemetry(reply.content.get(TELEMETRY_RECORD))
-                parsed[node] = replace(one, telemetry=telemetry)
-        answers.update(_screened(ctx, server_round, parsed))
-        if new:
-            log(
-                WARNING,
-                "%d node(s) cannot answer EdgeFleet's status query (their ClientApp has no "
-                "query function, or answers without a 'status' record): taking them as "
-                "present and feasible from now on, under their node ids. Add EdgeFleet's "
-                "energy_mod and status_query to that ClientApp for battery-aware selection "
-                "(docs/reference/library.md).",
-                len(new),
-            )
-            registry.unreported.update(new)
-            answers.update({n: _assumed(registry, n) for n in new})
-        ctx.status.update(answers)
-        return answers
-
-
-def _screened(
-    ctx: RoundContext, server_round: int, parsed: Mapping[int, DeviceStatus]
-) -> dict[int, DeviceStatus]:
-    """The status answers whose device-id claim the registry accepts (bound and kept)."""
-    registry = ctx.registry
-    claims = {node: (node, s.device) for node, s in parsed.items()}
-    # Devices that named themselves (an answer without a device-id is keyed by its node id,
-    # which a restarted SuperLink draws afresh).
-    registry.check_devices(s.device for n, s in parsed.items() if s.device != f"node-{n}")
-    reasons = registry.screen(claims, ctx.online)
-    reported = {n: s.partitions for n, s in parsed.items() if s.partitions is not None}
-    reasons.update({n: r for n, r in registry.check_fleet(reported).items() if n not in reasons})
-    out: dict[int, DeviceStatus] = {}
-    for node, status in parsed.items():
-        if node in reasons:
-            reason = bound_reason(reasons[node])
-            log(WARNING, "Ignoring the status of node %d: %s", node, reason)
-            row = ctx.section(ScreeningRow)
-            row.status_refused = [
-                *(row.status_refused or []),
-                {"device": registry.name(node), "reason": reason},
-            ]
-            continue
-        out[node] = status
-        if status.device == f"node-{node}":
-            registry.anonymous.add(node)  # no device-id of its own: a train reply may name one
-            continue
-        registry.bind(node, status.device)
-        registry.note_status(server_round, node, status)
-        if status.telemetry.dropped:
-            counts = ctx.section(TelemetryRow).telemetry_dropped
-            for key in status.telemetry.dropped:
-                counts[key] = counts.get(key, 0) + 1
-    return out
-
-
-def _assumed(registry: DeviceRegistry, node: int) -> DeviceStatus:
-    """What a node that cannot report is taken to say: present and feasible, under the
-    device id its train replies claimed (``node-<id>`` until one did)."""
-    return DeviceStatus(device=registry.name(node), feasible=True, present=True, reported=False)
-
-
-def _feasible(value: object) -> bool:
-    """A status answer's ``feasible`` (absent: 1, a ClientApp without batteries); anything
-    but 0 or 1 makes the answer malformed (NaN, 0.5 or a list once counted as feasible)."""
-    feasible = parse_feasible(value)
-    if feasible is None:
-        raise ValueError(f"feasible ({describe(value)}) is not 0 or 1")
-    return feasible
-
-
-def _partitions(node: int, value: object) -> int | None:
-    """A reported ``num-partitions`` (a whole number in [1, 10^7]), or None."""
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 10**7:
-        log(WARNING, "Node %d: num-partitions (%s) is not a whole number in [1, 1e7]; dropped",
-            node, describe(value))  # fmt: skip
-        return None
-    return value
-
-
-def _labels(value: object) -> tuple[int, ...]:
-    """A status answer's ``labels``: at most MAX_LABELS class indices, each a whole number in
-    [0, MAX_LABELS); else ValueError (the answer is malformed: no data set of an honest
-    device has more classes, and the sessions wrapper writes their union into every row)."""
-    if not isinstance(value, list):
-        raise ValueError(f"labels ({describe(value)}) is not a list")
-    if len(value) > MAX_LABELS:
-        raise ValueError(f"labels is a list of {len(value):,} (at most {MAX_LABELS})")
-    if not all(_class_index(c) for c in value):
-        raise ValueError(f"labels must be whole numbers in [0, {MAX_LABELS})")
-    return tuple(int(c) for c in value)
-
-
-def _class_index(value: object) -> bool:
-    return (
-        isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and 0 <= value < MAX_LABELS
-        and float(value).is_integer()
-    )
-
-
-def _parse_status(node: int, status: MetricRecord) -> DeviceStatus | None:
-    raw_id = status.get(DEVICE_ID)
-    device = f"node-{node}" if raw_id is None else parse_device_id(raw_id)
-    if device is None:
-        log(WARNING, "Ignoring a malformed status from node %d: device-id (%s)", node,
-            describe(raw_id))  # fmt: skip
-        return None
-    try:
-        return DeviceStatus(
-            device=device,
-            feasible=_feasible(status.get(FEASIBLE, 1)),
-            present=bool(status.get(PRESENT, 1)),
-            labels=_labels(status.get(LABELS, [])),
-            battery=parse_battery(node, status.get(BATTERY_LEVEL)),
-            partitions=_partitions(node, status.get(NUM_PARTITIONS)),
-        )
-    except (TypeError, ValueError, OverflowError) as err:  # int(inf) is an OverflowError
-        log(WARNING, "Ignoring a malformed status from node %d: %s", node, bound_reason(err))
-        return None
+__all__ = ["LoopStrategy", "StatusQuery", "SubsetGrid", "build_loop", "start_on_loop"]
 
 
 class SubsetGrid:
@@ -297,8 +76,19 @@ class LoopStrategy(StrategyHooks, Strategy):
     def on_session(self, arrays: ArrayRecord | None) -> None:
         hooks_of(self.inner).on_session(arrays)
 
-    def on_status(self, server_round: int, answers: Any) -> None:
-        hooks_of(self.inner).on_status(server_round, answers)
+    def declarations(self) -> list[Declaration]:
+        """This wrapper's declarations, then those of every wrapper inside it."""
+        return self.own_declarations() + hooks_of(self.inner).declarations()
+
+    def own_declarations(self) -> list[Declaration]:
+        return []
+
+    def plan_status(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int], ask: Ask
+    ) -> None:
+        """Passed down: a wrapper that narrows the nodes (sessions: the present ones) or
+        stops the round (stopping: resting) overrides it."""
+        hooks_of(self.inner).plan_status(server_round, arrays, nodes, ask)
 
     def register_devices(self, device_ids: Iterable[str]) -> None:
         hooks_of(self.inner).register_devices(device_ids)
@@ -383,11 +173,11 @@ def build_loop(
     after them, so that they record what the wrappers wrote). ``loop_kwargs`` go to
     :class:`~edgefleet.strategies.loop.RoundLoop`. The one way both
     :func:`start_on_loop` and EdgeFleet's ServerApp build it."""
-    from edgefleet.strategies.energy import EnergyAgeSelection  # imports this module
-    from edgefleet.strategies.robust import participant_cap_error
+    from edgefleet.strategies.robust import participant_cap_error  # robust imports this module
 
-    selection = find_wrapper(strategy, EnergyAgeSelection)
-    why = participant_cap_error(strategy, selection.max_devices if selection else None)
+    # The fleet's cap as the components declare it (RoundLoop merges them the same way).
+    cap = fleet_facts(hooks_of(strategy).declarations()).participant_cap
+    why = participant_cap_error(strategy, cap)
     if why:  # before round 1, not a run that never aggregates
         raise ValueError(why)
     callbacks = [*before, *hooks_of(strategy).round_callbacks(), *after]

@@ -1,4 +1,5 @@
-"""The round context: what one round learns, handed to every wrapper, never kept on them.
+"""The round context: what one round learns, handed to every wrapper; a wrapper keeps its
+round state here, not on itself.
 
 Flower's ``Strategy`` calls (``configure_train``, ``aggregate_train``, ...) carry no state
 between them, so a wrapper that learns something in ``configure_train`` (whom it selected,
@@ -14,7 +15,10 @@ A wrapper keeps what it learns in the context:
 - a typed *row section* (a dataclass below, one per component) whose fields become the
   round's ``metrics.jsonl`` columns, under the names they have always had;
 - its private per-round objects (:meth:`RoundContext.own`), which never reach the row;
-- the round's status answers (:attr:`RoundContext.status`), shared by every wrapper that asks.
+- the round's status answers (:attr:`RoundContext.status`), asked once by the loop's status
+  phase (:mod:`edgefleet.strategies.status`) and read by every wrapper;
+- the fleet's facts (:class:`FleetFacts`: the energy slot clock, the participant cap),
+  declared once per run by the components and fixed by the loop before round 1.
 
 What lasts longer than a round (ages, memories, the session tracker) is the wrapper's run
 state, kept on it and checkpointed with ``state_dict``; which device is which lives in the
@@ -156,6 +160,37 @@ class ValidationRow:
     validation_balanced_accuracy: float | None = optional()
 
 
+# -- the fleet's facts -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetFacts:
+    """What belongs to the fleet, not to a wrapper: one per run, made by the loop from every
+    component's declaration (:class:`~edgefleet.strategies.status.Declaration`), so that two
+    wrappers can never run two clocks.
+
+    ``slots_per_round``: the energy slot clock; round r's status queries and train messages
+    carry slot ``(r - 1) * slots_per_round``, and a device's battery only moves forward on
+    it. ``participant_cap``: the most devices a round may train (energy-age selection's M),
+    which FedSAG weighs its corrections by (None: no cap)."""
+
+    slots_per_round: int = 1
+    participant_cap: int | None = None
+
+    def slot(self, server_round: int) -> int:
+        return (server_round - 1) * self.slots_per_round
+
+
+@dataclass(frozen=True)
+class ClassAccuracy:
+    """Central evaluation's correct predictions and test examples of one class (the sessions
+    wrapper's accuracy on the classes present). Counts; floats, so that a weighted
+    evaluation fits too."""
+
+    correct: float
+    total: float
+
+
 # -- the context -----------------------------------------------------------------------------
 
 
@@ -168,7 +203,13 @@ class RoundContext:
     online: Callable[[], set[int]] = set  # the nodes online now (no waiting)
     session: int = 0
     status: dict[int, DeviceStatus] = field(default_factory=dict)  # this round's answers
-    max_participants: int | None = None  # a selection wrapper's cap on the round (its M)
+    # nodes that answered this round's status query with an error -> its (bounded) reason:
+    # unknown this round, not departed
+    status_errors: dict[int, str] = field(default_factory=dict)
+    fleet: FleetFacts = field(default_factory=FleetFacts)  # the run's clock and cap
+    # the model this round's train messages carry when a wrapper replaces the loop's (a
+    # session's start, or its auxiliary rounds' pilot model): set by the sessions wrapper
+    start_from: ArrayRecord | None = None
     # the model the loop had when this session opened (the last session's final model), named
     # by the sessions wrapper every round: the continuous mode's teacher
     last_session_model: ArrayRecord | None = None
@@ -177,6 +218,16 @@ class RoundContext:
     update_norms: dict[str, float] = field(default_factory=dict)
     _sections: dict[type, Any] = field(default_factory=dict)
     _own: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def slot(self) -> int:
+        """This round's slot on the fleet's energy clock."""
+        return self.fleet.slot(self.round)
+
+    @property
+    def participant_cap(self) -> int | None:
+        """The most devices this round may train (the fleet's cap), or None."""
+        return self.fleet.participant_cap
 
     def section(self, cls: type[S]) -> S:
         """This round's section of type ``cls`` (made on first use)."""

@@ -13,10 +13,13 @@ the selection, and a round's cost stays proportional to M rather than to the fle
 (``batch_size = 0`` asks everyone at once). A node is asked when it first appears, to learn
 its stable device id (kept in the run's device registry), which orders it from then on;
 when a device reconnects under a new node id, the registry retires the old id and it is
-never asked again. When an outer wrapper has already
-asked every node this round (the sessions wrapper's presence query carries the same slot
-clock), those answers are reused and no second query is sent. Wrapped around FedAvg this is
-EH-FedAvg, around :class:`~edgefleet.strategies.fedsag.FedSAG` it is EH-FedSAG.
+never asked again. The wrapper sends none of these queries itself: it plans them
+(``plan_status``) and the round loop's status phase sends them
+(:mod:`edgefleet.strategies.status`), on the fleet's one slot clock, which this wrapper
+declares (``slots_per_round``), as it declares the round's participant cap (M); a node
+already asked this round (every node, under sessions) is not asked again. Wrapped around
+FedAvg this is EH-FedAvg, around :class:`~edgefleet.strategies.fedsag.FedSAG` it is
+EH-FedSAG.
 
 ``status_max_age`` > 0 (``selection.status-max-age``) skips the query where an answer is
 known: a device whose last answer said "feasible" at most that many rounds ago (a status
@@ -29,7 +32,8 @@ the training round itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from logging import INFO, WARNING
 from typing import Any
 
@@ -39,7 +43,7 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.base import LoopStrategy, SubsetGrid
 from edgefleet.strategies.context import ScreeningRow, SelectionRow, current_round
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 from edgefleet.strategies.registry import DeviceStatus, EnergyState
@@ -50,6 +54,7 @@ from edgefleet.strategies.selection import (
     query_order,
     select_in_batches,
 )
+from edgefleet.strategies.status import Ask, Declaration
 
 # With status reuse, a device is still asked when its last status answer is this many rounds
 # old, so that its telemetry and presence in the fleet view stay recent.
@@ -92,6 +97,15 @@ def selection_line(
     if nodes:
         return f"{text}; statuses reused from this round's presence query"
     return text
+
+
+@dataclass
+class _Plan:
+    """The round's selection, made in the status phase (kept in the round's context)."""
+
+    planned: bool = False
+    nodes: list[int] | None = None  # the selected devices' nodes
+    online: int = 0
 
 
 class EnergyAgeSelection(LoopStrategy, RoundCallback):
@@ -138,7 +152,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self.max_devices = max_devices
         self.slots_per_round = slots_per_round
         self.batch_size = batch_size
-        self.query = StatusQuery(slots_per_round, query_timeout, first_answer_timeout)
+        self.query_timeout, self.first_answer_timeout = query_timeout, first_answer_timeout
         self.rng = np.random.default_rng(seed)
         self.ages = AgeTracker()
 
@@ -164,9 +178,17 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
     def slot(self, server_round: int) -> int:
         return (server_round - 1) * self.slots_per_round
 
-    def on_status(self, server_round: int, answers: Mapping[int, DeviceStatus]) -> None:
-        self._note(answers)
-        super().on_status(server_round, answers)
+    def own_declarations(self) -> list[Declaration]:
+        return [
+            Declaration(
+                type(self).__name__,
+                slots_per_round=self.slots_per_round,
+                participant_cap=self.max_devices,  # FedSAG's M (its uplink channels)
+                status=True,
+                timeout=self.query_timeout,
+                first_timeout=self.first_answer_timeout,
+            )
+        ]
 
     def _note(self, answers: Mapping[int, DeviceStatus]) -> None:
         """Track the devices that answered (their ages, and the inner strategy's fleet)."""
@@ -174,20 +196,25 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         self.ages.register(devices)
         self.register_devices(devices)
 
-    def _ask(self, grid: Grid, nodes: list[int], server_round: int) -> None:
-        """Send the status query (battery at this round's slot) to ``nodes``."""
-        self._note(self.query.ask(grid, nodes, server_round))
-        current_round().section(SelectionRow).status_queries += len(nodes)
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def plan_status(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int], ask: Ask
+    ) -> None:
+        """The round's selection, made in the loop's status phase: ``ask`` is its only way to
+        learn a battery. ``configure_train`` then sends to the selected devices."""
         ctx = current_round()
         registry, heard = ctx.registry, ctx.status
         row = ctx.section(SelectionRow)
-        ctx.max_participants = self.max_devices  # FedSAG's M (its uplink channels)
-        nodes = sorted(n for n in grid.get_node_ids() if n not in registry.retired)
+        plan = ctx.own(self, _Plan)
+        plan.planned = True
+        nodes = sorted(n for n in nodes if n not in registry.retired)
+        plan.online = len(nodes)
         known = registry.known
+        # Answers an outer component had asked for (every node, under sessions).
+        self._note({n: heard[n] for n in nodes if n in heard})
+
+        def asked(batch: list[int]) -> None:
+            self._note(ask(batch))
+            row.status_queries += len(batch)
 
         # A node's first answer names its device. Asking newcomers before ordering keeps the
         # order, seeded ties included, on stable device ids: Flower's node ids change when a
@@ -197,7 +224,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         # round) and is asked again next round.
         new = [n for n in nodes if not known(n) and n not in heard]
         if new:
-            self._ask(grid, new, server_round)
+            asked(new)
         node_of = {registry.name(n): n for n in nodes if known(n)}
         # A device the registry learnt of elsewhere (the server's census before round 1, a
         # train reply) is tracked from its first round here.
@@ -213,16 +240,16 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         reused: dict[str, float | None] = {}  # device -> the battery it last reported
 
         def feasible(devices: list[str]) -> dict[str, bool]:
-            ask = []
+            ask_now = []
             for d in devices:
                 if node_of[d] in heard:
                     continue
                 if (state := self._reusable(d, server_round)) is not None:
                     reused[d] = state.battery
                 else:
-                    ask.append(node_of[d])
-            if ask:
-                self._ask(grid, ask, server_round)
+                    ask_now.append(node_of[d])
+            if ask_now:
+                asked(ask_now)
             out = {d: heard[node_of[d]].feasible for d in devices if node_of[d] in heard}
             return {**out, **{d: True for d in devices if d in reused and d not in out}}
 
@@ -244,13 +271,26 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
                 row.status_queries, len(reused),
             ),
         )  # fmt: skip
+        plan.nodes = [node_of[d] for d in row.selected]
         if not row.selected:
             screening = ctx.section(ScreeningRow)
             screening.no_participants = self._why_nobody(nodes, heard)
             log(WARNING, "Round %d: nobody selected: %s", server_round, screening.no_participants)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        ctx = current_round()
+        plan = ctx.own(self, _Plan)
+        if not plan.planned:
+            raise RuntimeError(
+                "EnergyAgeSelection selects in the round loop's status phase: run it with "
+                "strategy.start(...) or RoundLoop, which runs the phase before configure_train"
+            )
+        if not plan.nodes:
             return []
-        config = ConfigRecord({**dict(config), "slot": self.slot(server_round)})
-        subset = SubsetGrid(grid, [node_of[d] for d in row.selected])
+        config = ConfigRecord({**dict(config), "slot": ctx.slot})
+        subset = SubsetGrid(grid, plan.nodes)
         return self.inner.configure_train(server_round, arrays, config, subset)  # type: ignore[arg-type]
 
     def _reusable(self, device: str, server_round: int) -> EnergyState | None:

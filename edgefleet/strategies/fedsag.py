@@ -194,7 +194,7 @@ class FedSAG(StrategyHooks, FedAvg):
         fleet = len(set(self.memory.device_ids) | set(updates))
         floor = 0.0
         if self.correction == "channels":
-            floor = max(self.correction_floor, float(current_round().max_participants or 0))
+            floor = max(self.correction_floor, float(current_round().participant_cap or 0))
         weight = 1.0 / max(len(updates), min(floor, fleet))
         if self.robust.on:
             current_round().section(RobustRow).robust_rule = self.robust.rule.value

@@ -1,20 +1,23 @@
 """The calls EdgeFleet's wrappers make on the strategy inside them, with defaults.
 
 A wrapper (sessions, stopping, selection, reconstruction) tells the strategy it wraps about
-things Flower's ``Strategy`` has no call for: a session boundary, the status answers it
-already collected, the devices it has heard from, and it asks for state to checkpoint and for
-the check its replies must pass. :class:`StrategyHooks` declares those calls once, each with
-a default that does the right thing for a strategy that does not care (Flower's FedAvg, or
-yours): nothing to announce, no state, the standard reply check.
+things Flower's ``Strategy`` has no call for: a session boundary, the devices it has heard
+from; it declares what it needs of the fleet (the loop's status phase, the slot clock, the
+participant cap) and whom the status phase should ask; and it is asked for state to
+checkpoint and for the check its replies must pass. :class:`StrategyHooks` declares those
+calls once, each with a default that does the right thing for a strategy that does not care
+(Flower's FedAvg, or yours): nothing to announce or declare, no state, the standard reply
+check.
 
 EdgeFleet's wrappers and stateful aggregators (``FedSAG``) subclass it; :func:`hooks_of`
-gives the default hooks for any other strategy, so no caller has to ask what a strategy
-supports.
+gives the default hooks for any other strategy, so the loop calls them on any strategy
+without asking what it supports. (Finding one wrapper in a chain, ``base.find_wrapper``,
+is for EdgeFleet's ServerApp and a few refusals before round 1, not for the round's calls.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
@@ -29,7 +32,7 @@ from edgefleet.strategies.screening import (
 
 if TYPE_CHECKING:
     from edgefleet.strategies.loop import RoundCallback
-    from edgefleet.strategies.registry import DeviceStatus
+    from edgefleet.strategies.status import Ask, Declaration
 
 
 class StrategyHooks:
@@ -43,9 +46,17 @@ class StrategyHooks:
         """A session boundary: ``arrays`` is the model the session's training starts from,
         or None while the session's auxiliary rounds run."""
 
-    def on_status(self, server_round: int, answers: Mapping[int, DeviceStatus]) -> None:
-        """Status answers an outer wrapper already collected this round (same slot clock),
-        so that an inner selection does not ask those nodes again."""
+    def declarations(self) -> list[Declaration]:
+        """What this strategy (and every one inside it) declares of the fleet and needs of
+        the loop's status phase (:mod:`edgefleet.strategies.status`)."""
+        return []
+
+    def plan_status(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int], ask: Ask
+    ) -> None:
+        """The status phase's second step: whom of ``nodes`` to ask (``ask(nodes)`` sends
+        the query to those not yet answered this round and returns the answers); the
+        answers are in the round context. Runs before ``configure_train``."""
 
     def register_devices(self, device_ids: Iterable[str]) -> None:
         """Devices heard from, for a strategy that keeps per-device state."""

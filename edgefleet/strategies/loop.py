@@ -4,6 +4,9 @@ Flower's ``Strategy.start`` runs a fixed number of rounds and offers no hook bet
 stopping rules, checkpoints and metrics rows would each have to copy it. Here the loop is
 written once. Per round it:
 
+0. runs the status phase when a component needs it (:mod:`edgefleet.strategies.status`):
+   the one status query of the round, on the fleet's one slot clock, answers in the
+   registry and the round context;
 1. asks the strategy for train messages and sends them with a bounded timeout;
 2. screens every reply (:mod:`edgefleet.strategies.screening`): on its own (well-formed,
    finite, within the server's bounds, claiming a device id that is its node's), then
@@ -20,7 +23,9 @@ The loop owns the run's :class:`~edgefleet.strategies.registry.DeviceRegistry` (
 speaks for which device, and what each device did) and makes one
 :class:`~edgefleet.strategies.context.RoundContext` per round, current around every call it
 makes into the strategy and the callbacks for that round: wrappers keep what they learn in a
-round there, never on themselves.
+round there. It is the only sender of messages: wrappers build them and declare what they
+need of the fleet (the status answers, the slot clock, the participant cap), which the loop
+fixes once before round 1 (:class:`~edgefleet.strategies.context.FleetFacts`).
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.bounds import bound_reason
 from edgefleet.strategies.context import (
+    ClassAccuracy,
     RoundContext,
     ScreeningRow,
     in_round,
@@ -68,6 +74,7 @@ from edgefleet.strategies.screening import (
     parse_device_id,
     reply_metrics,
 )
+from edgefleet.strategies.status import StatusPhase, bounded_reason, is_unreachable
 from edgefleet.strategies.timing import (
     Exchange,
     LinkEstimate,
@@ -77,9 +84,21 @@ from edgefleet.strategies.timing import (
 )
 from edgefleet.wire import BATTERY_LEVEL, DEVICE_ID, ENERGY_RECORD, FEASIBLE
 
-# A train reply's energy after the round's cost: a ConfigRecord the energy mod adds.
 TRAIN_TIME = "train-time-s"  # the seconds a ClientApp says it trained (EdgeFleet's reports it)
-EvaluateFn = Callable[[int, ArrayRecord], dict[str, float]]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A central evaluation's figures (``metrics.jsonl`` columns such as ``test_accuracy``)
+    and, when the evaluation counts them, each class's correct predictions (read by the
+    sessions wrapper, typed rather than spelled into metric names)."""
+
+    metrics: dict[str, float]
+    per_class: dict[int, ClassAccuracy] = field(default_factory=dict)
+
+
+# A central evaluation: its figures, or an Evaluation with the per-class counts too.
+EvaluateFn = Callable[[int, ArrayRecord], "dict[str, float] | Evaluation"]
 
 
 @dataclass
@@ -91,7 +110,7 @@ class RoundResult:
     session: int
     arrays: ArrayRecord  # global model after the round
     participants: list[str]  # device ids whose update was aggregated
-    declined: list[str]  # devices that answered with an error
+    declined: list[str]  # devices that answered with an error of their own (a battery decline)
     rejected: list[dict[str, str]]  # {"device": ..., "reason": ...} for dropped replies
     bytes_up: int
     bytes_down: int
@@ -104,6 +123,11 @@ class RoundResult:
     evaluated: bool = True  # whether central evaluation ran this round
     extra: dict[str, object] = field(default_factory=dict)
     context: RoundContext = field(default_factory=lambda: RoundContext(0, DeviceRegistry()))
+    # each class's counts in this round's central evaluation ({}: none, or not counted)
+    per_class: dict[int, ClassAccuracy] = field(default_factory=dict)
+    # devices the transport could not reach (Flower's "Node Unavailable" for a SuperNode
+    # that stopped heartbeating, a message or reply lost): gone, not a device's decision
+    unreachable: list[str] = field(default_factory=list)
 
 
 class RoundCallback:
@@ -115,6 +139,10 @@ class RoundCallback:
     def after_round(self, result: RoundResult) -> str | None:
         """Called after each round; return a stop reason to end the run, else None."""
         return None
+
+    def on_end(self, arrays: ArrayRecord, last_round: int) -> None:
+        """Called once when the run ends (budget used or stopped) with its final model: what
+        must outlive the run (the warm-start store's open session) is kept here."""
 
 
 class NotEnoughNodes(RuntimeError):
@@ -217,9 +245,12 @@ class RoundLoop:
         self.check: ReplyCheck = hooks_of(strategy).check_reply
         self.screening = screening or Screening()
         self.registry = DeviceRegistry(self.screening.device_binding)
+        # What the components declare of the fleet, merged once: two clocks are refused here.
+        self.status = StatusPhase(strategy, hooks_of(strategy).declarations())
+        self.fleet = self.status.fleet
         # Update norms accepted in recent rounds: the reference of a round with few replies.
         self.norm_history: deque[list[float]] = deque(maxlen=NORM_HISTORY_ROUNDS)
-        self._last_eval: tuple[ArrayRecord, dict[str, float]] | None = None
+        self._last_eval: tuple[ArrayRecord, Evaluation] | None = None
 
     def run(
         self,
@@ -245,9 +276,18 @@ class RoundLoop:
             if reasons:
                 log(INFO, "Stopping after round %d: %s", rnd, reasons[0])
                 final = result.eval_metrics if result.evaluated else self.evaluate(rnd, arrays)
+                self._end(arrays, rnd)
                 return LoopOutcome(arrays, rnd, rnd, reasons[0], final)
         final = result.eval_metrics if result is not None else {}
+        self._end(arrays, num_rounds)
         return LoopOutcome(arrays, num_rounds, None, "budget", final)
+
+    def _end(self, arrays: ArrayRecord, last_round: int) -> None:
+        for callback in self.callbacks:
+            # A callback written against the older protocol (after_round only) has none.
+            end = getattr(callback, "on_end", None)
+            if end is not None:
+                end(arrays, last_round)
 
     def evaluate(self, rnd: int, arrays: ArrayRecord) -> dict[str, float]:
         """Central evaluation of ``arrays``. A round that aggregated nothing keeps the very
@@ -256,13 +296,19 @@ class RoundLoop:
         if self.evaluate_fn is None:
             return {}
         if self._last_eval is not None and self._last_eval[0] is arrays:
-            return dict(self._last_eval[1])
-        metrics = self.evaluate_fn(rnd, arrays)
-        self._last_eval = (arrays, dict(metrics))
-        return metrics
+            return dict(self._last_eval[1].metrics)
+        res = self.evaluate_fn(rnd, arrays)
+        done = res if isinstance(res, Evaluation) else Evaluation(dict(res))
+        self._last_eval = (arrays, done)
+        return dict(done.metrics)
+
+    def _per_class(self, arrays: ArrayRecord) -> dict[int, ClassAccuracy]:
+        """The per-class counts of the evaluation of ``arrays`` ({} if it had none)."""
+        last = self._last_eval
+        return dict(last[1].per_class) if last is not None and last[0] is arrays else {}
 
     def new_context(self, rnd: int) -> RoundContext:
-        return RoundContext(rnd, self.registry, online=self.grid.online)
+        return RoundContext(rnd, self.registry, online=self.grid.online, fleet=self.fleet)
 
     def run_round(
         self, rnd: int, arrays: ArrayRecord, config: ConfigRecord, t0: float, last: bool = False
@@ -274,6 +320,11 @@ class RoundLoop:
             with in_round(self.new_context(rnd)):
                 return self.run_round(rnd, arrays, config, t0, last)
         log(INFO, "[ROUND %d]", rnd)
+        self.grid.restart()
+        try:
+            self.status.run(self.grid, rnd, arrays)  # type: ignore[arg-type]
+        except NotEnoughNodes as err:  # a strategy's own wait for nodes, bounded
+            log(WARNING, "Round %d: %s: status phase skipped", rnd, err)
         messages = self._configure(self.strategy.configure_train, rnd, arrays, config)
         bytes_down = sum(_payload_bytes(m) for m in messages)
         sent_round = self._exchange(messages, ctx)
@@ -294,7 +345,7 @@ class RoundLoop:
                 len(messages), ", ".join(missing))  # fmt: skip
             row.missing = missing
         sent = {m.metadata.dst_node_id: m.content for m in messages if m.has_content()}
-        accepted, declined, rejected = self._screen(replies, arrays, sent, row)
+        accepted, declined, rejected, unreachable = self._screen(replies, arrays, sent, row)
         # Counted before aggregation: Flower's FedMedian, FedTrimmedAvg and Bulyan empty the
         # replies' ArrayRecords while they aggregate.
         bytes_up = sum(_payload_bytes(m) for m in accepted)
@@ -308,11 +359,11 @@ class RoundLoop:
             why = self._why_empty(len(messages), len(replies), len(accepted), row)
             row.no_participants = row.no_participants or why
         participants = [self.device_of(m) for m in aggregated]
-        self.registry.note_round(rnd, participants, declined, rejected)
+        self.registry.note_round(rnd, participants, declined, rejected, unreachable)
         federated = self._evaluate_federated(rnd, arrays)
         evaluated = self.evaluate_fn is not None and (rnd % self.evaluate_every == 0 or last)
         eval_metrics = self.evaluate(rnd, arrays) if evaluated else {}
-        shown = {k: v for k, v in {**eval_metrics, **federated}.items() if "class" not in k}
+        shown = {**eval_metrics, **federated}
         if shown:
             log(INFO, "Round %d: %s", rnd, shown)
         return RoundResult(
@@ -322,6 +373,7 @@ class RoundLoop:
             participants=participants,
             participant_nodes=[m.metadata.src_node_id for m in aggregated],
             declined=declined,
+            unreachable=unreachable,
             rejected=rejected,
             bytes_up=bytes_up,
             bytes_down=bytes_down,
@@ -330,6 +382,7 @@ class RoundLoop:
             eval_metrics=eval_metrics,
             federated_metrics=federated,
             evaluated=evaluated,
+            per_class=self._per_class(arrays) if evaluated else {},
             wall_s=time.monotonic() - t0,
             context=ctx,
         )
@@ -496,10 +549,11 @@ class RoundLoop:
         reference: ArrayRecord,
         sent: Mapping[int, Any],
         row: ScreeningRow,
-    ) -> tuple[list[Message], list[str], list[dict[str, str]]]:
-        """Accepted (in device order, metrics made consistent), declined and rejected
-        replies. Nothing a reply holds can raise out of here."""
+    ) -> tuple[list[Message], list[str], list[dict[str, str]], list[str]]:
+        """Accepted (in device order, metrics made consistent), declined, rejected and
+        unreachable replies. Nothing a reply holds can raise out of here."""
         declined: list[str] = []
+        unreachable: list[str] = []
         rejected: list[dict[str, str]] = []
 
         def reject(msg: Message, reason: str, device: str | None = None) -> None:
@@ -511,9 +565,13 @@ class RoundLoop:
         candidates: list[Message] = []
         for msg in replies:
             if msg.has_error():
-                why = bound_reason(msg.error.reason)  # the device's own words
-                log(INFO, "Device %s declined: %s", self.device_of(msg), why)
-                declined.append(self.device_of(msg))
+                why = bounded_reason(msg)
+                if is_unreachable(msg):
+                    log(WARNING, "Device %s unreachable: %s", self.device_of(msg), why)
+                    unreachable.append(self.device_of(msg))
+                else:
+                    log(INFO, "Device %s declined: %s", self.device_of(msg), why)
+                    declined.append(self.device_of(msg))
                 continue
             try:
                 reason = self._check_one(msg, reference)
@@ -544,7 +602,7 @@ class RoundLoop:
         # Replies arrive in whatever order the devices finish; float sums depend on the
         # order, so aggregate in device order to make a seeded run repeatable.
         candidates.sort(key=lambda m: _order(self.device_of(m)))
-        return common_metrics(candidates, self.keys), declined, rejected
+        return common_metrics(candidates, self.keys), declined, rejected, unreachable
 
     def _check_one(self, msg: Message, reference: ArrayRecord) -> str | None:
         if not msg.has_content():

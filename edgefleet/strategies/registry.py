@@ -225,6 +225,7 @@ class DeviceRecord:
     participations: int = 0  # rounds its update was aggregated
     last_trained: int = 0  # the last such round (0: never)
     declines: int = 0
+    unreachable: int = 0  # train messages the transport could not deliver or answer
     rejections: list[tuple[int, str]] = field(default_factory=list)  # newest last, bounded
     telemetry: Mapping[str, float | str] = field(default_factory=dict)  # the last accepted
     telemetry_dropped: dict[str, str] = field(default_factory=dict)  # field -> last reason
@@ -255,6 +256,7 @@ class DeviceRecord:
             "participations": self.participations,
             "last_trained": self.last_trained,
             "declines": self.declines,
+            "unreachable": self.unreachable,
             "rejections": [list(r) for r in self.rejections],
         }
 
@@ -502,9 +504,11 @@ class DeviceRegistry:
         participants: Iterable[str],
         declined: Iterable[str],
         rejected: Iterable[Mapping[str, str]],
+        unreachable: Iterable[str] = (),
     ) -> None:
         """Add a round's outcome to the devices' histories (names not bound are skipped:
-        an unbound node has no record to keep)."""
+        an unbound node has no record to keep). An unreachable device is neither seen nor
+        counted as declining."""
         for device in participants:
             if (record := self.devices.get(device)) is not None:
                 record.participations += 1
@@ -517,6 +521,9 @@ class DeviceRegistry:
             if (record := self.devices.get(item["device"])) is not None:
                 reason = bound_reason(item["reason"])  # the loop's are; a caller's may not be
                 record.rejections = [*record.rejections, (rnd, reason)][-REJECTIONS_KEPT:]
+        for device in unreachable:
+            if (record := self.devices.get(device)) is not None:
+                record.unreachable += 1
 
     # -- checkpoint ------------------------------------------------------------------------
 
@@ -546,6 +553,7 @@ class DeviceRegistry:
                     "participations": r.participations,
                     "last_trained": r.last_trained,
                     "declines": r.declines,
+                    "unreachable": r.unreachable,
                     "rejections": [{"round": a, "reason": b} for a, b in r.rejections[-5:]],
                     "telemetry": dict(r.telemetry),
                     "telemetry_dropped": dict(r.telemetry_dropped),
@@ -577,6 +585,7 @@ class DeviceRegistry:
                     participations=int(r.get("participations", 0)),
                     last_trained=int(r.get("last_trained", 0)),
                     declines=int(r.get("declines", 0)),
+                    unreachable=int(r.get("unreachable", 0)),  # absent before issue 42
                     rejections=[(int(a), bound_reason(b)) for a, b in r.get("rejections", [])][
                         -REJECTIONS_KEPT:
                     ],

@@ -1,13 +1,16 @@
 """Sessions and warm-start initialization around any strategy (arXiv 2410.05662).
 
-:class:`WarmStartInitializer` is the outermost wrapper. Every round it asks each online
-node whether its device is present (a light ``query`` message; in simulation presence
-follows the scenario's schedule on the client, in deployment a departed device is simply
-offline), feeds the present set to a :class:`~edgefleet.strategies.tracker.SessionTracker`,
-and hands the inner strategy a grid of the present nodes only, with their answers
-(``on_status``), which energy-aware selection reuses instead of asking again: the query
-carries the same slot clock. That costs one message per online node per round (counted in
-the row's ``presence_queries``). When a new session opens it
+:class:`WarmStartInitializer` is the outermost wrapper. Every round it needs to know
+whether each online node's device is present: it declares so, and the round loop's status
+phase asks every online node once (a light ``query`` message on the fleet's slot clock; in
+simulation presence follows the scenario's schedule on the client, in deployment a departed
+device is simply offline). The wrapper feeds the present set to a
+:class:`~edgefleet.strategies.tracker.SessionTracker` and hands the inner strategy the
+present nodes only; energy-aware selection inside reads the same answers from the round
+context instead of asking again. That costs one message per online node per round (counted
+in the row's ``presence_queries``). A node that answers with an error is unknown this
+round, not departed: its device stays in the session, and gets no train message. When a
+new session opens it
 stores the finished session's final model and builds the new session's initial model as
 ``warmstart.mode`` says (see :mod:`edgefleet.strategies.warmstart`):
 
@@ -39,7 +42,7 @@ devices until the next session instead of ending the run).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from logging import INFO, WARNING
@@ -51,11 +54,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import State, to_numpy, to_record
-from edgefleet.strategies.base import LoopStrategy, StatusQuery, SubsetGrid
+from edgefleet.strategies.base import LoopStrategy, SubsetGrid
 from edgefleet.strategies.context import ScreeningRow, SessionRow, current_round
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 from edgefleet.strategies.lrschedule import SessionLearningRate
 from edgefleet.strategies.registry import DeviceStatus
+from edgefleet.strategies.status import Ask, Declaration
 from edgefleet.strategies.teacher import ContinuousTeacher
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import (
@@ -85,6 +89,7 @@ class _Round:
 
     present: dict[int, DeviceStatus] = field(default_factory=dict)  # present nodes' answers
     answered: int = 0  # nodes that answered the presence query
+    planned: bool = False  # the status phase ran this wrapper's plan this round
 
 
 class WarmStartInitializer(LoopStrategy, RoundCallback):
@@ -103,7 +108,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         pilot_sessions: int = 1,
         aux_rounds: int = 1,
         temperature: float = 10.0,
-        slots_per_round: int = 1,
+        slots_per_round: int | None = None,
         query_timeout: float = 60.0,
         first_answer_timeout: float | None = None,
         lr: float | None = None,
@@ -119,6 +124,9 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         when sessions open (default: when a fifth of the present set changes, no length
         limit). ``param_keys``: the trainable parameters the session distance is taken over
         (default: every floating-point array of ``initial``).
+        ``slots_per_round``: the fleet's energy slot clock, when no other component declares
+        it (None: energy-aware selection inside declares it, or 1 without one; a different
+        value from the selection's is refused before round 1).
         ``first_answer_timeout``: how long the presence query waits for a node never heard
         from (its first answer may wait for its data to load). ``lr``: the devices' base
         learning rate; given, every train message carries the
@@ -161,13 +169,13 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.keys = distance_keys(self.initial, param_keys)
         self.mode, self.pilot_sessions = mode, pilot_sessions
         self.aux_rounds, self.temperature = aux_rounds, temperature
-        self.query = StatusQuery(slots_per_round, query_timeout, first_answer_timeout)
+        self.slots_per_round = slots_per_round
+        self.query_timeout, self.first_answer_timeout = query_timeout, first_answer_timeout
         self.session_devices: list[str] = []
         self.phase = Phase.TRAIN
         self.aux_left = 0
         self.aux_start: State | None = None  # the pilot model the aux rounds started from
         self.pending_grad: State | None = None  # this session's pseudo-gradient
-        self.start_from: ArrayRecord | None = None  # the model this round starts from
         self.previous: ArrayRecord | None = None  # the model when the session opened
 
     def settings(self) -> dict[str, object]:
@@ -190,14 +198,18 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
 
     # -- presence -----------------------------------------------------------------------
 
-    def _presence(self, grid: Grid, server_round: int, mine: _Round) -> list[int]:
-        """Nodes whose device is present this round (all asked in one batch)."""
-        online = list(grid.get_node_ids())
-        current_round().section(SessionRow).presence_queries = len(online)
-        answers = self.query.ask(grid, online, server_round, labels=True)
-        mine.answered = len(answers)
-        mine.present = {node: status for node, status in answers.items() if status.present}
-        return sorted(mine.present)
+    def own_declarations(self) -> list[Declaration]:
+        return [
+            Declaration(
+                type(self).__name__,
+                slots_per_round=self.slots_per_round,
+                status=True,
+                every_node=True,  # presence: every device, every round
+                labels=True,  # the session accuracy's classes
+                timeout=self.query_timeout,
+                first_timeout=self.first_answer_timeout,
+            )
+        ]
 
     # -- session boundaries -------------------------------------------------------------
 
@@ -229,7 +241,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             self.aux_start = pilot_model([s.final for s in self.store.pilots()])
             self.aux_left = self.aux_rounds
             self.phase = Phase.AUX
-            self.start_from = to_record(self.aux_start)
+            current_round().start_from = to_record(self.aux_start)
             return None
         if (self.mode == "fresh" and session > 1) or self._resets(session):
             return to_record(self.initial)
@@ -274,16 +286,27 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
 
     # -- Strategy -----------------------------------------------------------------------
 
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
+    def plan_status(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int], ask: Ask
+    ) -> None:
+        """The round's presence (from the status phase's answers of every online node), the
+        session boundary it makes, and the present nodes handed to the wrappers inside."""
         ctx = current_round()
         row, mine = ctx.section(SessionRow), ctx.own(self, _Round)
-        nodes = self._presence(grid, server_round, mine)
-        present = [mine.present[n].device for n in nodes]
+        mine.planned = True
+        row.presence_queries = len(nodes)
+        answers = {n: ctx.status[n] for n in nodes if n in ctx.status}
+        mine.answered = len(answers)
+        mine.present = {node: status for node, status in answers.items() if status.present}
+        present_nodes = sorted(mine.present)
+        present = [mine.present[n].device for n in present_nodes]
         row.present = len(present)
+        # A device whose node answered with an error is unknown this round: it has not left
+        # (a departure would open a session), it only gets no train message.
+        unknown = {ctx.registry.name(n) for n in ctx.status_errors if n in nodes}
+        staying = [d for d in self.session_devices if d in unknown and d not in present]
         previous_session = self.tracker.session
-        change = self.tracker.update(server_round, present)
+        change = self.tracker.update(server_round, present + staying)
         ctx.session = self.tracker.session
         if change is not None:
             log(
@@ -300,31 +323,43 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             if self.phase == Phase.AUX:
                 # The last session ended during its auxiliary rounds: it never trained, and
                 # the loop's model is a half-done aux result, not a session's final model.
-                self.phase, self.start_from = Phase.TRAIN, None
+                self.phase, ctx.start_from = Phase.TRAIN, None
             else:
                 if self.previous is not None:  # a session of this run (not the store's last)
                     self._finish_session(previous_session, arrays)
                 self.previous = arrays
-            self.session_devices = sorted(present)
+            self.session_devices = sorted(present + staying)
             assert self.previous is not None
             start = self._open_session(change.session, self.previous)
             if start is not None and start is not arrays:
-                self.start_from = start
+                ctx.start_from = start
             super().on_session(start)
             row.arrived, row.left = sorted(change.arrived), sorted(change.left)
-        if not nodes:
-            asked = row.presence_queries
-            why = f"sessions: no device present ({mine.answered} of {asked} nodes answered)"
+        if not present_nodes:
+            why = f"sessions: no device present ({mine.answered} of {len(nodes)} nodes answered)"
             log(WARNING, "Round %d: nobody selected: %s", server_round, why)
             ctx.section(ScreeningRow).no_participants = why
-            return []
-        send = arrays if self.start_from is None else self.start_from
-        # After on_session (FedSAG forgets its devices there): the present devices' answers
-        # go down so that energy selection reuses their batteries instead of asking again.
-        self.on_status(server_round, mine.present)
+            return
         # What the learning-rate schedule and the continuous teacher inside read.
         row.phase, ctx.last_session_model = self.phase, self.previous
-        return super().configure_train(server_round, send, config, SubsetGrid(grid, nodes))  # type: ignore[arg-type]
+        send = arrays if ctx.start_from is None else ctx.start_from
+        super().plan_status(server_round, send, present_nodes, ask)
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        ctx = current_round()
+        mine = ctx.own(self, _Round)
+        if not mine.planned:
+            raise RuntimeError(
+                "WarmStartInitializer learns presence in the round loop's status phase: run "
+                "it with strategy.start(...) or RoundLoop, which runs the phase first"
+            )
+        if not mine.present:
+            return []
+        send = arrays if ctx.start_from is None else ctx.start_from
+        present = SubsetGrid(grid, sorted(mine.present))
+        return super().configure_train(server_round, send, config, present)  # type: ignore[arg-type]
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -340,8 +375,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         arrays, metrics = super().aggregate_train(server_round, replies)
         trained = arrays is not None
         if not trained:  # nobody trained: the model the round started from stands
-            arrays = self.start_from
-        self.start_from = None
+            arrays = ctx.start_from
         if self.phase != Phase.AUX:
             return arrays, metrics
         row = ctx.section(SessionRow)
@@ -360,13 +394,26 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
 
     # -- RoundCallback ------------------------------------------------------------------
 
+    def on_end(self, arrays: ArrayRecord, last_round: int) -> None:
+        """The run ends: the open session is stored with the final model, as a boundary
+        would store it, so that the next run on this store (a user's second
+        ``strategy.start``, a new ``flwr run`` of EdgeFleet's ServerApp) continues from it. A
+        session still in its auxiliary rounds never trained and is not stored."""
+        if self.phase == Phase.AUX or self.previous is None:
+            return
+        session = self.tracker.session
+        if session in {s.session for s in self.store.pilots() + self.store.candidates()}:
+            return  # already stored (a run that ended twice on one object)
+        self._finish_session(session, arrays)
+
     def after_round(self, result: RoundResult) -> str | None:
         """The row's accuracy on the classes of this round's present devices."""
         row = result.context.section(SessionRow)
         present = result.context.own(self, _Round).present.values()
         classes = sorted({c for status in present for c in status.labels})
-        correct = sum(result.eval_metrics.get(f"class{c}_correct", 0.0) for c in classes)
-        total = sum(result.eval_metrics.get(f"class{c}_total", 0.0) for c in classes)
+        counts = [result.per_class[c] for c in classes if c in result.per_class]
+        correct = sum(c.correct for c in counts)
+        total = sum(c.total for c in counts)
         row.session_classes = classes
         row.session_accuracy = correct / total if total else None
         return None
@@ -382,7 +429,7 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
             aux_left=self.aux_left,
             aux_start=self.aux_start,
             pending_grad=self.pending_grad,
-            start_from=None if self.start_from is None else to_numpy(self.start_from),
+            start_from=None,  # round state, kept in the round's context (format kept)
             previous=None if self.previous is None else to_numpy(self.previous),
         )
         return state  # the stored sessions are on disk in the store's own folder
@@ -393,5 +440,4 @@ class WarmStartInitializer(LoopStrategy, RoundCallback):
         self.session_devices = state["session_devices"]
         self.phase, self.aux_left = Phase(state["phase"]), state["aux_left"]
         self.aux_start, self.pending_grad = state["aux_start"], state["pending_grad"]
-        for key in ("start_from", "previous"):
-            setattr(self, key, None if state[key] is None else to_record(state[key]))
+        self.previous = None if state["previous"] is None else to_record(state["previous"])

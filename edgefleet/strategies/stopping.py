@@ -27,7 +27,7 @@ squared norm halves the effective tau, the missing reset counts scattered slow r
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from logging import INFO
@@ -44,6 +44,7 @@ from edgefleet.errors import SettingError
 from edgefleet.strategies.base import LoopStrategy
 from edgefleet.strategies.context import StoppingRow, ValidationRow
 from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.strategies.status import Ask
 
 
 class StoppingNorm(StrEnum):
@@ -196,6 +197,13 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         self.resting = False  # a new session trains again (its auxiliary rounds too)
         if arrays is not None:
             self.restart(arrays)
+
+    def plan_status(
+        self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int], ask: Ask
+    ) -> None:
+        """A resting fleet is not asked (selection inside spends no status queries)."""
+        if not self.resting:
+            super().plan_status(server_round, arrays, nodes, ask)
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -4,8 +4,8 @@
 "use strict";
 
 const COLORS = ["#2f6fde", "#e0662f", "#2a9d5b", "#9b4fd0", "#c9a400", "#d0487a", "#1fa3b5", "#7a5c3e"];
-const KNOWN = ["device", "node", "online", "battery", "participations", "last_trained", "last_seen", "declines", "rejections"];
-const LABELS = { device: "device", node: "node", online: "online", battery: "battery", participations: "participations", last_trained: "last trained", last_seen: "last seen", declines: "declines", rejections: "last rejections (round: reason)" };
+const KNOWN = ["device", "node", "online", "battery", "participations", "last_trained", "last_seen", "declines", "unreachable", "rejections"];
+const LABELS = { device: "device", node: "node", online: "online", battery: "battery", participations: "participations", last_trained: "last trained", last_seen: "last seen", declines: "declines", unreachable: "unreachable", rejections: "last rejections (round: reason)" };
 const MAX_TEXT = 200;
 const MAX_PINNED = 6;
 // The fleet table shows one page of rows: at 1,000 devices and 16 columns, building and laying
@@ -310,7 +310,8 @@ function drawReasons() {
     tbody.appendChild(tr);
   }
   const declined = state.rows.reduce((a, r) => a + (Array.isArray(r.declined) ? r.declined.length : 0), 0);
-  document.getElementById("reasons-empty").textContent = (list.length ? "" : "No reply was rejected. ") + declined + " train messages declined.";
+  const unreachable = state.rows.reduce((a, r) => a + (Array.isArray(r.unreachable) ? r.unreachable.length : 0), 0);
+  document.getElementById("reasons-empty").textContent = (list.length ? "" : "No reply was rejected. ") + declined + " train messages declined, " + unreachable + " to unreachable devices.";
 }
 
 function drawSessions() {
