@@ -1320,6 +1320,11 @@ def _check_async(cfg: RunConfig) -> None:
             "the validation baseline's best-round model is not kept across versions; "
             "'data-free' and 'off' work",
         ),
+        "strategy = 'scaffold'": (
+            cfg.server.strategy == "scaffold",
+            "SCAFFOLD's control variates are updated from one synchronous round's replies, "
+            "all made from the same model; a stale reply's correction does not hold",
+        ),
         f"fraction-evaluate = {cfg.server.fraction_evaluate!r}": (
             cfg.server.fraction_evaluate > 0,
             "federated evaluation needs a round barrier; use central evaluation",

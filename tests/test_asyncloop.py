@@ -17,6 +17,8 @@ from edgefleet.simulation.virtualtime import VirtualTimeGrid
 from edgefleet.strategies import FedBuff
 from edgefleet.strategies.asyncloop import AsyncLoop
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
+from edgefleet.strategies.fedvarp import FedVARP
+from edgefleet.strategies.mifa import MIFA
 from edgefleet.strategies.robust import RobustAggregation
 from edgefleet.strategies.staleness import (
     AsyncSettingError,
@@ -214,8 +216,10 @@ def test_a_bad_reply_is_dropped_and_the_run_goes_on() -> None:
         lambda: RobustAggregation(FedAvg(), "median"),
         lambda: FedMedian(),
         lambda: FedSAG(min_available_nodes=1, min_train_nodes=1),
+        lambda: MIFA(min_available_nodes=1, min_train_nodes=1),
+        lambda: FedVARP(min_available_nodes=1, min_train_nodes=1),
     ],
-    ids=["equal-weight", "robust-median", "flower-fedmedian", "fedsag"],
+    ids=["equal-weight", "robust-median", "flower-fedmedian", "fedsag", "mifa", "fedvarp"],
 )
 def test_inner_strategies_compose(inner) -> None:  # type: ignore[no-untyped-def]
     """FedAvg-family aggregators, robust rules over the buffer and FedSAG's memory all make
@@ -277,6 +281,7 @@ def test_async_keys_parse_and_bad_values_name_the_choices() -> None:
         ({"stopping.mode": "observe"}, "stopping.mode = 'observe'"),
         ({"stopping.mode": "validation"}, "stopping.mode = 'validation'"),
         ({"fraction-evaluate": 0.5}, "fraction-evaluate"),
+        ({"strategy": "scaffold"}, "strategy = 'scaffold'"),
     ],
 )
 def test_async_refuses_what_it_does_not_support(keys: dict[str, object], named: str) -> None:
