@@ -209,6 +209,38 @@ def test_a_bad_reply_is_dropped_and_the_run_goes_on() -> None:
     assert all(set(r.participant_nodes) == {1} for r in rows.results)
 
 
+def test_an_unreachable_device_is_its_own_outcome() -> None:
+    """Flower's transport error (a killed SuperNode) is not the device's decline."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    def gone(msg: Message) -> Message:
+        return Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="x" * 5000), reply_to=msg)
+
+    handlers = {1: mover(np.array([1.0, 0.0], np.float32), 1), 2: gone}
+    grid = VirtualTimeGrid(handlers, lambda node, k: 1.0)
+    rows = Rows()
+    s = AsyncSettings(buffer_size=1, concurrency=2)
+    AsyncLoop(FedAvg(), grid, s, callbacks=[rows], clock=grid.clock,
+              sleep=lambda _: None).run(rec(w=W0), 3)  # fmt: skip
+    assert any(r.unreachable for r in rows.results)
+    assert not any(r.declined for r in rows.results)
+
+
+def test_the_library_refuses_wrappers_that_need_a_round_barrier() -> None:
+    """Compose or refuse, for a user's FedBuff(...) too: before the first version."""
+    from edgefleet.strategies.energy import EnergyAgeSelection
+    from edgefleet.strategies.scaffold import Scaffold
+
+    grid = VirtualTimeGrid({1: mover(np.array([1.0, 0.0], np.float32), 1)}, lambda n, k: 1.0)
+    s = AsyncSettings(buffer_size=1, concurrency=1)
+    energy = EnergyAgeSelection(FedAvg(), max_devices=2, slots_per_round=4)
+    with pytest.raises(ValueError, match="status phase"):
+        AsyncLoop(energy, grid, s)
+    with pytest.raises(ValueError, match="Scaffold"):
+        AsyncLoop(Scaffold(local_steps=2, lr=0.1), grid, s)
+
+
 @pytest.mark.parametrize(
     "inner",
     [

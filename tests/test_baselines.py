@@ -14,6 +14,7 @@ from torch import nn
 from edgefleet.config import DEFAULTS, ConfigError, parse_run_config
 from edgefleet.server.app import build_strategy
 from edgefleet.strategies.base import find_wrapper
+from edgefleet.strategies.context import FleetFacts
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.fedvarp import FedVARP
@@ -57,7 +58,9 @@ def _run(strategy: FedSAG, handler: Callable[[int, Message], Message] = _delta_r
     for rnd in PLAN:
         grid.rnd = rnd
         with by_hand(rnd) as ctx:
-            ctx.max_participants = 3  # under an energy-age cap M = 3: no effect on either
+            ctx.fleet = FleetFacts(
+                participant_cap=3
+            )  # under an energy-age cap M = 3: no effect on either
             msgs = list(strategy.configure_train(rnd, w, ConfigRecord(), grid))  # type: ignore[arg-type]
             w, _ = strategy.aggregate_train(rnd, grid.send_and_receive(msgs))  # type: ignore[assignment]
     return w["w"].numpy()  # type: ignore[index]

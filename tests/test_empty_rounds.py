@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, Context, Error, Message, MessageType, RecordDi
 
 from edgefleet.server.checkpoint import FILENAME, load_checkpoint
 from edgefleet.server.emptyrounds import WAITING_FOR_ENERGY, EmptyRoundsStop, FleetSilent
-from edgefleet.strategies.context import RoundContext, ScreeningRow
+from edgefleet.strategies.context import RoundContext, ScreeningRow, StoppingRow
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.loop import RoundResult
 from edgefleet.strategies.registry import DeviceRegistry
@@ -106,6 +106,27 @@ def test_rounds_waiting_for_energy_are_not_a_silent_fleet() -> None:
     assert stop.after_round(_result(10, unreachable)) is None
     with pytest.raises(FleetSilent, match="rounds 10-11.*the devices are unreachable"):
         stop.after_round(_result(11, unreachable))
+
+
+def test_rounds_that_stopping_rests_are_not_a_silent_fleet() -> None:
+    # Data-free stopping rests a session that stopped learning: its configure_train sends
+    # nothing, by decision. A session resting longer than the limit must not end the run.
+    stop = EmptyRoundsStop(2)
+    for rnd in range(1, 6):
+        resting = _result(rnd, "the strategy sent no train messages")
+        resting.context.section(StoppingRow).stopping_resting = True
+        assert stop.after_round(resting) is None
+    assert stop.after_round(_result(6, "the strategy sent no train messages")) is None
+    with pytest.raises(FleetSilent, match="rounds 6-7"):
+        stop.after_round(_result(7, "the strategy sent no train messages"))
+
+
+def test_unreachable_devices_are_named_from_their_column() -> None:
+    stop = EmptyRoundsStop(1)
+    gone = _result(1, "nobody answered")
+    gone.unreachable = ["3", "4"]
+    with pytest.raises(FleetSilent, match=r"devices asked are unreachable \(2: 3, 4\)"):
+        stop.after_round(gone)
 
 
 @pytest.mark.timeout(300)

@@ -14,6 +14,7 @@ from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.pruning.importance import weight_scores
 from edgefleet.server.app import build_strategy
 from edgefleet.strategies.base import find_wrapper
+from edgefleet.strategies.context import FleetFacts
 from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.stopping import PlateauCounter, TaskVectorStopping
 from tests.fakes import FakeGrid, by_hand, rec
@@ -59,7 +60,7 @@ def _run_fedsag(strategy: FedSAG, cap: int | None) -> np.ndarray:
     for rnd in (1, 2, 3):
         grid.rnd = rnd
         with by_hand(rnd) as ctx:
-            ctx.max_participants = cap  # an energy-age selection's M
+            ctx.fleet = FleetFacts(participant_cap=cap)  # an energy-age selection's M
             msgs = list(strategy.configure_train(rnd, w, ConfigRecord(), grid))  # type: ignore[arg-type]
             w, _ = strategy.aggregate_train(rnd, grid.send_and_receive(msgs))  # type: ignore[assignment]
     return w["w"].numpy()  # type: ignore[index]

@@ -546,7 +546,12 @@ def run_async(
         # The rule's round is a version here: its tau and patience count versions.
         tau = sc.tau
         strategy = TaskVectorStopping(
-            strategy, tau=sc.tau, patience=sc.patience, norm=sc.norm, keys=central.keys
+            strategy,
+            tau=sc.tau,
+            patience=sc.patience,
+            norm=sc.norm,
+            form=sc.form,
+            keys=central.keys,
         )
     checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
     settings = AsyncSettings(
@@ -580,7 +585,8 @@ def run_async(
     t0 = time.monotonic()
     outcome = loop.run(arrays, cfg.server.num_rounds, ConfigRecord(), first_version=first)
     extra = {"aggregation": "async", "versions": outcome.rounds_run}
-    summary = write_summary(run_dir, cfg, outcome, writer.rows, time.monotonic() - t0, extra)
+    wall_s = writer.wall_offset + time.monotonic() - t0  # every part of a resumed run
+    summary = write_summary(run_dir, cfg, outcome, writer.rows, wall_s, extra)
     runlock.release(run_dir)
     log(INFO, "EdgeFleet run %s done: %d versions (%s), final accuracy %.4f, results in %s",
         run_dir.name, outcome.rounds_run, summary["stop_reason"],

@@ -13,6 +13,9 @@ every reply was rejected by screening, the devices asked never answered (unreach
 Simulation Engine that is also what killed workers look like), or nobody could be selected
 (the selection's or the session's own reason, e.g. "no device present").
 
+A round in which data-free stopping rests the fleet (a session that stopped learning) is
+not silent either: the story counts it apart, and it ends a streak.
+
 A round in which energy-aware selection heard from the devices but none could afford a round
 is not silent: the devices are there and their batteries recharge (under scarce energy many
 rounds have nobody, by design). It ends a streak instead of adding to it.
@@ -20,7 +23,7 @@ rounds have nobody, by design). It ends a streak instead of adding to it.
 
 from __future__ import annotations
 
-from edgefleet.strategies.context import ScreeningRow
+from edgefleet.strategies.context import ScreeningRow, StoppingRow
 from edgefleet.strategies.loop import RoundCallback, RoundResult
 
 # What EnergyAgeSelection._why_nobody says when devices answered but none can afford a round
@@ -77,7 +80,10 @@ class EmptyRoundsStop(RoundCallback):
         self.streak: list[tuple[int, str]] = []  # (round, cause) of the empty rounds in a row
 
     def after_round(self, result: RoundResult) -> str | None:
-        if result.participants or not self.limit or waiting_for_energy(result):
+        # A rest is data-free stopping's decision (the session has stopped learning), not a
+        # silent fleet: the story counts it apart too.
+        resting = bool(result.context.section(StoppingRow).stopping_resting)
+        if result.participants or not self.limit or resting or waiting_for_energy(result):
             self.streak = []
             return None
         self.streak.append((result.round, empty_round_cause(result)))

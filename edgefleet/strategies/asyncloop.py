@@ -67,7 +67,8 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
-from edgefleet.strategies.base import LoopStrategy
+from edgefleet.bounds import bound_reason
+from edgefleet.strategies.base import LoopStrategy, find_wrapper
 from edgefleet.strategies.context import RoundContext, in_round
 from edgefleet.strategies.hooks import hooks_of
 from edgefleet.strategies.loop import (
@@ -81,6 +82,7 @@ from edgefleet.strategies.loop import (
 )
 from edgefleet.strategies.registry import DeviceRegistry
 from edgefleet.strategies.robust import participant_cap_error
+from edgefleet.strategies.scaffold import Scaffold
 from edgefleet.strategies.screening import (
     ENERGY_SPENT,
     NORM_HISTORY_ROUNDS,
@@ -96,6 +98,7 @@ from edgefleet.strategies.screening import (
     reply_metrics,
 )
 from edgefleet.strategies.staleness import AsyncSettings, summarise
+from edgefleet.strategies.status import bounded_reason, fleet_facts, is_unreachable
 from edgefleet.strategies.timing import DEFAULT_POLL_S, LinkEstimate
 from edgefleet.wire import DEVICE_ID, DISPATCH
 
@@ -137,6 +140,7 @@ class _Period:
 
     accepted: list[str] = field(default_factory=list)
     declined: list[str] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)
     rejected: list[dict[str, str]] = field(default_factory=list)
     dropped_more: int = 0
     staleness: list[int] = field(default_factory=list)
@@ -200,6 +204,21 @@ class AsyncLoop:
         why = participant_cap_error(strategy, settings.buffer_size)
         if why:
             raise ValueError(why.replace("devices are selected a round", "replies a buffer"))
+        declarations = hooks_of(strategy).declarations()
+        # Refused before the first version (compose or refuse): these need a round barrier.
+        for d in declarations:
+            if d.status:
+                raise ValueError(
+                    f"{d.owner} needs the round loop's status phase (it chooses devices or "
+                    "sessions from one status query a round); the asynchronous loop has none"
+                )
+        if find_wrapper(strategy, Scaffold) is not None:
+            raise ValueError(
+                "Scaffold's correction c - c_i is per device and its control variates are "
+                "updated from one synchronous round's replies; the asynchronous loop sends one "
+                "template message to every device"
+            )
+        self.fleet = fleet_facts(declarations)
         self.strategy, self.grid, self.settings = strategy, grid, settings
         self.evaluate_fn, self.evaluate_every = evaluate_fn, evaluate_every
         self.callbacks = [*hooks_of(strategy).round_callbacks(), *callbacks]
@@ -351,7 +370,12 @@ class AsyncLoop:
         return LoopOutcome(arrays, version, version, why, self._evaluate(version, arrays))
 
     def _context(self, version: int) -> RoundContext:
-        return RoundContext(version, self.registry, online=lambda: set(self.grid.get_node_ids()))
+        return RoundContext(
+            version,
+            self.registry,
+            online=lambda: set(self.grid.get_node_ids()),
+            fleet=self.fleet,
+        )
 
     def _template(
         self, ctx: RoundContext, version: int, arrays: ArrayRecord, config: ConfigRecord | None
@@ -387,8 +411,13 @@ class AsyncLoop:
         claimed = _claimed(msg)
         device = self.registry.name(node, claimed)
         if msg.has_error():
-            log(INFO, "Device %s declined: %s", device, msg.error.reason)
-            period.declined.append(device)
+            why = bounded_reason(msg)
+            if is_unreachable(msg):
+                log(WARNING, "Device %s unreachable: %s", device, why)
+                period.unreachable.append(device)
+            else:
+                log(INFO, "Device %s declined: %s", device, why)
+                period.declined.append(device)
             return None
         if self.settings.too_stale(staleness):
             self._drop(period, device, f"staleness {staleness} > async.max-staleness "
@@ -460,8 +489,8 @@ class AsyncLoop:
                 version, common_metrics(replies, self.keys)
             )
         except Exception as err:  # noqa: BLE001
-            log(WARNING, "Version %d not made (buffer dropped): aggregation failed: %s: %s",
-                version, type(err).__name__, err)  # fmt: skip
+            log(WARNING, "Version %d not made (buffer dropped): aggregation failed: %s",
+                version, bound_reason(f"{type(err).__name__}: {err}"))  # fmt: skip
             return None, {}
         if new is None:
             log(WARNING, "Version %d not made: the strategy aggregated nothing", version)
@@ -489,7 +518,9 @@ class AsyncLoop:
         last: bool,
     ) -> RoundResult:
         participants = [b.device for b in used]
-        self.registry.note_round(version, participants, period.declined, period.rejected)
+        self.registry.note_round(
+            version, participants, period.declined, period.rejected, period.unreachable
+        )
         evaluated = self.evaluate_fn is not None and (version % self.evaluate_every == 0 or last)
         eval_metrics = self._evaluate(version, arrays) if evaluated else {}
         shown = {k: v for k, v in eval_metrics.items() if "class" not in k}
@@ -511,6 +542,7 @@ class AsyncLoop:
             participant_nodes=[b.msg.metadata.src_node_id for b in used],
             declined=period.declined,
             rejected=period.rejected,
+            unreachable=period.unreachable,
             bytes_up=period.bytes_up,
             bytes_down=period.bytes_down,
             energy_spent=sum(numbers(first_metrics(b.msg)).get(ENERGY_SPENT, 0.0) for b in used),

@@ -274,7 +274,12 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         plan.nodes = [node_of[d] for d in row.selected]
         if not row.selected:
             screening = ctx.section(ScreeningRow)
-            screening.no_participants = self._why_nobody(nodes, heard)
+            screening.no_participants = (
+                f"energy-age selection: nobody left after selection.deadline skipped "
+                f"{len(row.deadline_skipped)} device(s)"
+                if row.deadline_skipped
+                else self._why_nobody(nodes, heard)
+            )
             log(WARNING, "Round %d: nobody selected: %s", server_round, screening.no_participants)
 
     def configure_train(
