@@ -617,6 +617,14 @@ def _child(spec: dict[str, Any], log_path: str) -> None:
             end_with_parent(spec["parent"])
             signal.signal(signal.SIGINT, signal.default_int_handler)
             update_console_handler(level=logging.INFO, timestamps=True, colored=False)
+            # One torch thread, before any torch op: a parent that ran torch's OpenMP pool
+            # before forking us (a test, a user's notebook) leaves a pool whose threads this
+            # process does not have, and the first parallel op here would wait for them for
+            # ever (seen: central evaluation hung in load_state_dict). With one thread torch
+            # never enters that pool; every EdgeFleet process runs one thread anyway.
+            import torch
+
+            torch.set_num_threads(1)
             serve(spec["run_config"], spec["nodes"], app=spec["app"], pool=spec["pool"])
             code = 0
         except BaseException:  # noqa: BLE001 - the log says why; the parent sees the status
