@@ -20,6 +20,7 @@ from typing import Any
 from edgefleet.server.results import MetricsRow as Row
 from edgefleet.server.results import read_metrics
 from edgefleet.strategies.context import PruningRow, SelectionRow, SessionRow, StoppingRow
+from edgefleet.strategies.loop import device_order
 
 
 def load(run_dir: Path) -> tuple[dict[str, Any], list[Row]]:
@@ -65,12 +66,8 @@ def story(run_dir: Path) -> str:
 
 
 def _devices(rows: list[Row]) -> str:
-    ids = sorted({d for r in rows for d in r.participants}, key=_order)
+    ids = sorted({d for r in rows for d in r.participants}, key=device_order)
     return " ".join(ids) if ids else "-"
-
-
-def _order(device: str) -> tuple[int, int | str]:
-    return (0, int(device)) if device.isdigit() else (1, device)
 
 
 def _start(session: int, mine: list[Row], cfg: dict[str, Any]) -> str:

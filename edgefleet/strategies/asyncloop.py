@@ -77,8 +77,10 @@ from edgefleet.strategies.loop import (
     LoopOutcome,
     RoundCallback,
     RoundResult,
+    device_order,
     keep_dtypes,
     numbers,
+    payload_bytes,
 )
 from edgefleet.strategies.registry import DeviceRegistry
 from edgefleet.strategies.robust import participant_cap_error
@@ -286,7 +288,7 @@ class AsyncLoop:
                     mid = msg.metadata.message_id
                     if not mid or mid not in pushed:
                         continue
-                    nbytes = _payload_bytes(msg)
+                    nbytes = payload_bytes(msg)
                     flights[mid] = Flight(
                         msg.metadata.dst_node_id, version, arrays, template.content, now, nbytes
                     )
@@ -433,7 +435,7 @@ class AsyncLoop:
         if claimed is not None:
             self.registry.bind(node, claimed)
             device = claimed
-        nbytes = _payload_bytes(msg)
+        nbytes = payload_bytes(msg)
         period.bytes_up += nbytes
         metrics = first_metrics(msg)
         compute = None if metrics is None else numbers(metrics).get("train-time-s")
@@ -484,7 +486,7 @@ class AsyncLoop:
         try:
             replies = [rebase(b.msg, arrays, b.base, self.settings.weight(b.staleness))
                        for b in buffer]  # fmt: skip
-            replies.sort(key=lambda m: _order(_claimed(m) or str(m.metadata.src_node_id)))
+            replies.sort(key=lambda m: device_order(_claimed(m) or str(m.metadata.src_node_id)))
             new, metrics = self.strategy.aggregate_train(
                 version, common_metrics(replies, self.keys)
             )
@@ -626,16 +628,6 @@ def server_step(current: ArrayRecord, aggregated: ArrayRecord, lr: float) -> dic
 def _claimed(msg: Message) -> str | None:
     metrics = first_metrics(msg)
     return None if metrics is None else parse_device_id(metrics.get(DEVICE_ID))
-
-
-def _order(device: str) -> tuple[int, int | str]:
-    return (0, int(device)) if device.isdigit() else (1, device)
-
-
-def _payload_bytes(msg: Message | None) -> int:
-    if msg is None or msg.has_error() or not msg.has_content():
-        return 0
-    return sum(rec.count_bytes() for rec in msg.content.array_records.values())
 
 
 class FedBuff(LoopStrategy):

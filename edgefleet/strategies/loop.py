@@ -326,7 +326,7 @@ class RoundLoop:
         except NotEnoughNodes as err:  # a strategy's own wait for nodes, bounded
             log(WARNING, "Round %d: %s: status phase skipped", rnd, err)
         messages = self._configure(self.strategy.configure_train, rnd, arrays, config)
-        bytes_down = sum(_payload_bytes(m) for m in messages)
+        bytes_down = sum(payload_bytes(m) for m in messages)
         sent_round = self._exchange(messages, ctx)
         replies = sent_round.replies
         # A reply is the answer to the message its reply_to names: the SuperLink's own error
@@ -339,7 +339,7 @@ class RoundLoop:
             replied = {self.node_of(r) for r in replies}
             missing = sorted(
                 (self.registry.name(m.metadata.dst_node_id) for m in messages
-                 if m.metadata.dst_node_id not in replied), key=_order,
+                 if m.metadata.dst_node_id not in replied), key=device_order,
             )  # fmt: skip
             log(WARNING, "Round %d: %d of %d replies; no reply from %s", rnd, len(replies),
                 len(messages), ", ".join(missing))  # fmt: skip
@@ -348,7 +348,7 @@ class RoundLoop:
         accepted, declined, rejected, unreachable = self._screen(replies, arrays, sent, row)
         # Counted before aggregation: Flower's FedMedian, FedTrimmedAvg and Bulyan empty the
         # replies' ArrayRecords while they aggregate.
-        bytes_up = sum(_payload_bytes(m) for m in accepted)
+        bytes_up = sum(payload_bytes(m) for m in accepted)
         self._note_timing(sent_round, accepted)
         self._note_energy(rnd, messages, replies)
         new_arrays, train_metrics = self._aggregate(rnd, accepted, arrays, row)
@@ -418,7 +418,7 @@ class RoundLoop:
                 continue
             metrics = first_metrics(msg)
             compute = None if metrics is None else reported_compute(metrics.get(TRAIN_TIME))
-            nbytes = _payload_bytes(msg) + _payload_bytes(sent.pushed.get(rid))
+            nbytes = payload_bytes(msg) + payload_bytes(sent.pushed.get(rid))
             link = self._link_for(msg.metadata.src_node_id)
             link.observe(sent.arrived_s[rid], nbytes, compute)
         for rid, msg in sent.pushed.items():
@@ -601,7 +601,7 @@ class RoundLoop:
                 self.registry.bind(msg.metadata.src_node_id, device)
         # Replies arrive in whatever order the devices finish; float sums depend on the
         # order, so aggregate in device order to make a seeded run repeatable.
-        candidates.sort(key=lambda m: _order(self.device_of(m)))
+        candidates.sort(key=lambda m: device_order(self.device_of(m)))
         return common_metrics(candidates, self.keys), declined, rejected, unreachable
 
     def _check_one(self, msg: Message, reference: ArrayRecord) -> str | None:
@@ -726,11 +726,13 @@ def numbers(record: Mapping[str, object] | None) -> dict[str, float]:
     }
 
 
-def _order(device: str) -> tuple[int, int | str]:
+def device_order(device: str) -> tuple[int, int | str]:
+    """Sort key of device ids: numbers in numeric order, then other names (aggregation runs
+    in this order, so a seeded run is repeatable)."""
     return (0, int(device)) if device.isdigit() else (1, device)
 
 
-def _payload_bytes(msg: Message | None) -> int:
+def payload_bytes(msg: Message | None) -> int:
     if msg is None or msg.has_error() or not msg.has_content():
         return 0
     return sum(rec.count_bytes() for rec in msg.content.array_records.values())
