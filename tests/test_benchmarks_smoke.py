@@ -238,6 +238,27 @@ def test_attack_grid_smoke(tmp_path: Path) -> None:
     assert verdict["targets_by_defence"]["off"]["clean_cost_within_1_point"] is None
 
 
+def test_straggler_fleet_smoke(tmp_path: Path) -> None:
+    line = smoke("straggler_fleet", tmp_path)
+    assert (line["sizes"]["devices"], line["sizes"]["cohort"]) == (6, 3)
+    assert line["fleet"]["compute"]["dist"] == "lognormal"
+    runs = {r["method"]: r for r in line["runs"]}
+    assert set(runs) == {"sync", "deadline", "async"}
+    # Virtual time: a synchronous round lasts as long as its slowest reply, so the fleet's
+    # time is at least one round of its fastest device, and the deadline cuts nothing early.
+    for run in runs.values():
+        assert run["curve"] and all(t > 0 for t, _ in run["curve"])
+    assert runs["deadline"]["deadline_s"] == line["deadline_s"]["0"] > 0
+    assert runs["async"]["staleness"]["max"] >= 0
+    ratio = line["ratio_async_over_sync"]["per_seed"].get("0")
+    if runs["sync"]["reached"] and runs["async"]["reached"]:
+        want = runs["async"]["time_to_target_s"] / runs["sync"]["time_to_target_s"]
+        assert ratio == pytest.approx(want, abs=1e-3)
+        assert line["async_at_most_half_sync"] is (ratio <= 0.5)
+    else:
+        assert ratio is None and line["async_at_most_half_sync"] is None
+
+
 # -- claims-page commands that must configure what their rows measured --------------------
 
 
