@@ -456,3 +456,117 @@ def test_a_fleet_whose_every_reply_is_dropped_ends_with_the_reason() -> None:
     out = AsyncLoop(FedAvg(), grid, s, clock=grid.clock, sleep=lambda _: None).run(rec(w=W0), 5)
     assert out.rounds_run == 0
     assert out.stop_reason == "the last 40 replies were all declined or dropped (see the log)"
+
+
+# -- checkpoint and resume mid-buffer ---------------------------------------------------------
+
+
+class _Stopped(Exception):
+    """The ServerApp killed right after a checkpoint was written."""
+
+
+class _Pushes(VirtualTimeGrid):
+    """Keeps each pushed message's node and model."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.pushed: list[tuple[int, np.ndarray]] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> list[str]:
+        messages = list(messages)
+        for m in messages:
+            self.pushed.append((m.metadata.dst_node_id, m.content["arrays"]["w"].numpy()))
+        return super().push_messages(messages)
+
+
+STEPS = {n: np.array([float(n), -0.5 * n], np.float32) for n in (1, 2, 3, 4)}
+
+
+def _mid_buffer_fleet() -> _Pushes:
+    # Node n answers in n virtual seconds with n examples; concurrency 3 of 4 nodes.
+    return _Pushes({n: mover(STEPS[n], n) for n in STEPS}, lambda node, k: float(node))
+
+
+def test_a_run_stopped_mid_buffer_resumes_with_its_buffer_and_resends_in_flight(
+    tmp_path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Stopped after two of version 2's three updates were accepted: the checkpoint (the
+    safe .npz format, read back from disk) holds both replies and the devices in flight;
+    resumed, the run first re-sends the checkpoint's model to those devices, and version 2
+    is the FedBuff step over the two kept updates (with their staleness) and the first
+    re-sent one, by hand."""
+    from edgefleet.server.checkpoint import (
+        FILENAME,
+        Checkpointer,
+        apply_checkpoint,
+        load_checkpoint,
+    )
+
+    s = AsyncSettings(buffer_size=3, concurrency=3, staleness="polynomial", a=1.0)
+    grid = _mid_buffer_fleet()
+    strategy = FedAvg()
+    ckpt = Checkpointer(tmp_path, strategy)
+    saves: list[int] = []
+
+    def checkpoint(version: int, arrays: ArrayRecord) -> None:
+        ckpt.save(version, arrays)
+        saves.append(version)
+        if saves.count(1) == 2:  # two updates buffered towards version 2
+            raise _Stopped
+
+    rows = Rows()
+    loop = AsyncLoop(strategy, grid, s, callbacks=[rows, ckpt], clock=grid.clock,
+                     sleep=lambda _: None, checkpoint=checkpoint)  # fmt: skip
+    ckpt.loop_state = loop.state_dict
+    with pytest.raises(_Stopped):
+        loop.run(rec(w=W0), 4)
+    saved = load_checkpoint(tmp_path / FILENAME)
+    assert saved.round == 1 and len(rows.results) == 1
+    kept = saved.loop["buffer"]["entries"]
+    assert len(kept) == 2
+    in_flight = saved.loop["in_flight"]
+    assert in_flight and saved.loop["version"] == 1
+    v1 = rows.results[0].arrays["w"].numpy()
+    np.testing.assert_array_equal(saved.arrays["w"], v1)
+
+    resumed_grid = _mid_buffer_fleet()
+    rows2 = Rows()
+    strategy2 = FedAvg()
+    loop2 = AsyncLoop(strategy2, resumed_grid, s, callbacks=[rows2], clock=resumed_grid.clock,
+                      sleep=lambda _: None)  # fmt: skip
+    apply_checkpoint(saved, strategy2, ["w"], loop2)
+    loop2.run(saved.array_record(), 3, first_version=2)
+    # The devices that were training get the checkpoint's model first, in their order.
+    first = resumed_grid.pushed[: len(in_flight)]
+    assert [n for n, _ in first] == in_flight
+    for _, w in first:
+        np.testing.assert_array_equal(w, v1)
+    # Version 2: the two kept updates, then the first re-sent device's (staleness 0).
+    r2 = rows2.results[0]
+    assert r2.round == 2
+    assert r2.participants[:2] == [e["device"] for e in kept]
+    third = r2.participant_nodes[2]
+    assert third == min(in_flight)  # node n answers in n seconds
+    nodes = [e["node"] for e in kept] + [third]
+    stale = [e["staleness"] for e in kept] + [0]
+    want = fedbuff_step({"w": v1.astype(np.float64)}, [{"w": STEPS[n]} for n in nodes],
+                        nodes, stale, s)  # fmt: skip
+    np.testing.assert_allclose(r2.arrays["w"].numpy(), want["w"], rtol=1e-6)
+    assert r2.extra["accepted"] == 3 and r2.extra["staleness_max"] == max(stale)
+    assert [r.round for r in rows2.results] == [2, 3]
+
+
+def test_the_buffer_in_a_checkpoint_is_bounded_and_checked() -> None:
+    """A checkpoint whose buffer holds more replies than the run's buffer size is refused
+    (it is not this run's), and one from before this format loads with an empty buffer."""
+    grid = _mid_buffer_fleet()
+    loop = AsyncLoop(FedAvg(), grid, AsyncSettings(buffer_size=3, concurrency=3))
+    state = loop.state_dict()
+    assert state["buffer"] == {"bases": {}, "entries": []} and state["in_flight"] == []
+    entry = {"device": "1", "staleness": 0, "version": 0, "node": 1, "records": []}
+    bases = {"0": {"keys": ["w"], "values": [W0]}}
+    with pytest.raises(ValueError, match="4 buffered replies > async.buffer-size 3"):
+        loop.load_state_dict({**state, "buffer": {"bases": bases, "entries": [entry] * 4}})
+    loop.load_state_dict({"registry": {}, "norms": []})  # an older checkpoint's loop state
+    out = loop.run(rec(w=W0), 1)
+    assert out.rounds_run == 1

@@ -573,6 +573,7 @@ def run_async(
         screening=screening_for(cfg),
         reply_timeout=cfg.server.round_timeout,
         node_wait_timeout=cfg.server.node_wait_timeout,
+        checkpoint=checkpointer.save,  # mid-buffer too: no accepted update is lost
     )
     checkpointer.loop_state = loop.state_dict
     arrays, first = central.initial, 1

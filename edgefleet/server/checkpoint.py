@@ -391,17 +391,22 @@ class Checkpointer(RoundCallback):
     def after_round(self, result: RoundResult) -> str | None:
         # After a rolled-back round result.arrays is the model from before it: a non-finite
         # model never reaches a checkpoint.
+        self.save(result.round, result.arrays)
+        return None
+
+    def save(self, last_round: int, arrays: ArrayRecord) -> None:
+        """Checkpoint now: ``arrays`` is the model after ``last_round`` (the asynchronous
+        loop also calls this between versions, with its buffer in the loop state)."""
         state = hooks_of(self.strategy).state_dict()
         ckpt = Checkpoint(
-            result.round,
-            to_numpy(result.arrays),
+            last_round,
+            to_numpy(arrays),
             state,
             random.getstate(),
             loop=self.loop_state() if self.loop_state else {},
             config=self.config,
         )
         save_checkpoint(self.path, ckpt)
-        return None
 
 
 def apply_checkpoint(ckpt: Checkpoint, strategy: Any, keys: list[str], loop: Any = None) -> None:

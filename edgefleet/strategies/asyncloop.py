@@ -37,9 +37,16 @@ handed to the round callbacks, with the asynchronous columns in ``extra``: ``ver
 
 Not yet (refused by EdgeFleet's ServerApp before a run starts, see
 ``docs/how-to/async-aggregation.md``): energy-age selection, CA-HFP submodels, sessions,
-stopping rules, federated evaluation. A checkpoint is written after every version
-(:meth:`AsyncLoop.state_dict`); a resumed run continues from the last version, and the
-replies that were in its buffer are lost (their devices train again).
+stopping rules, federated evaluation.
+
+Checkpoints: :meth:`AsyncLoop.state_dict` holds, besides the device registry, the replies
+accepted into the buffer but not yet aggregated (their arrays, the base models they were
+trained from, their staleness; at most ``buffer_size`` replies and as many bases) and the
+devices in flight. ``checkpoint`` (EdgeFleet's ServerApp passes its checkpointer) is called
+after every reply that enters the buffer without filling it, and the round callbacks
+checkpoint each version, so a run stopped mid-buffer loses no accepted update: resumed,
+it starts with that buffer and first re-sends the current model to the devices that were
+training (their replies to the stopped run are gone with its messages).
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ import io
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
 from typing import Any
@@ -134,6 +141,7 @@ class Buffered:
     staleness: int
     base: ArrayRecord
     device: str
+    version: int = 0  # the version of ``base``
 
 
 @dataclass
@@ -200,6 +208,7 @@ class AsyncLoop:
         poll_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        checkpoint: Callable[[int, ArrayRecord], None] | None = None,
     ) -> None:
         if evaluate_every < 1:
             raise ValueError(f"evaluate_every={evaluate_every!r} must be >= 1")
@@ -235,6 +244,11 @@ class AsyncLoop:
         self.norms: deque[float] = deque(maxlen=NORM_HISTORY_ROUNDS * settings.buffer_size)
         self._node_links: dict[int, LinkEstimate] = {}
         self._started: dict[int, int] = {}  # node -> dispatch count when it last started
+        self.checkpoint = checkpoint
+        # The running loop's buffer, flights and period, for state_dict (None: not running).
+        self._live: Callable[[], tuple[int, list[Buffered], dict[str, Flight], _Period, int]]
+        self._live = lambda: (0, [], {}, _Period(), 0)
+        self._restored: dict[str, Any] = {}  # what load_state_dict found of a stopped buffer
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -257,6 +271,23 @@ class AsyncLoop:
         buffer: list[Buffered] = []
         period = _Period()
         dispatches = 0
+        resend: dict[int, int] = {}  # node -> rank: in flight when a stopped run checkpointed
+        kept = self._restored
+        self._restored = {}
+        if kept and kept["version"] == version:
+            buffer, period, dispatches = kept["buffer"], kept["period"], kept["dispatches"]
+            resend = {node: i for i, node in enumerate(kept["in_flight"])}
+            log(INFO, "Resumed mid-buffer: %d buffered update(s) kept; re-sending version "
+                "%d to the %d device(s) that were training", len(buffer), version,
+                len(resend))  # fmt: skip
+        elif kept:
+            log(WARNING, "The checkpoint's buffer is for version %d, this run starts after "
+                "version %d: not used", kept["version"] + 1, version)  # fmt: skip
+
+        def live() -> tuple[int, list[Buffered], dict[str, Flight], _Period, int]:
+            return version, buffer, flights, period, dispatches
+
+        self._live = live
         ctx = self._context(version + 1)
         template = self._template(ctx, version + 1, arrays, train_config)
         idle_since: float | None = None
@@ -271,7 +302,8 @@ class AsyncLoop:
             busy = {f.node for f in flights.values()}
             # (Asking a deployment's SuperLink for its nodes only when a slot is free.)
             idle = [n for n in self.grid.get_node_ids() if n not in busy] if free > 0 else []
-            idle.sort(key=lambda n: (self._started.get(n, -1), n))
+            # (A resumed run's devices that were in flight first, in their order.)
+            idle.sort(key=lambda n: (resend.get(n, len(resend)), self._started.get(n, -1), n))
             out = []
             for i, node in enumerate(idle[:free]):
                 msg = Message(
@@ -294,6 +326,7 @@ class AsyncLoop:
                     )
                     dispatches += 1
                     self._started[msg.metadata.dst_node_id] = dispatches
+                    resend.pop(msg.metadata.dst_node_id, None)
                     period.bytes_down += nbytes
             if not flights:
                 now = self.clock()
@@ -335,12 +368,15 @@ class AsyncLoop:
                     continue
                 buffer.append(item)
                 if len(buffer) < s.buffer_size:
+                    if self.checkpoint is not None:
+                        self.checkpoint(version, arrays)  # the buffer survives a stop
                     continue
                 # The buffer is full: a new version.
                 with in_round(ctx):
                     new, metrics = self._aggregate(version + 1, arrays, buffer, ctx)
                 used = buffer if new is not None else []
                 buffer = []
+                resend.clear()  # a version later, they are idle devices like any other
                 if new is None:
                     failed += 1
                     if failed >= MAX_FAILED_BUFFERS:
@@ -352,6 +388,7 @@ class AsyncLoop:
                 last = version >= num_versions
                 result = self._result(version, arrays, used, metrics, period, flights, ctx,
                                       t0, last)  # fmt: skip
+                period = _Period()  # (before the callbacks: a checkpoint holds the next's)
                 with in_round(ctx):
                     reasons = [r for cb in self.callbacks if (r := cb.after_round(result))]
                 final = result.eval_metrics
@@ -362,7 +399,6 @@ class AsyncLoop:
                     return LoopOutcome(arrays, version, version, reasons[0], final)
                 if last:
                     break
-                period = _Period()
                 ctx = self._context(version + 1)
                 template = self._template(ctx, version + 1, arrays, train_config)
         return LoopOutcome(arrays, version, None, "budget", final)
@@ -442,7 +478,7 @@ class AsyncLoop:
         self._link(node).observe(now - f.pushed_at, nbytes + f.nbytes, compute)
         period.accepted.append(device)
         period.staleness.append(staleness)
-        return Buffered(msg, staleness, f.base, device)
+        return Buffered(msg, staleness, f.base, device, f.version)
 
     def _check(self, msg: Message, f: Flight, node: int, claimed: str | None) -> str | None:
         if not msg.has_content():
@@ -570,15 +606,100 @@ class AsyncLoop:
         return self._node_links.setdefault(node, LinkEstimate())
 
     def state_dict(self) -> dict[str, Any]:
-        """The device registry and recent update norms, for a checkpoint at a version
-        boundary (the buffer's replies and the devices in flight are not kept: a resumed run
-        sends those devices the checkpoint's model again)."""
-        return {"registry": self.registry.state_dict(), "norms": list(self.norms)}
+        """The device registry, recent update norms and slot order, and (mid-buffer) the
+        buffer's replies, the devices in flight and the version's row so far, for a
+        checkpoint (module docstring). Arrays stay NumPy arrays: the checkpoint stores them
+        in its own arrays, never pickled."""
+        version, buffer, flights, period, dispatches = self._live()
+        return {
+            "registry": self.registry.state_dict(),
+            "norms": list(self.norms),
+            "started": [[int(n), int(c)] for n, c in self._started.items()],
+            "version": int(version),
+            "dispatches": int(dispatches),
+            "buffer": _encode_buffer(buffer),
+            "in_flight": [int(f.node) for f in flights.values()],
+            "period": {k: list(v) if isinstance(v, list) else v for k, v in vars(period).items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.registry.load_state_dict(state.get("registry", {}))
         self.norms.clear()
         self.norms.extend(float(n) for n in state.get("norms", []))
+        self._started = {int(n): int(c) for n, c in state.get("started", [])}
+        self._restored = {}
+        if "buffer" in state:  # a checkpoint of this version or later
+            entries = _decode_buffer(state["buffer"])
+            if len(entries) > self.settings.buffer_size:
+                raise ValueError(f"{len(entries)} buffered replies > async.buffer-size "
+                                 f"{self.settings.buffer_size}")  # fmt: skip
+            self._restored = {
+                "version": int(state["version"]),
+                "dispatches": int(state["dispatches"]),
+                "buffer": entries,
+                "in_flight": [int(n) for n in state["in_flight"]],
+                "period": _Period(**dict(state["period"])),
+            }
+
+
+def _encode_buffer(buffer: Sequence[Buffered]) -> dict[str, Any]:
+    """``buffer`` as a state tree of JSON values and NumPy arrays: each reply's records (its
+    model, metrics, configs) and each base model once (replies share their version's)."""
+    bases: dict[str, dict[str, Any]] = {}
+    entries = []
+    for b in buffer:
+        bases.setdefault(str(b.version), _arrays(b.base))
+        records = []
+        for name, record in b.msg.content.items():
+            if isinstance(record, ArrayRecord):
+                records.append([name, "arrays", _arrays(record)])
+            elif isinstance(record, MetricRecord):
+                records.append([name, "metrics", dict(record)])
+            elif isinstance(record, ConfigRecord):
+                records.append([name, "config", dict(record)])
+        entries.append({
+            "device": b.device,
+            "staleness": int(b.staleness),
+            "version": int(b.version),
+            "node": int(b.msg.metadata.src_node_id),
+            "records": records,
+        })  # fmt: skip
+    return {"bases": bases, "entries": entries}
+
+
+def _arrays(record: ArrayRecord) -> dict[str, Any]:
+    keys = list(record.keys())
+    return {"keys": keys, "values": [array_values(record[k]) for k in keys]}
+
+
+def _record(tree: Mapping[str, Any]) -> ArrayRecord:
+    keys, values = list(tree["keys"]), list(tree["values"])
+    if len(keys) != len(values) or not all(isinstance(v, np.ndarray) for v in values):
+        raise ValueError("a buffered model's keys and arrays do not match")
+    return ArrayRecord({str(k): Array(np.asarray(v)) for k, v in zip(keys, values, strict=True)})
+
+
+def _decode_buffer(tree: Mapping[str, Any]) -> list[Buffered]:
+    """The replies :func:`_encode_buffer` stored, as buffer entries again (each a reply
+    from its node, as the grid delivered it)."""
+    bases = {int(v): _record(b) for v, b in dict(tree["bases"]).items()}
+    out = []
+    for e in tree["entries"]:
+        content: dict[str, Any] = {}
+        for name, kind, value in e["records"]:
+            if kind == "arrays":
+                content[str(name)] = _record(value)
+            elif kind == "metrics":
+                content[str(name)] = MetricRecord(dict(value))
+            elif kind == "config":
+                content[str(name)] = ConfigRecord(dict(value))
+            else:
+                raise ValueError(f"a buffered reply's record kind {kind!r}")
+        sent = Message(RecordDict(), dst_node_id=int(e["node"]), message_type=MessageType.TRAIN)
+        reply = Message(RecordDict(content), reply_to=sent)
+        version = int(e["version"])
+        out.append(Buffered(reply, int(e["staleness"]), bases[version], str(e["device"]), version))
+    return out
 
 
 def rebase(msg: Message, current: ArrayRecord, base: ArrayRecord, weight: float) -> Message:
