@@ -376,6 +376,43 @@ def test_metrics_equal_the_files(run_dir: Path) -> None:
     assert one("edgefleet_devices") == 4 and one("edgefleet_devices_online") == 3
 
 
+def async_row(version: int) -> dict[str, Any]:
+    """A row of an asynchronous run (edgefleet.strategies.asyncloop): one per version."""
+    stale = {1: (0, 0.0, 0), 2: (0, 1.0, 3), 3: (1, 2.5, 7)}[version]
+    return {
+        **row(version),
+        "version": version,
+        "accepted": 3,
+        "dropped": 0,
+        "staleness_min": stale[0],
+        "staleness_median": stale[1],
+        "staleness_max": stale[2],
+        "in_flight": 9 - version,
+    }
+
+
+def test_an_async_runs_staleness_and_in_flight_are_gauges(run_dir: Path) -> None:
+    """The last version's staleness and devices in flight: gauges of an asynchronous run's
+    folder, absent from a synchronous run's (no row has them)."""
+    names = {f.name for f in text_string_to_metric_families(client(run_dir).get("/metrics").text)}
+    assert not names & {"edgefleet_staleness_median", "edgefleet_staleness_max",
+                        "edgefleet_in_flight"}  # fmt: skip
+    rows = "".join(json.dumps(async_row(v)) + "\n" for v in (1, 2, 3))
+    atomic_write_text(run_dir / "metrics.jsonl", rows)
+    web = client(run_dir)
+    families = {f.name: f for f in text_string_to_metric_families(web.get("/metrics").text)}
+
+    def one(name: str) -> float:
+        assert families[name].type == "gauge"
+        return families[name].samples[0].value
+
+    assert one("edgefleet_staleness_median") == 2.5
+    assert one("edgefleet_staleness_max") == 7
+    assert one("edgefleet_in_flight") == 6
+    served = web.get("/api/rounds").json()
+    assert [r["staleness_max"] for r in served] == [0, 3, 7]
+
+
 # `.ci/run` installs both binaries before the suite and sets this: there a missing one fails
 # the test instead of skipping it, so CI cannot pass without having run them.
 REQUIRE_TOOLS = os.environ.get("EDGEFLEET_REQUIRE_DASHBOARD_TOOLS") == "1"
@@ -464,6 +501,10 @@ PAGE_STATE = """JSON.stringify({
   reasons: [...document.querySelectorAll('#reasons tbody .reason')].map(s => s.textContent),
   injected: document.querySelectorAll('#fleet img, #reasons img, script:not([src])').length,
   pwned: window.__pwned === undefined ? null : window.__pwned,
+  asyncHidden: document.getElementById('async-figure').hidden,
+  async: [...document.querySelectorAll('#async-last span')].map(s => [
+    s.dataset.series, Number(s.dataset.round), Number(s.dataset.value)]),
+  inFlight: (document.querySelector('[data-card="in flight"] b') || {}).textContent || null,
 })"""
 
 
@@ -530,13 +571,21 @@ def test_the_page_in_a_real_browser_updates_without_a_reload(
 
         first = _until("the page", lambda: (s := state()) and s["ready"] and s)
         check(first, 3)
-        # A new round lands while the page is open: the server's two writes.
+        # No asynchronous column in the rows: no staleness panel, no in-flight card.
+        assert first["asyncHidden"] is True and first["inFlight"] is None
+        # A new round lands while the page is open: the server's two writes. (It carries
+        # the asynchronous loop's columns: the staleness panel appears with them.)
         with (run_dir / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps(row(4)) + "\n")
+            f.write(json.dumps({**row(4), "staleness_median": 1.5, "staleness_max": 4,
+                                "in_flight": 7}) + "\n")  # fmt: skip
         atomic_write_text(run_dir / "fleet.json", json.dumps(fleet(4, [6.0, 2.5, 9.75])))
         second = _until("round 4", lambda: (s := state()) and s["rows"] == "4" and s)
         _until("fleet.json of round 4", lambda: (s := state()) and ["2", "9.75"] in s["devices"])
         check(state() or {}, 4)
+        seen = state() or {}
+        assert seen["asyncHidden"] is False and seen["inFlight"] == "7"
+        assert seen["async"] == [["staleness_median", 4, 1.5], ["staleness_max", 4, 4],
+                                 ["in_flight", 4, 7]]  # fmt: skip
         shot = tools.call("Page.captureScreenshot", format="png")["data"]
         (tmp_path / "dashboard.png").write_bytes(base64.b64decode(shot))
         assert second["ready"] and (tmp_path / "dashboard.png").stat().st_size > 10_000

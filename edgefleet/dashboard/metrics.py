@@ -19,7 +19,8 @@ first, then the most recently seen), within :data:`MAX_DEVICE_SAMPLES` samples;
 ``edgefleet_devices_export_limit`` shows the cut. Counters over the rows: rounds, replies
 accepted, declined, unreachable and rejected (by reason), bytes up and down, energy spent.
 Run gauges: round, session, accuracy and loss, task-vector growth and its tau, devices known
-and online.
+and online; in an asynchronous run also the last version's staleness (median, max) and the
+devices in flight.
 """
 
 from __future__ import annotations
@@ -188,6 +189,19 @@ class RunCollector(Collector):
             "stopping_tau": (
                 "the growth below which data-free stopping counts a plateau",
                 number(fleet.get("stopping_tau")),
+            ),
+            # Asynchronous aggregation (a row per version): the last version's figures.
+            "staleness_median": (
+                "median staleness (versions) of the updates in the last version's buffer",
+                _last(rows, "staleness_median"),
+            ),
+            "staleness_max": (
+                "largest staleness (versions) of an update in the last version's buffer",
+                _last(rows, "staleness_max"),
+            ),
+            "in_flight": (
+                "devices training when the last version was made",
+                _last(rows, "in_flight"),
             ),
             "devices": ("devices the server knows", float(len(devices))),
             "devices_exported": (

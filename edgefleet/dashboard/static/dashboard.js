@@ -109,7 +109,7 @@ async function loadBatteries() {
 // charts' widths once, before anything is drawn, not once per chart after the tables are built.
 function chartWidths() {
   const widths = {};
-  for (const id of ["chart-accuracy", "chart-loss", "chart-stopping", "chart-battery"]) {
+  for (const id of ["chart-accuracy", "chart-loss", "chart-stopping", "chart-battery", "chart-async"]) {
     if (!state.charts[id]) widths[id] = Math.max(300, document.getElementById(id).clientWidth || 500);
   }
   return widths;
@@ -167,8 +167,12 @@ function caption(id, series, data) {
 }
 
 function drawCharts() {
-  const widths = chartWidths();
   const rows = state.rows.filter((r) => num(r.round) !== null);
+  // An asynchronous run's rows (one a version) carry staleness and in_flight: its panel is
+  // shown before the widths are read, so that it is drawn at its own width.
+  const asynchronous = rows.some((r) => num(r.staleness_max) !== null || num(r.in_flight) !== null);
+  document.getElementById("async-figure").hidden = !asynchronous;
+  const widths = chartWidths();
   const fed = (k) => (r) => (r.federated ? r.federated[k] : null);
   let acc = columnSeries(rows, [["test_accuracy", (r) => r.test_accuracy], ["test_balanced_accuracy", (r) => r.test_balanced_accuracy], ["session_accuracy", (r) => r.session_accuracy]].concat(federatedKeys(rows, "acc").map((k) => ["federated " + k, fed(k)])));
   chart("chart-accuracy", acc.series, acc.data, { yLabel: "accuracy" }, widths);
@@ -183,6 +187,12 @@ function drawCharts() {
   const growth = num(state.fleet.task_vector_growth);
   const box = document.getElementById("stopping-last");
   box.textContent = stop.series.length ? "last growth " + fmt(growth !== null ? growth : (lastPoint(stop.data, 1) || [0, null])[1], 5) + (tau !== null ? ", tau " + fmt(tau, 5) : "") : "(stopping.mode off: no signal)";
+
+  if (asynchronous) {
+    const as = columnSeries(rows, [["staleness_median", (r) => r.staleness_median], ["staleness_max", (r) => r.staleness_max, { dash: [4, 4] }], ["in_flight", (r) => r.in_flight]]);
+    chart("chart-async", as.series, as.data, { yLabel: "versions / devices" }, widths);
+    caption("async-last", as.series, as.data);
+  }
 
   const hist = batteryHistory();
   document.getElementById("battery-source").textContent = hist.source;
@@ -360,6 +370,7 @@ function drawSummary() {
     ["rejected replies", rejected],
     ["MB up / down", (up / 1e6).toFixed(1) + " / " + (down / 1e6).toFixed(1)],
     ["selected this round", Array.isArray(f.selected) ? f.selected.length : ""],
+    ["in flight", num(last.in_flight) !== null ? last.in_flight : ""],
   ];
   const box = document.getElementById("summary");
   box.textContent = "";
