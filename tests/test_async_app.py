@@ -87,6 +87,10 @@ def test_an_async_run_resumes_from_its_last_version(tmp_path: Path) -> None:
     run_dir = tmp_path / "r"
     saved = load_checkpoint(run_dir / FILENAME)
     assert saved.round == 2
+    # A version's checkpoint: its buffer is empty (aggregated), its devices in flight named
+    # (none here: the in-process grid answers every message of a pull at once).
+    assert saved.loop["buffer"]["entries"] == [] and saved.loop["version"] == 2
+    assert saved.loop["in_flight"] == []
     before = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     (run_dir / "summary.json").unlink()  # as if the ServerApp had died after version 2
     more = {**config, "num-server-rounds": 4, "resume": True,
