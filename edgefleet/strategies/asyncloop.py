@@ -245,7 +245,8 @@ class AsyncLoop:
         self._node_links: dict[int, LinkEstimate] = {}
         self._started: dict[int, int] = {}  # node -> dispatch count when it last started
         self.checkpoint = checkpoint
-        # The running loop's buffer, flights and period, for state_dict (None: not running).
+        # The running loop's version, buffer, flights, period and dispatch count, for
+        # state_dict (empty before a run).
         self._live: Callable[[], tuple[int, list[Buffered], dict[str, Flight], _Period, int]]
         self._live = lambda: (0, [], {}, _Period(), 0)
         self._restored: dict[str, Any] = {}  # what load_state_dict found of a stopped buffer
