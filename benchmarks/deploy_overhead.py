@@ -214,7 +214,7 @@ if os.environ.get("EDGEFLEET_DEPLOY_TRACE"):
         "edgefleet.client.device": _device,
         "edgefleet.client.pruning": _pruning,
         "edgefleet.task.train": _train,
-        "edgefleet.strategies.loop": _loop,
+        "edgefleet.loop.roundloop": _loop,
         "edgefleet.client.worker": _worker,
     }
 

@@ -24,6 +24,9 @@ from edgefleet.attacks.mods import KINDS as ATTACK_KINDS
 from edgefleet.attacks.mods import LIES
 from edgefleet.client.battery import SOURCES, SourceKind
 from edgefleet.errors import SettingError
+from edgefleet.loop.screening import BINDINGS, NORM_FACTOR, NORM_FLOOR
+from edgefleet.loop.staleness import STALENESS_FUNCTIONS
+from edgefleet.loop.timing import WAIT_MODES
 from edgefleet.pruning.names import (
     BUDGETS,
     CRITERIA,
@@ -33,13 +36,10 @@ from edgefleet.pruning.names import (
 )
 from edgefleet.strategies.robust import ROBUST_RULES, RULE_PARAMS, RobustRule
 from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
-from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR, NORM_FLOOR
 from edgefleet.strategies.selection import SELECTION_ORDERS
-from edgefleet.strategies.staleness import STALENESS_FUNCTIONS
 from edgefleet.strategies.stopping import FORMS as STOPPING_FORMS
 from edgefleet.strategies.stopping import NORMS as STOPPING_NORMS
 from edgefleet.strategies.stopping import VALIDATION_RULES
-from edgefleet.strategies.timing import WAIT_MODES
 from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.datasets import DATASETS
 from edgefleet.task.names import ACCELERATORS, MODELS
@@ -937,7 +937,7 @@ AGGREGATION_MODES: tuple[str, ...] = ("sync", "async")
 @dataclass(frozen=True)
 class AsyncConfig:
     """``aggregation.mode`` and ``async.*``: buffered asynchronous aggregation (FedBuff;
-    :mod:`edgefleet.strategies.asyncloop`, docs/how-to/async-aggregation.md). In async mode
+    :mod:`edgefleet.loop.asyncloop`, docs/how-to/async-aggregation.md). In async mode
     ``num-server-rounds`` counts global model versions and ``round-timeout`` bounds one
     device's training."""
 

@@ -21,7 +21,7 @@ LINK_KBPS = "link-kbps"  # a telemetry value: the declared link rate (node confi
 # record of its own, so that Flower's strategies do not average it with the metrics).
 ENERGY_RECORD = "energy"
 
-# A train config key of the asynchronous loop (edgefleet.strategies.asyncloop): the number of
+# A train config key of the asynchronous loop (edgefleet.loop.asyncloop): the number of
 # train messages it has sent so far. A device sent the same global version twice would
 # otherwise draw the same batches (its seed comes from the round) and send the same update.
 DISPATCH = "async-dispatch"

@@ -12,14 +12,14 @@ from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDic
 from torch import nn
 
 from edgefleet.config import DEFAULTS, ConfigError, parse_run_config
+from edgefleet.loop.base import find_wrapper
+from edgefleet.loop.context import FleetFacts
+from edgefleet.loop.registry import DeviceRegistry
 from edgefleet.server.app import build_strategy
-from edgefleet.strategies.base import find_wrapper
-from edgefleet.strategies.context import FleetFacts
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.fedvarp import FedVARP
 from edgefleet.strategies.mifa import MIFA
-from edgefleet.strategies.registry import DeviceRegistry
 from edgefleet.strategies.saga import SagaError
 from edgefleet.strategies.scaffold import (
     SCAFFOLD_APPLIED,

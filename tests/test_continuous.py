@@ -16,8 +16,8 @@ from edgefleet.arrays import to_numpy, to_record
 from edgefleet.client.app import TEACHER_STATE, status, train
 from edgefleet.client.mods import ERR_NO_TEACHER
 from edgefleet.config import ConfigError, parse_run_config
-from edgefleet.strategies.context import SessionRow
-from edgefleet.strategies.loop import RoundLoop
+from edgefleet.loop.context import SessionRow
+from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.strategies.lrschedule import SessionLearningRate
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.tracker import SessionTracker

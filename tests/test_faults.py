@@ -28,10 +28,10 @@ from edgefleet.client.faults import (
     parse_faults_env,
 )
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.loop.context import ScreeningRow
+from edgefleet.loop.roundloop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.server.app import build_strategy, screening_for
 from edgefleet.simulation.runner import app_copy
-from edgefleet.strategies.context import ScreeningRow
-from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.task.train import get_arrays
 from tests.fakes import FakeGrid, no_eval
 from tests.test_pruning_fl import _model, _run

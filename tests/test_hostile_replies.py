@@ -1,7 +1,7 @@
 """Every bad reply a device can send, through the real screening and aggregation path.
 
 A fleet of four honest devices and one liar runs two rounds of the real
-:class:`~edgefleet.strategies.loop.RoundLoop` with Flower's FedAvg and with FedSAG (and with
+:class:`~edgefleet.loop.roundloop.RoundLoop` with Flower's FedAvg and with FedSAG (and with
 EdgeFleet's own server stack, built from the run config). Each case of the table spoils the
 liar's reply one way and names the reason it must be rejected with; the run must then end
 with exactly the model of the same fleet without the liar (nothing of the reply reached the
@@ -22,11 +22,11 @@ from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricReco
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.config import parse_run_config
+from edgefleet.loop.context import ScreeningRow
+from edgefleet.loop.roundloop import RoundLoop, RoundResult
+from edgefleet.loop.screening import Screening
 from edgefleet.server.app import build_strategy, screening_for
-from edgefleet.strategies.context import ScreeningRow
 from edgefleet.strategies.fedsag import FedSAG
-from edgefleet.strategies.loop import RoundLoop, RoundResult
-from edgefleet.strategies.screening import Screening
 from tests.fakes import FakeGrid, no_eval, rec
 from tests.fakes import Rows as Keep
 

@@ -15,12 +15,12 @@ from edgefleet.arrays import to_numpy, to_record
 from edgefleet.client.app import train
 from edgefleet.client.device import NodeConfigError, get_profile
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.loop.context import PruningRow
+from edgefleet.loop.registry import DeviceRegistry
+from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.pruning.submodel import PruningPlan
 from edgefleet.pruning.wire import KEPT, kept_record
-from edgefleet.strategies.context import PruningRow
-from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.pruning import SubmodelReconstruction, compact_slice
-from edgefleet.strategies.registry import DeviceRegistry
 from edgefleet.task.models import build_model
 from edgefleet.task.train import get_arrays
 from tests.fakes import FakeGrid, Rows, no_eval, train_reply

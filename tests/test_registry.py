@@ -8,7 +8,7 @@ import pytest
 from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 
-from edgefleet.strategies.context import (
+from edgefleet.loop.context import (
     PruningRow,
     RoundContext,
     SelectionRow,
@@ -16,10 +16,10 @@ from edgefleet.strategies.context import (
     current_round,
     in_round,
 )
+from edgefleet.loop.registry import DeviceRegistry, DeviceStatus, RegistryError
+from edgefleet.loop.status import StatusPhase
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
-from edgefleet.strategies.registry import DeviceRegistry, DeviceStatus, RegistryError
-from edgefleet.strategies.status import StatusPhase
 from tests.fakes import FakeGrid, by_hand, rec
 from tests.test_ehfedsag import KW, FakeDevice
 
@@ -161,7 +161,7 @@ def test_by_hand_contexts_share_a_registry_when_given_one() -> None:
 
 
 def test_the_fleets_partitioning_is_fixed_by_most_answers_and_checked_on_resume() -> None:
-    from edgefleet.strategies.registry import FleetMismatch
+    from edgefleet.loop.registry import FleetMismatch
 
     reg = DeviceRegistry()
     # Three devices say 3 partitions, one hostile answer says 999: the fleet is 3.
@@ -186,9 +186,9 @@ def test_a_resume_on_another_fleet_is_refused_before_its_first_round(tmp_path) -
     from flwr.app import Message, MessageType, MetricRecord, RecordDict
 
     from edgefleet.config import parse_run_config
+    from edgefleet.loop.registry import FleetMismatch
+    from edgefleet.loop.roundloop import RoundLoop
     from edgefleet.server.app import fleet_census
-    from edgefleet.strategies.loop import RoundLoop
-    from edgefleet.strategies.registry import FleetMismatch
 
     def device(d: int, n: int):  # type: ignore[no-untyped-def]
         def answer(msg: Message) -> Message:
@@ -212,7 +212,7 @@ def test_a_resume_on_another_fleet_is_refused_before_its_first_round(tmp_path) -
 
 
 def test_a_resume_whose_named_devices_are_all_new_is_refused() -> None:
-    from edgefleet.strategies.registry import FleetMismatch
+    from edgefleet.loop.registry import FleetMismatch
 
     reg = DeviceRegistry()
     for node, device in ((1, "pi-a"), (2, "pi-b")):

@@ -12,10 +12,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.loop.context import ClassAccuracy, SelectionRow, SessionRow, StoppingRow
+from edgefleet.loop.roundloop import Evaluation, RoundLoop
 from edgefleet.server.checkpoint import Checkpoint, dumps, loads
 from edgefleet.simulation.runner import load_scenario, run_scenario
-from edgefleet.strategies.context import ClassAccuracy, SelectionRow, SessionRow, StoppingRow
-from edgefleet.strategies.loop import Evaluation, RoundLoop
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping
 from edgefleet.strategies.tracker import SessionTracker

@@ -10,8 +10,8 @@ import pytest
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from edgefleet.strategies.context import StoppingRow, ValidationRow
-from edgefleet.strategies.loop import RoundResult
+from edgefleet.loop.context import StoppingRow, ValidationRow
+from edgefleet.loop.roundloop import RoundResult
 from edgefleet.strategies.stopping import (
     STOP_DIVERGED,
     STOP_PLATEAU,

@@ -287,7 +287,7 @@ def device_telemetry(battery: Battery, harvested: float) -> dict[str, Any]:
     harvested since its last answer and spent in all, and what the board tells (CPU
     temperature, load, free memory, architecture, accelerator, versions). A reading the
     board does not offer is left out, never sent as a made-up value. The server checks every
-    value against its table (:data:`edgefleet.strategies.registry.TELEMETRY_FIELDS`)."""
+    value against its table (:data:`edgefleet.loop.registry.TELEMETRY_FIELDS`)."""
     out: dict[str, Any] = {
         "battery-capacity": float(battery.capacity),
         "harvested": float(harvested),

@@ -35,6 +35,12 @@ from edgefleet.config import (
     attack_keys_set,
     parse_run_config,
 )
+from edgefleet.loop.base import build_loop, find_wrapper
+from edgefleet.loop.context import ClassAccuracy, in_round
+from edgefleet.loop.roundloop import EvaluateFn, Evaluation, RoundLoop
+from edgefleet.loop.screening import Screening
+from edgefleet.loop.status import StatusQuery
+from edgefleet.loop.timing import RoundWait, WaitMode
 from edgefleet.server.baselines import BASELINES, build_baseline
 from edgefleet.server.checkpoint import (
     Checkpoint,
@@ -47,18 +53,12 @@ from edgefleet.server.emptyrounds import EmptyRoundsStop
 from edgefleet.server.fleet import FleetWriter
 from edgefleet.server.polling import fast_grid
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
-from edgefleet.strategies.base import build_loop, find_wrapper
-from edgefleet.strategies.context import ClassAccuracy, in_round
 from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
-from edgefleet.strategies.loop import EvaluateFn, Evaluation, RoundLoop
 from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.robust import RobustAggregation
-from edgefleet.strategies.screening import Screening
 from edgefleet.strategies.sessions import WarmStartInitializer
-from edgefleet.strategies.status import StatusQuery
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
-from edgefleet.strategies.timing import RoundWait, WaitMode
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import SessionStore
 
@@ -533,11 +533,11 @@ def run_async(
     run_dir: Path,
     ckpt: Checkpoint | None = None,
 ) -> None:
-    """``aggregation.mode = async``: the FedBuff loop (edgefleet.strategies.asyncloop) in
+    """``aggregation.mode = async``: the FedBuff loop (edgefleet.loop.asyncloop) in
     place of the round loop; one metrics row and one checkpoint per global model version
     (``ckpt``: the checkpoint a resumed run continues from)."""
-    from edgefleet.strategies.asyncloop import AsyncLoop
-    from edgefleet.strategies.staleness import AsyncSettings
+    from edgefleet.loop.asyncloop import AsyncLoop
+    from edgefleet.loop.staleness import AsyncSettings
 
     a = cfg.aggregation
     sc = cfg.stopping

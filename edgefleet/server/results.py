@@ -23,8 +23,7 @@ from flwr.common import log
 from edgefleet import runlock
 from edgefleet.config import RunConfig
 from edgefleet.fileio import atomic_write_text, open_append, read_regular
-from edgefleet.server.checkpoint import check_resumable
-from edgefleet.strategies.context import (
+from edgefleet.loop.context import (
     PruningRow,
     RobustRow,
     ScreeningRow,
@@ -34,11 +33,12 @@ from edgefleet.strategies.context import (
     TelemetryRow,
     ValidationRow,
 )
-from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundResult
+from edgefleet.loop.roundloop import LoopOutcome, RoundCallback, RoundResult
+from edgefleet.server.checkpoint import check_resumable
 
 S = TypeVar("S")
 
-# Every component's row section (edgefleet.strategies.context); a column belongs to exactly
+# Every component's row section (edgefleet.loop.context); a column belongs to exactly
 # one (tests/test_results_rows.py), so a row can be read back into them.
 SECTIONS: tuple[type, ...] = (
     ScreeningRow,
@@ -160,7 +160,7 @@ def round_row(result: RoundResult) -> dict[str, Any]:
     }
     if result.federated_metrics:
         row["federated"] = result.federated_metrics
-    # Each component's typed section (edgefleet.strategies.context), then any column a
+    # Each component's typed section (edgefleet.loop.context), then any column a
     # callback of the user's own added.
     row.update(result.context.columns())
     row.update(result.extra)

@@ -50,8 +50,9 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
 
 from edgefleet.arrays import to_numpy, to_record
-from edgefleet.strategies.context import RobustRow, current_round
-from edgefleet.strategies.hooks import StrategyHooks
+from edgefleet.loop.context import RobustRow, current_round
+from edgefleet.loop.hooks import StrategyHooks
+from edgefleet.loop.screening import reply_arrays, reply_device
 from edgefleet.strategies.robust import robust_aggregate, rule_spec
 from edgefleet.strategies.saga import (
     SAGA_CORRECTIONS,
@@ -62,7 +63,6 @@ from edgefleet.strategies.saga import (
     flatten,
     unflatten,
 )
-from edgefleet.strategies.screening import reply_arrays, reply_device
 
 
 class FedSAG(StrategyHooks, FedAvg):
@@ -131,8 +131,8 @@ class FedSAG(StrategyHooks, FedAvg):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop (see
-        :meth:`~edgefleet.strategies.base.LoopStrategy.start`)."""
-        from edgefleet.strategies.base import start_on_loop  # base imports this module's peers
+        :meth:`~edgefleet.loop.base.LoopStrategy.start`)."""
+        from edgefleet.loop.base import start_on_loop  # base imports this module's peers
 
         return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
 
@@ -275,7 +275,7 @@ class EqualWeightFedAvg(FedAvg):
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start`` contract on EdgeFleet's round loop, which screens every
         reply, as every EdgeFleet strategy used alone does (:meth:`FedSAG.start`)."""
-        from edgefleet.strategies.base import start_on_loop  # base imports this module's peers
+        from edgefleet.loop.base import start_on_loop  # base imports this module's peers
 
         return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
 

@@ -57,19 +57,10 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.bounds import describe
-from edgefleet.pruning.names import RECONSTRUCTIONS
-from edgefleet.pruning.reconstruct import compact_slice, elementwise_average, scatter
-from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
-from edgefleet.strategies.base import LoopStrategy, find_wrapper
-from edgefleet.strategies.context import PruningRow, current_round
-from edgefleet.strategies.loop import RoundCallback, RoundResult
-from edgefleet.strategies.robust import (
-    RobustAggregation,
-    alternative_rule,
-    flower_robust_inner,
-    offer_masks,
-)
-from edgefleet.strategies.screening import (
+from edgefleet.loop.base import LoopStrategy, find_wrapper
+from edgefleet.loop.context import PruningRow, current_round
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
+from edgefleet.loop.screening import (
     RecordKeys,
     check_arrays,
     check_metrics,
@@ -77,6 +68,15 @@ from edgefleet.strategies.screening import (
     reply_arrays,
     reply_metrics,
     update_norm,
+)
+from edgefleet.pruning.names import RECONSTRUCTIONS
+from edgefleet.pruning.reconstruct import compact_slice, elementwise_average, scatter
+from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
+from edgefleet.strategies.robust import (
+    RobustAggregation,
+    alternative_rule,
+    flower_robust_inner,
+    offer_masks,
 )
 
 if TYPE_CHECKING:  # importing the plan imports torch and Torch-Pruning

@@ -1,7 +1,7 @@
 """Robust aggregation rules, as pure NumPy, and :class:`RobustAggregation`, the wrapper that
 puts one in place of a FedAvg-family strategy's weighted mean.
 
-Reply screening (:mod:`edgefleet.strategies.screening`) stops replies that break a bound;
+Reply screening (:mod:`edgefleet.loop.screening`) stops replies that break a bound;
 an attacker that keeps its update inside the bounds (sign flip at the honest norm, ALIE,
 IPM, label flipping: :mod:`edgefleet.attacks`) is averaged in. A robust rule limits what such
 a reply does to the aggregate:
@@ -50,10 +50,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from edgefleet.arrays import to_numpy, to_record
-from edgefleet.strategies.base import LoopStrategy
-from edgefleet.strategies.context import RobustRow, current_round, round_or_none
+from edgefleet.loop.base import LoopStrategy
+from edgefleet.loop.context import RobustRow, current_round, round_or_none
+from edgefleet.loop.screening import RecordKeys, reply_arrays, reply_device, reply_metrics
 from edgefleet.strategies.saga import flatten, unflatten
-from edgefleet.strategies.screening import RecordKeys, reply_arrays, reply_device, reply_metrics
 
 
 class RobustRule(StrEnum):

@@ -55,10 +55,10 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.errors import SettingError
-from edgefleet.strategies.context import current_round
-from edgefleet.strategies.hooks import StrategyHooks
+from edgefleet.loop.context import current_round
+from edgefleet.loop.hooks import StrategyHooks
+from edgefleet.loop.screening import reply_arrays, reply_device
 from edgefleet.strategies.saga import flatten, unflatten
-from edgefleet.strategies.screening import reply_arrays, reply_device
 from edgefleet.strategies.warmstart import CONFIG_LR
 
 SCAFFOLD_CORRECTION = "scaffold-correction"  # the ArrayRecord c - c_i in a train message
@@ -128,7 +128,7 @@ class Scaffold(StrategyHooks, FedAvg):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start`` contract on EdgeFleet's round loop (as FedSAG)."""
-        from edgefleet.strategies.base import start_on_loop  # base imports this module's peers
+        from edgefleet.loop.base import start_on_loop  # base imports this module's peers
 
         return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
 

@@ -54,12 +54,12 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import State, to_numpy, to_record
-from edgefleet.strategies.base import LoopStrategy, SubsetGrid
-from edgefleet.strategies.context import ScreeningRow, SessionRow, current_round
-from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.loop.base import LoopStrategy, SubsetGrid
+from edgefleet.loop.context import ScreeningRow, SessionRow, current_round
+from edgefleet.loop.registry import DeviceStatus
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
+from edgefleet.loop.status import Ask, Declaration
 from edgefleet.strategies.lrschedule import SessionLearningRate
-from edgefleet.strategies.registry import DeviceStatus
-from edgefleet.strategies.status import Ask, Declaration
 from edgefleet.strategies.teacher import ContinuousTeacher
 from edgefleet.strategies.tracker import SessionTracker
 from edgefleet.strategies.warmstart import (

@@ -41,10 +41,10 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.errors import SettingError
-from edgefleet.strategies.base import LoopStrategy
-from edgefleet.strategies.context import StoppingRow, ValidationRow
-from edgefleet.strategies.loop import RoundCallback, RoundResult
-from edgefleet.strategies.status import Ask
+from edgefleet.loop.base import LoopStrategy
+from edgefleet.loop.context import StoppingRow, ValidationRow
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
+from edgefleet.loop.status import Ask
 
 
 class StoppingNorm(StrEnum):

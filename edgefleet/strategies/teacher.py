@@ -32,8 +32,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.strategies.base import LoopStrategy
-from edgefleet.strategies.context import SessionRow, current_round
+from edgefleet.loop.base import LoopStrategy
+from edgefleet.loop.context import SessionRow, current_round
 from edgefleet.strategies.warmstart import (
     CONFIG_KL_LAMBDA,
     CONFIG_TEACHER_SESSION,

@@ -4,7 +4,7 @@ A synchronous round waits for its slowest device or drops it. Here (FedBuff, Ngu
 "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022) the server keeps
 up to ``concurrency`` devices training at once, pulls replies as they arrive, and makes a new
 global model (a *version*) every ``buffer_size`` accepted replies, each discounted by how many
-versions old its base model is (:mod:`edgefleet.strategies.staleness`). A device that
+versions old its base model is (:mod:`edgefleet.loop.staleness`). A device that
 finishes is sent the current model at once (the idle device that has waited longest gets a
 freed slot when there are more devices than slots). Choose it over the synchronous loop when
 devices or links differ by much: a slow device's update still counts (discounted) and nobody
@@ -13,7 +13,7 @@ waits for it.
 It uses nothing but ``Grid.push_messages`` / ``pull_messages`` (polled every ``poll_s``), so
 the same code runs on the in-process engine, Flower's Simulation Engine and the Deployment
 Engine. Replies are screened one at a time as the synchronous loop screens them
-(:mod:`edgefleet.strategies.screening`: well-formed, within the server's bounds, a device
+(:mod:`edgefleet.loop.screening`: well-formed, within the server's bounds, a device
 id that is its node's, an update norm at most ``norm_factor`` x the median of recently
 accepted norms); a reply more than ``max_staleness`` versions old is dropped with that
 reason. Every drop is logged and lands in the version's row (``rejected``), bounded.
@@ -22,7 +22,7 @@ Composition with the inner strategy: each buffered reply is *rebased* onto the c
 model, ``x + w(s_i) (y_i - base_i)``, and the buffer is handed to the inner strategy's
 ``aggregate_train``; its result ``x'`` becomes ``x + server_lr (x' - x)``. With Flower's
 FedAvg inside this is FedBuff's step weighted by ``num-examples``
-(:func:`~edgefleet.strategies.staleness.fedbuff_step`), with
+(:func:`~edgefleet.loop.staleness.fedbuff_step`), with
 :class:`~edgefleet.strategies.fedsag.EqualWeightFedAvg` exactly FedBuff's ``1/K``; a robust
 rule (:class:`~edgefleet.strategies.robust.RobustAggregation`, Flower's ``FedMedian``...)
 runs over the buffer; FedSAG keeps each device's last (staleness-weighted) update in its
@@ -31,7 +31,7 @@ memory, which is asynchronous by nature. Train messages come from the inner stra
 config (FedProx's ``proximal-mu``, ``server-round`` = the version being built) is what the
 devices see.
 
-Each version is one :class:`~edgefleet.strategies.loop.RoundResult` (``round`` = version)
+Each version is one :class:`~edgefleet.loop.roundloop.RoundResult` (``round`` = version)
 handed to the round callbacks, with the asynchronous columns in ``extra``: ``version``,
 ``accepted``, ``dropped``, ``staleness_min/median/max``, ``in_flight``.
 
@@ -68,10 +68,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from edgefleet.bounds import bound_reason
-from edgefleet.strategies.base import LoopStrategy, find_wrapper
-from edgefleet.strategies.context import RoundContext, in_round
-from edgefleet.strategies.hooks import hooks_of
-from edgefleet.strategies.loop import (
+from edgefleet.loop.base import LoopStrategy, find_wrapper
+from edgefleet.loop.context import RoundContext, in_round
+from edgefleet.loop.hooks import hooks_of
+from edgefleet.loop.registry import DeviceRegistry
+from edgefleet.loop.roundloop import (
     EvaluateFn,
     Evaluation,
     LoopOutcome,
@@ -82,10 +83,7 @@ from edgefleet.strategies.loop import (
     numbers,
     payload_bytes,
 )
-from edgefleet.strategies.registry import DeviceRegistry
-from edgefleet.strategies.robust import participant_cap_error
-from edgefleet.strategies.scaffold import Scaffold
-from edgefleet.strategies.screening import (
+from edgefleet.loop.screening import (
     ENERGY_SPENT,
     NORM_HISTORY_ROUNDS,
     RecordKeys,
@@ -99,9 +97,11 @@ from edgefleet.strategies.screening import (
     parse_device_id,
     reply_metrics,
 )
-from edgefleet.strategies.staleness import AsyncSettings, summarise
-from edgefleet.strategies.status import bounded_reason, fleet_facts, is_unreachable
-from edgefleet.strategies.timing import DEFAULT_POLL_S, LinkEstimate
+from edgefleet.loop.staleness import AsyncSettings, summarise
+from edgefleet.loop.status import bounded_reason, fleet_facts, is_unreachable
+from edgefleet.loop.timing import DEFAULT_POLL_S, LinkEstimate
+from edgefleet.strategies.robust import participant_cap_error
+from edgefleet.strategies.scaffold import Scaffold
 from edgefleet.wire import DEVICE_ID, DISPATCH
 
 # A version's row keeps at most this many drop reasons (the rest are counted): a fleet of

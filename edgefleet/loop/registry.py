@@ -1,8 +1,8 @@
 """The device registry: which device is which, what it last said, what happened to it.
 
 One :class:`DeviceRegistry` per run, owned by the round loop
-(:class:`~edgefleet.strategies.loop.RoundLoop`) and handed to every wrapper through the
-round's :class:`~edgefleet.strategies.context.RoundContext`. It is the only map between
+(:class:`~edgefleet.loop.roundloop.RoundLoop`) and handed to every wrapper through the
+round's :class:`~edgefleet.loop.context.RoundContext`. It is the only map between
 Flower node ids and EdgeFleet's stable device ids: screening, status queries, sessions,
 energy-aware selection and the results read and write it, and none keeps an identity map
 of its own. It is checkpointed with the loop.
@@ -50,7 +50,7 @@ from flwr.common import log
 
 from edgefleet.bounds import MAX_LABELS, bound_reason, describe, preview
 from edgefleet.bounds import REJECTIONS_KEPT as REJECTIONS_KEPT  # declared with the other caps
-from edgefleet.strategies.timing import LinkEstimate
+from edgefleet.loop.timing import LinkEstimate
 from edgefleet.wire import LINK_KBPS
 
 

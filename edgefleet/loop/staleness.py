@@ -28,7 +28,7 @@ the update and is deliberately *not* renormalised (dividing by ``sum n_i w_i`` w
 the discount when every update in a buffer is equally stale).
 
 Nothing here imports Flower: the loop that feeds these functions is
-:mod:`edgefleet.strategies.asyncloop`.
+:mod:`edgefleet.loop.asyncloop`.
 """
 
 from __future__ import annotations

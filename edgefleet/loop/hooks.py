@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from edgefleet.strategies.screening import (
+from edgefleet.loop.screening import (
     RecordKeys,
     check_train_reply,
     reply_arrays,
@@ -31,8 +31,8 @@ from edgefleet.strategies.screening import (
 )
 
 if TYPE_CHECKING:
-    from edgefleet.strategies.loop import RoundCallback
-    from edgefleet.strategies.status import Ask, Declaration
+    from edgefleet.loop.roundloop import RoundCallback
+    from edgefleet.loop.status import Ask, Declaration
 
 
 class StrategyHooks:
@@ -48,7 +48,7 @@ class StrategyHooks:
 
     def declarations(self) -> list[Declaration]:
         """What this strategy (and every one inside it) declares of the fleet and needs of
-        the loop's status phase (:mod:`edgefleet.strategies.status`)."""
+        the loop's status phase (:mod:`edgefleet.loop.status`)."""
         return []
 
     def plan_status(

@@ -5,7 +5,7 @@ the way Flower's ``DifferentialPrivacyServerSideFixedClipping`` wraps ``FedAvg``
 message-building and aggregation calls go to the inner strategy unless the wrapper changes
 them, and what happens *between* rounds (stopping, sessions) is a round callback. Since
 Flower's own ``Strategy.start`` has no hook between rounds, :meth:`LoopStrategy.start` runs
-EdgeFleet's :class:`~edgefleet.strategies.loop.RoundLoop` instead, with the same arguments
+EdgeFleet's :class:`~edgefleet.loop.roundloop.RoundLoop` instead, with the same arguments
 and the same :class:`~flwr.serverapp.strategy.Result`, so a Flower user can write::
 
     result = TaskVectorStopping(FedAvg()).start(grid, arrays, num_rounds=500)
@@ -14,8 +14,8 @@ and EdgeFleet's own ServerApp is only the first user of that public API.
 
 A wrapper sends nothing itself: it builds messages (Flower's ``configure_*`` contract) and
 reads or writes the round context. What it needs of the fleet (the status answers, the slot
-clock, the participant cap) it declares (:meth:`~edgefleet.strategies.hooks.StrategyHooks.
-declarations`), and the loop's status phase (:mod:`edgefleet.strategies.status`) asks once
+clock, the participant cap) it declares (:meth:`~edgefleet.loop.hooks.StrategyHooks.
+declarations`), and the loop's status phase (:mod:`edgefleet.loop.status`) asks once
 a round for all of them.
 """
 
@@ -32,10 +32,10 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
-from edgefleet.strategies.hooks import StrategyHooks, hooks_of
-from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult, numbers
-from edgefleet.strategies.screening import RecordKeys, Screening
-from edgefleet.strategies.status import Ask, Declaration, StatusQuery, fleet_facts
+from edgefleet.loop.hooks import StrategyHooks, hooks_of
+from edgefleet.loop.roundloop import RoundCallback, RoundLoop, RoundResult, numbers
+from edgefleet.loop.screening import RecordKeys, Screening
+from edgefleet.loop.status import Ask, Declaration, StatusQuery, fleet_facts
 
 __all__ = ["LoopStrategy", "StatusQuery", "SubsetGrid", "build_loop", "start_on_loop"]
 
@@ -59,7 +59,7 @@ class SubsetGrid:
 
 class LoopStrategy(StrategyHooks, Strategy):
     """Delegates every Strategy call and every hook to ``inner``; a subclass that is also a
-    :class:`~edgefleet.strategies.loop.RoundCallback` is called after every round."""
+    :class:`~edgefleet.loop.roundloop.RoundCallback` is called after every round."""
 
     def __init__(self, inner: Strategy) -> None:
         self.inner = inner
@@ -171,7 +171,7 @@ def build_loop(
     """The round loop for ``strategy``: its wrappers' callbacks (innermost first), between
     ``before`` and ``after`` (EdgeFleet's ServerApp puts its metrics writer and checkpoint
     after them, so that they record what the wrappers wrote). ``loop_kwargs`` go to
-    :class:`~edgefleet.strategies.loop.RoundLoop`. The one way both
+    :class:`~edgefleet.loop.roundloop.RoundLoop`. The one way both
     :func:`start_on_loop` and EdgeFleet's ServerApp build it."""
     from edgefleet.strategies.robust import participant_cap_error  # robust imports this module
 
@@ -205,7 +205,7 @@ def start_on_loop(
     that kept the model as it was holds the last evaluation's figures, without a second
     pass). The one difference: a round callback may end the run before ``num_rounds`` (a
     stopping rule). ``screening`` (EdgeFleet's addition) sets the bounds replies are
-    screened against (:class:`~edgefleet.strategies.screening.Screening`; e.g.
+    screened against (:class:`~edgefleet.loop.screening.Screening`; e.g.
     ``max_examples`` when your ClientApp's sample count per round is known).
     """
     log(INFO, "Starting %s strategy:", type(strategy).__name__)
