@@ -68,7 +68,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from edgefleet.bounds import bound_reason
-from edgefleet.loop.base import LoopStrategy, find_wrapper
+from edgefleet.loop.base import LoopStrategy, participant_cap_error
 from edgefleet.loop.context import RoundContext, in_round
 from edgefleet.loop.hooks import hooks_of
 from edgefleet.loop.registry import DeviceRegistry
@@ -100,8 +100,6 @@ from edgefleet.loop.screening import (
 from edgefleet.loop.staleness import AsyncSettings, summarise
 from edgefleet.loop.status import bounded_reason, fleet_facts, is_unreachable
 from edgefleet.loop.timing import DEFAULT_POLL_S, LinkEstimate
-from edgefleet.strategies.robust import participant_cap_error
-from edgefleet.strategies.scaffold import Scaffold
 from edgefleet.wire import DEVICE_ID, DISPATCH
 
 # A version's row keeps at most this many drop reasons (the rest are counted): a fleet of
@@ -214,12 +212,8 @@ class AsyncLoop:
                     f"{d.owner} needs the round loop's status phase (it chooses devices or "
                     "sessions from one status query a round); the asynchronous loop has none"
                 )
-        if find_wrapper(strategy, Scaffold) is not None:
-            raise ValueError(
-                "Scaffold's correction c - c_i is per device and its control variates are "
-                "updated from one synchronous round's replies; the asynchronous loop sends one "
-                "template message to every device"
-            )
+            if d.round_barrier:
+                raise ValueError(d.round_barrier)
         self.fleet = fleet_facts(declarations)
         self.strategy, self.grid, self.settings = strategy, grid, settings
         self.evaluate_fn, self.evaluate_every = evaluate_fn, evaluate_every

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Bulyan, Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
 from edgefleet.loop.hooks import StrategyHooks, hooks_of
@@ -160,6 +160,28 @@ def find_wrapper(strategy: object, kind: type[W]) -> W | None:
     return None
 
 
+def participant_cap_error(strategy: object, cap: int | None) -> str | None:
+    """Why Flower's Bulyan in ``strategy``'s chain can never aggregate when at most ``cap``
+    devices take part in a round (a selection's M), or None. Bulyan skips every round with
+    fewer than 4f + 3 replies (f its ``num_malicious_nodes``) and keeps the model as it was,
+    so a cap below that would run to the end without learning."""
+    while strategy is not None and not isinstance(strategy, Bulyan):
+        strategy = getattr(strategy, "inner", None)
+    if strategy is None or cap is None:
+        return None
+    need = 4 * strategy.num_malicious_nodes + 3
+    if cap >= need:
+        return None
+    most = (cap - 3) // 4
+    return (
+        f"Bulyan(num_malicious_nodes={strategy.num_malicious_nodes}) needs at least {need} "
+        f"replies a round (4f + 3), but at most {cap} devices are selected a round: raise the "
+        f"selection's max_devices to {need} or more"
+        + (f", or set num_malicious_nodes to {most} or less" if most >= 0 else "")
+        + ", or use MultiKrum"
+    )
+
+
 def build_loop(
     strategy: Strategy,
     grid: Grid,
@@ -173,8 +195,6 @@ def build_loop(
     after them, so that they record what the wrappers wrote). ``loop_kwargs`` go to
     :class:`~edgefleet.loop.roundloop.RoundLoop`. The one way both
     :func:`start_on_loop` and EdgeFleet's ServerApp build it."""
-    from edgefleet.strategies.robust import participant_cap_error  # robust imports this module
-
     # The fleet's cap as the components declare it (RoundLoop merges them the same way).
     cap = fleet_facts(hooks_of(strategy).declarations()).participant_cap
     why = participant_cap_error(strategy, cap)

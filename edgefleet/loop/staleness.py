@@ -73,7 +73,7 @@ def staleness_weight(kind: str, s: int, a: float = 0.5, b: int = 4) -> float:
 
 @dataclass(frozen=True)
 class AsyncSettings:
-    """How the asynchronous loop runs (module docstring of :mod:`edgefleet.strategies.
+    """How the asynchronous loop runs (module docstring of :mod:`edgefleet.loop.
     asyncloop`): ``concurrency`` devices training at once, a new model every ``buffer_size``
     accepted updates, each weighted by ``staleness`` (with ``a``, and ``b`` for hinge), the
     server learning rate ``server_lr``, and updates more than ``max_staleness`` versions old

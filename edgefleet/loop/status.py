@@ -95,7 +95,8 @@ class Declaration:
     the status phase; ``every_node``: every online node asked every round (presence);
     ``labels``: the answers must name the device's classes. ``timeout`` /
     ``first_timeout``: how long it would wait for an answer (the phase waits the longest
-    any component asks for)."""
+    any component asks for). ``round_barrier``: why it needs the synchronous round (the
+    asynchronous loop refuses it with this reason)."""
 
     owner: str
     slots_per_round: int | None = None
@@ -105,6 +106,7 @@ class Declaration:
     labels: bool = False
     timeout: float | None = None
     first_timeout: float | None = None
+    round_barrier: str | None = None
 
 
 def fleet_facts(declarations: Iterable[Declaration]) -> FleetFacts:

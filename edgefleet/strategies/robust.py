@@ -463,30 +463,6 @@ def flower_robust_inner(strategy: object) -> str | None:
     return None
 
 
-def participant_cap_error(strategy: object, cap: int | None) -> str | None:
-    """Why Flower's Bulyan in ``strategy``'s chain can never aggregate when at most ``cap``
-    devices take part in a round (a selection's M), or None. Bulyan skips every round with
-    fewer than 4f + 3 replies (f its ``num_malicious_nodes``) and keeps the model as it was,
-    so a cap below that would run to the end without learning."""
-    from flwr.serverapp.strategy import Bulyan
-
-    while strategy is not None and not isinstance(strategy, Bulyan):
-        strategy = getattr(strategy, "inner", None)
-    if strategy is None or cap is None:
-        return None
-    need = 4 * strategy.num_malicious_nodes + 3
-    if cap >= need:
-        return None
-    most = (cap - 3) // 4
-    return (
-        f"Bulyan(num_malicious_nodes={strategy.num_malicious_nodes}) needs at least {need} "
-        f"replies a round (4f + 3), but at most {cap} devices are selected a round: raise the "
-        f"selection's max_devices to {need} or more"
-        + (f", or set num_malicious_nodes to {most} or less" if most >= 0 else "")
-        + ", or use MultiKrum"
-    )
-
-
 def alternative_rule(flower_name: str) -> str:
     """The ``robust.rule`` that does what Flower's ``flower_name`` does, mask-aware."""
     return {

@@ -58,6 +58,7 @@ from edgefleet.errors import SettingError
 from edgefleet.loop.context import current_round
 from edgefleet.loop.hooks import StrategyHooks
 from edgefleet.loop.screening import reply_arrays, reply_device
+from edgefleet.loop.status import Declaration
 from edgefleet.strategies.saga import flatten, unflatten
 from edgefleet.strategies.warmstart import CONFIG_LR
 
@@ -131,6 +132,18 @@ class Scaffold(StrategyHooks, FedAvg):
         from edgefleet.loop.base import start_on_loop  # base imports this module's peers
 
         return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
+
+    def declarations(self) -> list[Declaration]:
+        return [
+            Declaration(
+                "Scaffold",
+                round_barrier=(
+                    "Scaffold's correction c - c_i is per device and its control variates are "
+                    "updated from one synchronous round's replies; the asynchronous loop sends "
+                    "one template message to every device"
+                ),
+            )
+        ]
 
     def register_devices(self, device_ids: Iterable[str]) -> None:
         """Count devices in N (c's step is (1/N) x the sum of the participants' changes)."""
