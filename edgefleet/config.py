@@ -20,6 +20,9 @@ from dataclasses import Field, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from edgefleet.algorithms.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
+from edgefleet.algorithms.selection import SELECTION_ORDERS
+from edgefleet.algorithms.warmstart import WARMSTART_MODES
 from edgefleet.attacks.mods import KINDS as ATTACK_KINDS
 from edgefleet.attacks.mods import LIES
 from edgefleet.client.battery import SOURCES, SourceKind
@@ -35,12 +38,9 @@ from edgefleet.pruning.names import (
     RECONSTRUCTIONS,
 )
 from edgefleet.strategies.robust import ROBUST_RULES, RULE_PARAMS, RobustRule
-from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
-from edgefleet.strategies.selection import SELECTION_ORDERS
 from edgefleet.strategies.stopping import FORMS as STOPPING_FORMS
 from edgefleet.strategies.stopping import NORMS as STOPPING_NORMS
 from edgefleet.strategies.stopping import VALIDATION_RULES
-from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.datasets import DATASETS
 from edgefleet.task.names import ACCELERATORS, MODELS
 from edgefleet.task.partition import PARTITIONS

@@ -11,6 +11,7 @@ import torch
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from torch import nn
 
+from edgefleet.algorithms.saga import SagaError
 from edgefleet.config import DEFAULTS, ConfigError, parse_run_config
 from edgefleet.loop.base import find_wrapper
 from edgefleet.loop.context import FleetFacts
@@ -20,7 +21,6 @@ from edgefleet.strategies.energy import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.fedvarp import FedVARP
 from edgefleet.strategies.mifa import MIFA
-from edgefleet.strategies.saga import SagaError
 from edgefleet.strategies.scaffold import (
     SCAFFOLD_APPLIED,
     SCAFFOLD_CORRECTION,

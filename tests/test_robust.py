@@ -397,7 +397,7 @@ def test_robust_fedsag_with_the_mean_rule_is_fedsag() -> None:
 
 
 def test_saga_expiry_keeps_the_sum_and_the_checkpoint_consistent() -> None:
-    from edgefleet.strategies.saga import SagaMemory
+    from edgefleet.algorithms.saga import SagaMemory
 
     mem = SagaMemory(3)
     mem.store({"a": np.ones(3), "b": 2 * np.ones(3)}, round=1)

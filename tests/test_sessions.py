@@ -11,6 +11,8 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
+from edgefleet.algorithms.tracker import SessionTracker
+from edgefleet.algorithms.warmstart import SessionStore
 from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.loop.context import ClassAccuracy, SelectionRow, SessionRow, StoppingRow
 from edgefleet.loop.roundloop import Evaluation, RoundLoop
@@ -18,8 +20,6 @@ from edgefleet.server.checkpoint import Checkpoint, dumps, loads
 from edgefleet.simulation.runner import load_scenario, run_scenario
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping
-from edgefleet.strategies.tracker import SessionTracker
-from edgefleet.strategies.warmstart import SessionStore
 from edgefleet.task.partition import group_classes, group_partition_indices
 from tests.fakes import FakeGrid, rec
 from tests.test_ehfedsag import KW

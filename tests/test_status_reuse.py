@@ -13,6 +13,7 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
+from edgefleet.algorithms.selection import SelectionError
 from edgefleet.client.mods import energy_mod, status_query
 from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.loop.context import SelectionRow, in_round
@@ -20,7 +21,6 @@ from edgefleet.loop.registry import DeviceStatus, EnergyState
 from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.simulation.inprocess import ClientAppNode
 from edgefleet.strategies.energy import STATUS_REFRESH_ROUNDS, EnergyAgeSelection
-from edgefleet.strategies.selection import SelectionError
 from tests.fakes import FakeGrid, Rows, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}

@@ -15,6 +15,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
+from edgefleet.algorithms.tracker import SessionTracker
 from edgefleet.loop.context import ScreeningRow
 from edgefleet.strategies import (
     EnergyAgeSelection,
@@ -27,7 +28,6 @@ from edgefleet.strategies import (
     WarmStartInitializer,
 )
 from edgefleet.strategies.sessions import SessionStore
-from edgefleet.strategies.tracker import SessionTracker
 from tests.fakes import FakeGrid, no_eval, rec
 
 ROOT = Path(__file__).resolve().parents[1]

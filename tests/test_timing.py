@@ -16,6 +16,7 @@ import pytest
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp.strategy import FedAvg
 
+from edgefleet.algorithms.selection import SelectionError
 from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.dashboard.metrics import render
 from edgefleet.loop import timing
@@ -24,7 +25,6 @@ from edgefleet.loop.registry import DeviceRegistry, DeviceStatus, screen_telemet
 from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.loop.timing import LinkEstimate, RoundWait, TimingError
 from edgefleet.strategies.energy import EnergyAgeSelection
-from edgefleet.strategies.selection import SelectionError
 from tests.fakes import FakeGrid, Rows, by_hand, no_eval, rec, train_reply
 from tests.test_ehfedsag import FakeDevice
 

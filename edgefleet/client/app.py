@@ -155,7 +155,7 @@ def continuous_teacher(device: Device, msg: Message, context: Context) -> nn.Mod
 
     Raises :class:`TeacherMissingError` when the named session's teacher is not held (the
     server sends it again), ValueError when the config or the teacher is malformed."""
-    from edgefleet.strategies.warmstart import (
+    from edgefleet.algorithms.warmstart import (
         CONFIG_KL_LAMBDA,
         CONFIG_TEACHER_SESSION,
         TEACHER_RECORD,
@@ -292,11 +292,11 @@ def attacked_train_data(device: Device) -> ArrayDataset:
 
 
 def train(msg: Message, context: Context) -> Message:
+    from edgefleet.algorithms.warmstart import CONFIG_KL_LAMBDA, CONFIG_LR
     from edgefleet.client.device import get_device, is_present
     from edgefleet.client.pruning import ordered_dropout_round, parameter_fraction, round_model
     from edgefleet.pruning.wire import KEPT, kept_record
     from edgefleet.strategies.scaffold import SCAFFOLD_APPLIED, SCAFFOLD_CORRECTION
-    from edgefleet.strategies.warmstart import CONFIG_KL_LAMBDA, CONFIG_LR
     from edgefleet.task.train import get_arrays, seed_for, train_local
 
     try:

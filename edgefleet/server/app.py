@@ -23,6 +23,8 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from edgefleet import runlock
+from edgefleet.algorithms.tracker import SessionTracker
+from edgefleet.algorithms.warmstart import SessionStore
 from edgefleet.config import (
     SAGA_FAMILY,
     ConfigError,
@@ -59,8 +61,6 @@ from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.robust import RobustAggregation
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
-from edgefleet.strategies.tracker import SessionTracker
-from edgefleet.strategies.warmstart import SessionStore
 
 if TYPE_CHECKING:
     from edgefleet.pruning.submodel import PruningPlan

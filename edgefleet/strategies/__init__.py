@@ -30,6 +30,9 @@ standard Flower reply (arrays + metrics with ``num-examples``) is valid and a ma
 is dropped with its reason. Nothing here imports EdgeFleet's apps or torch.
 """
 
+from edgefleet.algorithms.saga import SagaMemory
+from edgefleet.algorithms.tracker import SessionTracker
+from edgefleet.algorithms.warmstart import SessionStore
 from edgefleet.loop.asyncloop import AsyncLoop, FedBuff
 from edgefleet.loop.base import LoopStrategy, SubsetGrid
 from edgefleet.loop.context import RoundContext, current_round
@@ -45,13 +48,10 @@ from edgefleet.strategies.lrschedule import SessionLearningRate
 from edgefleet.strategies.mifa import MIFA
 from edgefleet.strategies.pruning import SubmodelReconstruction
 from edgefleet.strategies.robust import RobustAggregation, RobustRule
-from edgefleet.strategies.saga import SagaMemory
 from edgefleet.strategies.scaffold import Scaffold
 from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.teacher import ContinuousTeacher
-from edgefleet.strategies.tracker import SessionTracker
-from edgefleet.strategies.warmstart import SessionStore
 
 __all__ = [
     "AsyncLoop",

@@ -43,18 +43,18 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.loop.base import LoopStrategy, SubsetGrid
-from edgefleet.loop.context import ScreeningRow, SelectionRow, current_round
-from edgefleet.loop.registry import DeviceStatus, EnergyState
-from edgefleet.loop.roundloop import RoundCallback, RoundResult
-from edgefleet.loop.status import Ask, Declaration
-from edgefleet.strategies.selection import (
+from edgefleet.algorithms.selection import (
     SELECTION_ORDERS,
     AgeTracker,
     SelectionError,
     query_order,
     select_in_batches,
 )
+from edgefleet.loop.base import LoopStrategy, SubsetGrid
+from edgefleet.loop.context import ScreeningRow, SelectionRow, current_round
+from edgefleet.loop.registry import DeviceStatus, EnergyState
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
+from edgefleet.loop.status import Ask, Declaration
 
 # With status reuse, a device is still asked when its last status answer is this many rounds
 # old, so that its telemetry and presence in the fleet view stay recent.

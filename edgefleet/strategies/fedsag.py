@@ -49,12 +49,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
 
-from edgefleet.arrays import to_numpy, to_record
-from edgefleet.loop.context import RobustRow, current_round
-from edgefleet.loop.hooks import StrategyHooks
-from edgefleet.loop.screening import reply_arrays, reply_device
-from edgefleet.strategies.robust import robust_aggregate, rule_spec
-from edgefleet.strategies.saga import (
+from edgefleet.algorithms.saga import (
     SAGA_CORRECTIONS,
     SAGA_ESTIMATORS,
     SAGA_MEANS,
@@ -63,6 +58,11 @@ from edgefleet.strategies.saga import (
     flatten,
     unflatten,
 )
+from edgefleet.arrays import to_numpy, to_record
+from edgefleet.loop.context import RobustRow, current_round
+from edgefleet.loop.hooks import StrategyHooks
+from edgefleet.loop.screening import reply_arrays, reply_device
+from edgefleet.strategies.robust import robust_aggregate, rule_spec
 
 
 class FedSAG(StrategyHooks, FedAvg):

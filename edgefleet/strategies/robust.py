@@ -49,11 +49,11 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
+from edgefleet.algorithms.saga import flatten, unflatten
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.loop.base import LoopStrategy
 from edgefleet.loop.context import RobustRow, current_round, round_or_none
 from edgefleet.loop.screening import RecordKeys, reply_arrays, reply_device, reply_metrics
-from edgefleet.strategies.saga import flatten, unflatten
 
 
 class RobustRule(StrEnum):

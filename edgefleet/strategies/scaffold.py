@@ -53,14 +53,14 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
+from edgefleet.algorithms.saga import flatten, unflatten
+from edgefleet.algorithms.warmstart import CONFIG_LR
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.errors import SettingError
 from edgefleet.loop.context import current_round
 from edgefleet.loop.hooks import StrategyHooks
 from edgefleet.loop.screening import reply_arrays, reply_device
 from edgefleet.loop.status import Declaration
-from edgefleet.strategies.saga import flatten, unflatten
-from edgefleet.strategies.warmstart import CONFIG_LR
 
 SCAFFOLD_CORRECTION = "scaffold-correction"  # the ArrayRecord c - c_i in a train message
 SCAFFOLD_APPLIED = "scaffold-applied"  # the reply metric that says it was added to gradients

@@ -32,14 +32,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.loop.base import LoopStrategy
-from edgefleet.loop.context import SessionRow, current_round
-from edgefleet.strategies.warmstart import (
+from edgefleet.algorithms.warmstart import (
     CONFIG_KL_LAMBDA,
     CONFIG_TEACHER_SESSION,
     TEACHER_RECORD,
     WarmStartError,
 )
+from edgefleet.loop.base import LoopStrategy
+from edgefleet.loop.context import SessionRow, current_round
 
 
 @dataclass

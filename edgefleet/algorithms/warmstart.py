@@ -5,7 +5,7 @@ Departure" (arXiv 2410.05662); reference code github.com/ZhanLun-Chang/2025_Neur
 ``fast_adapt_utils.py`` (``initial_model_construction``) and ``fast_adpat_training.py``.
 
 Training runs in sessions; a session ends when the set of present devices changes (see
-:mod:`edgefleet.strategies.tracker`). The first P sessions are *pilot* sessions: their final
+:mod:`edgefleet.algorithms.tracker`). The first P sessions are *pilot* sessions: their final
 models are stored and averaged into the *pilot model*. From then on, at every session start the
 server runs V auxiliary rounds from the pilot model with the new session's devices; the
 difference (result minus pilot model) is the session's *pseudo-gradient*, a fingerprint of the
