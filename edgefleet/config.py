@@ -22,6 +22,9 @@ from typing import Any
 
 from edgefleet.algorithms.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
 from edgefleet.algorithms.selection import SELECTION_ORDERS
+from edgefleet.algorithms.stopping import FORMS as STOPPING_FORMS
+from edgefleet.algorithms.stopping import NORMS as STOPPING_NORMS
+from edgefleet.algorithms.stopping import VALIDATION_RULES
 from edgefleet.algorithms.warmstart import WARMSTART_MODES
 from edgefleet.attacks.mods import KINDS as ATTACK_KINDS
 from edgefleet.attacks.mods import LIES
@@ -38,9 +41,6 @@ from edgefleet.pruning.names import (
     RECONSTRUCTIONS,
 )
 from edgefleet.strategies.robust import ROBUST_RULES, RULE_PARAMS, RobustRule
-from edgefleet.strategies.stopping import FORMS as STOPPING_FORMS
-from edgefleet.strategies.stopping import NORMS as STOPPING_NORMS
-from edgefleet.strategies.stopping import VALIDATION_RULES
 from edgefleet.task.datasets import DATASETS
 from edgefleet.task.names import ACCELERATORS, MODELS
 from edgefleet.task.partition import PARTITIONS
