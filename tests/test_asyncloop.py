@@ -229,7 +229,7 @@ def test_an_unreachable_device_is_its_own_outcome() -> None:
 
 def test_the_library_refuses_wrappers_that_need_a_round_barrier() -> None:
     """Compose or refuse, for a user's FedBuff(...) too: before the first version."""
-    from edgefleet.strategies.energy import EnergyAgeSelection
+    from edgefleet.strategies.energy_selection import EnergyAgeSelection
     from edgefleet.strategies.scaffold import Scaffold
 
     grid = VirtualTimeGrid({1: mover(np.array([1.0, 0.0], np.float32), 1)}, lambda n, k: 1.0)

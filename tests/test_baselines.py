@@ -17,7 +17,7 @@ from edgefleet.loop.base import find_wrapper
 from edgefleet.loop.context import FleetFacts
 from edgefleet.loop.registry import DeviceRegistry
 from edgefleet.server.app import build_strategy
-from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.fedvarp import FedVARP
 from edgefleet.strategies.mifa import MIFA

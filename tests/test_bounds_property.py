@@ -300,8 +300,8 @@ def hostile_status(draw: st.DrawFn) -> tuple[RecordDict, str]:
 @PROPERTY
 @given(answer=hostile_status())
 def test_a_hostile_status_answer_costs_bounded_bytes(answer: tuple[RecordDict, str]) -> None:
-    from edgefleet.strategies.energy import EnergyAgeSelection
-    from edgefleet.strategies.sessions import WarmStartInitializer
+    from edgefleet.strategies.energy_selection import EnergyAgeSelection
+    from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
 
     content, wrapper = answer
 

@@ -38,7 +38,7 @@ from edgefleet.server.checkpoint import (
 )
 from edgefleet.server.results import MetricsWriter, RunDirError, prepare_run_dir
 from edgefleet.simulation.runner import load_scenario, run_scenario
-from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.stopping import TaskVectorStopping
 from tests.fakes import FakeGrid, no_eval, rec

@@ -29,7 +29,7 @@ from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.loop.context import SessionRow
 from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.strategies.lrschedule import SessionLearningRate
-from edgefleet.strategies.sessions import WarmStartInitializer
+from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
 from edgefleet.task.datasets import ArrayDataset
 from edgefleet.task.models import build_model
 from edgefleet.task.train import get_arrays, train_local

@@ -23,7 +23,7 @@ from edgefleet.loop.registry import DeviceRegistry
 from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.loop.status import Declaration, StatusPhase, StatusQuery
 from edgefleet.server.app import build_strategy
-from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
 from tests.fakes import FakeGrid, Rows, by_hand, no_eval, rec
 

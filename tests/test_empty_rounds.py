@@ -18,7 +18,7 @@ from edgefleet.loop.registry import DeviceRegistry
 from edgefleet.loop.roundloop import RoundResult
 from edgefleet.server.checkpoint import FILENAME, load_checkpoint
 from edgefleet.server.emptyrounds import WAITING_FOR_ENERGY, EmptyRoundsStop, FleetSilent
-from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from tests.fakes import FakeGrid
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -542,7 +542,7 @@ STATUS_CASES: list[tuple[str, dict[str, Any]]] = [
 def test_a_huge_status_answer_costs_a_bounded_row_log_and_state(
     name: str, status: dict[str, Any], tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from edgefleet.strategies.sessions import WarmStartInitializer
+    from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
 
     # The sessions wrapper asks for the devices' labels (its rows' session accuracy).
     strategy = WarmStartInitializer(FedAvg(**COMMON), store=tmp_path / "store", initial=rec(W0))  # type: ignore[arg-type]

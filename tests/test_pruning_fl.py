@@ -20,7 +20,7 @@ from edgefleet.loop.registry import DeviceRegistry
 from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.pruning.submodel import PruningPlan
 from edgefleet.pruning.wire import KEPT, kept_record
-from edgefleet.strategies.pruning import SubmodelReconstruction, compact_slice
+from edgefleet.strategies.reconstruction import SubmodelReconstruction, compact_slice
 from edgefleet.task.models import build_model
 from edgefleet.task.train import get_arrays
 from tests.fakes import FakeGrid, Rows, no_eval, train_reply

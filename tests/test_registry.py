@@ -18,7 +18,7 @@ from edgefleet.loop.context import (
 )
 from edgefleet.loop.registry import DeviceRegistry, DeviceStatus, RegistryError
 from edgefleet.loop.status import StatusPhase
-from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
 from tests.fakes import FakeGrid, by_hand, rec
 from tests.test_ehfedsag import KW, FakeDevice

@@ -20,7 +20,7 @@ from edgefleet.loop.context import SelectionRow, in_round
 from edgefleet.loop.registry import DeviceStatus, EnergyState
 from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.simulation.inprocess import ClientAppNode
-from edgefleet.strategies.energy import STATUS_REFRESH_ROUNDS, EnergyAgeSelection
+from edgefleet.strategies.energy_selection import STATUS_REFRESH_ROUNDS, EnergyAgeSelection
 from tests.fakes import FakeGrid, Rows, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}

@@ -27,7 +27,7 @@ from edgefleet.strategies import (
     ValidationStopping,
     WarmStartInitializer,
 )
-from edgefleet.strategies.sessions import SessionStore
+from edgefleet.strategies.warmstart_initializer import SessionStore
 from tests.fakes import FakeGrid, no_eval, rec
 
 ROOT = Path(__file__).resolve().parents[1]

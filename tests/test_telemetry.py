@@ -23,7 +23,7 @@ from edgefleet.client.mods import (
 from edgefleet.loop.registry import TELEMETRY_FIELDS, UNKNOWN_FIELDS, screen_telemetry
 from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.server.fleet import FILENAME, FleetWriter
-from edgefleet.strategies.energy import EnergyAgeSelection, selection_line
+from edgefleet.strategies.energy_selection import EnergyAgeSelection, selection_line
 from edgefleet.wire import TELEMETRY_RECORD
 from tests.fakes import FakeGrid, Rows, no_eval, rec
 

@@ -24,7 +24,7 @@ from edgefleet.loop.context import ScreeningRow, SelectionRow
 from edgefleet.loop.registry import DeviceRegistry, DeviceStatus, screen_telemetry
 from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.loop.timing import LinkEstimate, RoundWait, TimingError
-from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from tests.fakes import FakeGrid, Rows, by_hand, no_eval, rec, train_reply
 from tests.test_ehfedsag import FakeDevice
 

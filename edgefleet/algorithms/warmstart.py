@@ -38,8 +38,8 @@ wrapper strategy that runs sessions and auxiliary rounds lives elsewhere.
   (temperature 1, mean over the batch; the reference's ``F.kl_div(log_softmax(local),
   softmax(last), "batchmean")``). It keeps what the last session learnt while the new one
   trains, a continual-learning baseline. It needs a ClientApp that implements the term
-  (EdgeFleet's does, see :mod:`edgefleet.strategies.sessions` for what goes on the wire);
-  a ClientApp that ignores it trains as ``previous``.
+  (EdgeFleet's does, see :mod:`edgefleet.strategies.warmstart_initializer` for what goes on
+  the wire); a ClientApp that ignores it trains as ``previous``.
 
 Learning rates (the reference's experiments): within each session the client rate decays
 polynomially, lr_t = (lr - lr_min) (1 - t/T)^0.9 + lr_min over the session's T rounds

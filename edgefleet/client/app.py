@@ -21,7 +21,7 @@ training set in :func:`train` (a mod never sees the data). ALIE and IPM colluder
 their honest updates through a :class:`~edgefleet.attacks.FolderBoard` in the machine's
 temporary folder (Ray actors are separate processes).
 
-Warm start (:mod:`edgefleet.strategies.sessions`) may send the round's learning rate
+Warm start (:mod:`edgefleet.strategies.warmstart_initializer`) may send the round's learning rate
 (``lr`` in the config) and, in its ``continuous`` mode, ``kl-lambda``, ``teacher-session`` and
 once per session the ``teacher`` ArrayRecord: the device keeps the teacher in
 ``Context.state`` (replaced by the next session's) and adds the KL term to its local loss.

@@ -41,17 +41,17 @@ from edgefleet.loop.registry import DeviceRecord, DeviceRegistry, DeviceStatus
 from edgefleet.loop.roundloop import LoopOutcome, RoundCallback, RoundLoop, RoundResult
 from edgefleet.loop.screening import RecordKeys, check_train_reply
 from edgefleet.loop.status import Declaration, StatusQuery
-from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
 from edgefleet.strategies.fedvarp import FedVARP
 from edgefleet.strategies.lrschedule import SessionLearningRate
 from edgefleet.strategies.mifa import MIFA
-from edgefleet.strategies.pruning import SubmodelReconstruction
+from edgefleet.strategies.reconstruction import SubmodelReconstruction
 from edgefleet.strategies.robust import RobustAggregation, RobustRule
 from edgefleet.strategies.scaffold import Scaffold
-from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.teacher import ContinuousTeacher
+from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
 
 __all__ = [
     "AsyncLoop",

@@ -10,7 +10,7 @@ model along
 then replaces the participants' memories by their new deltas; theta += server_lr * v_t.
 The correction weight ``w`` is, by default (``correction="channels"``), 1/max(|S|, M) where
 M is the devices a round has room for: the cap of the selection wrapper around it
-(:class:`~edgefleet.strategies.energy.EnergyAgeSelection`'s ``max_devices``, EH-FedSAG's
+(:class:`~edgefleet.strategies.energy_selection.EnergyAgeSelection`'s ``max_devices``, EH-FedSAG's
 uplink channels), so a round that few devices could afford does not inflate its stale
 corrections; without such a cap, 1/|S|. ``correction="participants"`` is the seed's 1/|S|
 always. The same default holds in EdgeFleet's app and in yours.

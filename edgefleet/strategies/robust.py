@@ -313,7 +313,7 @@ _MASKS_OWNER = _Masks  # the round context's private slot for them
 def offer_masks(masks: Mapping[int, Mapping[str, np.ndarray]]) -> None:
     """Hand this round's masks (``id(reply)`` -> array name -> boolean array of the array's
     full shape, True where the device kept the entry) to a :class:`RobustAggregation` below:
-    :class:`~edgefleet.strategies.pruning.SubmodelReconstruction` calls it for the replies
+    :class:`~edgefleet.strategies.reconstruction.SubmodelReconstruction` calls it for the replies
     it rebuilt from submodels. A reply without a mask kept everything."""
     current_round().own(_MASKS_OWNER, _Masks).by_reply.update(
         {k: dict(v) for k, v in masks.items()}
@@ -345,7 +345,7 @@ class RobustAggregation(LoopStrategy):
 
     ``inner`` must be a FedAvg-family strategy that aggregates with FedAvg's weighted mean
     (``FedAvg``, ``FedProx``, EdgeFleet's ``EqualWeightFedAvg``). Other EdgeFleet wrappers go
-    around it; CA-HFP's :class:`~edgefleet.strategies.pruning.SubmodelReconstruction` goes
+    around it; CA-HFP's :class:`~edgefleet.strategies.reconstruction.SubmodelReconstruction` goes
     directly around it and hands it the masks of the submodels (module docstring). For
     FedSAG, give the rule to ``FedSAG(robust=...)``. ``params`` are the rule's
     (:data:`RULE_PARAMS`): ``beta``; ``f``, ``m``; ``tau``, ``iterations``.
