@@ -73,7 +73,7 @@ def submit(
     clientapp: str | None = None,
 ) -> FlowerProcess:
     """``flwr run <a copy of the app> <connection> --stream --run-config ...``, at once;
-    ``clientapp``: another ClientApp component (``edgefleet.client.faults.FAULTY_APP``)."""
+    ``clientapp``: another ClientApp component (``fleetharness.faults.FAULTY_APP``)."""
     return fleet.flwr(
         "run",
         str(app_copy(workdir / "app", clientapp)),

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.client.faults import FAULTY_APP, KINDS
 from edgefleet.processes import FlowerFleet
+from fleetharness.faults import FAULTY_APP, KINDS
 from tests.flower_runs import SUMMARY_GRACE, submit, summary_and_rows, wait_for_summary
 from tests.test_faults import WHY
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.client.faults import FAULTY_APP, KINDS
 from edgefleet.processes import FlowerFleet
 from edgefleet.task.accelerator import available_accelerators
+from fleetharness.faults import FAULTY_APP, KINDS
 from tests.flower_runs import stopped_after, submit, summary_and_rows, wait_for_summary
 from tests.test_faults import WHY
 

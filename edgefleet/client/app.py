@@ -8,7 +8,7 @@ strategy sees the reply. A device that cannot do the work replies with an ``Erro
 the server counts as declined.
 
 ``app`` never spoils a reply on purpose: the test-only lying devices of
-:mod:`edgefleet.client.faults` are a mod that tests and benchmarks add to a ClientApp of
+:mod:`fleetharness.faults` are a mod that tests and benchmarks add to a ClientApp of
 their own (:func:`clientapp`).
 
 Attackers, for evaluating defences (:mod:`edgefleet.attacks`), come from the run config's
@@ -428,7 +428,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 def clientapp(*inner_mods: Mod) -> ClientApp:
     """A ClientApp with EdgeFleet's handlers and battery mod; ``inner_mods`` run inside the
     battery mod and the run config's attacks (:func:`run_config_attacks`), next to the
-    handlers (how tests and benchmarks add :func:`edgefleet.client.faults.fault_mod`;
+    handlers (how tests and benchmarks add :func:`fleetharness.faults.fault_mod`;
     EdgeFleet's own ``app`` adds none)."""
     # The battery is the same mod any Flower ClientApp can add (edgefleet.client.mods).
     out = ClientApp(mods=[energy_mod(settings=battery_settings), run_config_attacks, *inner_mods])
