@@ -14,7 +14,6 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.arrays import to_numpy
-from edgefleet.client import faults
 from edgefleet.client.app import app as production_app
 from edgefleet.client.app import train
 from edgefleet.config import ConfigError, parse_run_config
@@ -23,6 +22,7 @@ from edgefleet.loop.roundloop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.server.app import build_strategy, screening_for
 from edgefleet.simulation.runner import app_copy
 from edgefleet.task.train import get_arrays
+from fleetharness import faults
 from fleetharness.faults import (
     FAULTS_ENV,
     FAULTY_APP,
