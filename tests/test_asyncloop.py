@@ -22,7 +22,8 @@ from edgefleet.loop.staleness import (
 from edgefleet.simulation.inprocess import Handler, InProcessGrid, answer
 from edgefleet.simulation.virtualtime import VirtualTimeGrid
 from edgefleet.strategies import FedBuff
-from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
+from edgefleet.strategies.equalweight import EqualWeightFedAvg
+from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.fedvarp import FedVARP
 from edgefleet.strategies.mifa import MIFA
 from edgefleet.strategies.robust import RobustAggregation

@@ -24,7 +24,8 @@ from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.loop.status import Declaration, StatusPhase, StatusQuery
 from edgefleet.server.app import build_strategy
 from edgefleet.strategies.energy_selection import EnergyAgeSelection
-from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
+from edgefleet.strategies.equalweight import EqualWeightFedAvg
+from edgefleet.strategies.fedsag import FedSAG
 from tests.fakes import FakeGrid, Rows, by_hand, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}

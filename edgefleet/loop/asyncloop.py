@@ -23,7 +23,7 @@ model, ``x + w(s_i) (y_i - base_i)``, and the buffer is handed to the inner stra
 ``aggregate_train``; its result ``x'`` becomes ``x + server_lr (x' - x)``. With Flower's
 FedAvg inside this is FedBuff's step weighted by ``num-examples``
 (:func:`~edgefleet.loop.staleness.fedbuff_step`), with
-:class:`~edgefleet.strategies.fedsag.EqualWeightFedAvg` exactly FedBuff's ``1/K``; a robust
+:class:`~edgefleet.strategies.equalweight.EqualWeightFedAvg` exactly FedBuff's ``1/K``; a robust
 rule (:class:`~edgefleet.strategies.robust.RobustAggregation`, Flower's ``FedMedian``...)
 runs over the buffer; FedSAG keeps each device's last (staleness-weighted) update in its
 memory, which is asynchronous by nature. Train messages come from the inner strategy's own

@@ -80,6 +80,7 @@ from edgefleet.bounds import (
     preview,
     truncate,
 )
+from edgefleet.loop.context import round_or_none
 from edgefleet.loop.registry import BindingMode
 from edgefleet.pruning.wire import KEPT  # NumPy only: CA-HFP's kept-channels record
 from edgefleet.wire import DEVICE_ID
@@ -179,8 +180,6 @@ def reply_device(msg: Message) -> str:
     robust rules' rows and the loop's own rows name one device one way. A malformed
     ``device-id`` falls back to the node; :func:`check_train_reply` rejects such a train
     reply anyway."""
-    from edgefleet.loop.context import round_or_none  # context imports this module's peers
-
     metrics = first_metrics(msg)
     claimed = None if metrics is None else parse_device_id(metrics.get(DEVICE_ID))
     ctx = round_or_none()

@@ -21,7 +21,7 @@ with ``delta_i`` = the device's model minus the model it was sent (its base). Fe
 normalisation is ``1/K`` with every ``n_i`` equal (its clients all run the same number of
 local steps): :func:`fedbuff_step` with equal weights is exactly that, and it is what
 EdgeFleet's loop computes with an inner strategy that weights replies equally
-(:class:`~edgefleet.strategies.fedsag.EqualWeightFedAvg`). With Flower's ``FedAvg`` inside,
+(:class:`~edgefleet.strategies.equalweight.EqualWeightFedAvg`). With Flower's ``FedAvg`` inside,
 ``n_i`` is each reply's ``num-examples``, the FedAvg-family generalisation: a device with
 less data moves the model less, as in a synchronous round. The staleness weight multiplies
 the update and is deliberately *not* renormalised (dividing by ``sum n_i w_i`` would undo

@@ -56,7 +56,8 @@ from edgefleet.server.fleet import FleetWriter
 from edgefleet.server.polling import fast_grid
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
 from edgefleet.strategies.energy_selection import EnergyAgeSelection
-from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
+from edgefleet.strategies.equalweight import EqualWeightFedAvg
+from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.reconstruction import SubmodelReconstruction
 from edgefleet.strategies.robust import RobustAggregation
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping

@@ -42,7 +42,8 @@ from edgefleet.loop.roundloop import LoopOutcome, RoundCallback, RoundLoop, Roun
 from edgefleet.loop.screening import RecordKeys, check_train_reply
 from edgefleet.loop.status import Declaration, StatusQuery
 from edgefleet.strategies.energy_selection import EnergyAgeSelection
-from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
+from edgefleet.strategies.equalweight import EqualWeightFedAvg
+from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.fedvarp import FedVARP
 from edgefleet.strategies.lrschedule import SessionLearningRate
 from edgefleet.strategies.mifa import MIFA

@@ -43,11 +43,11 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from edgefleet.algorithms.saga import (
     SAGA_CORRECTIONS,
@@ -59,6 +59,7 @@ from edgefleet.algorithms.saga import (
     unflatten,
 )
 from edgefleet.arrays import to_numpy, to_record
+from edgefleet.loop.base import start_on_loop
 from edgefleet.loop.context import RobustRow, current_round
 from edgefleet.loop.hooks import StrategyHooks
 from edgefleet.loop.screening import reply_arrays, reply_device
@@ -132,8 +133,6 @@ class FedSAG(StrategyHooks, FedAvg):
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop (see
         :meth:`~edgefleet.loop.base.LoopStrategy.start`)."""
-        from edgefleet.loop.base import start_on_loop  # base imports this module's peers
-
         return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
 
     def register_devices(self, device_ids: Iterable[str]) -> None:
@@ -264,38 +263,3 @@ class FedSAG(StrategyHooks, FedAvg):
 @dataclass
 class _Global:
     arrays: ArrayRecord | None = None  # the model this round's train messages carried
-
-
-class EqualWeightFedAvg(FedAvg):
-    """FedAvg with every participant weighted equally: EH-FedAvg, the paper's baseline, is
-    the plain mean of the participants' models, as FedSAG's direction is a plain mean.
-    Flower's FedAvg weights by ``num-examples`` (samples seen), which differs between
-    devices whose data is shorter than ``local-steps`` x ``batch-size``."""
-
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
-        """Flower's ``Strategy.start`` contract on EdgeFleet's round loop, which screens every
-        reply, as every EdgeFleet strategy used alone does (:meth:`FedSAG.start`)."""
-        from edgefleet.loop.base import start_on_loop  # base imports this module's peers
-
-        return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        valid, _ = self._check_and_log_replies(replies, is_train=True)
-        if not valid:
-            return None, None
-        key = self.weighted_by_key
-        contents = [
-            RecordDict(
-                {
-                    **dict(m.content.array_records),
-                    **{
-                        name: MetricRecord({**dict(rec), key: 1})
-                        for name, rec in m.content.metric_records.items()
-                    },
-                }
-            )
-            for m in valid
-        ]
-        return aggregate_arrayrecords(contents, key), self.train_metrics_aggr_fn(contents, key)

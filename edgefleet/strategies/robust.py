@@ -54,6 +54,7 @@ from edgefleet.arrays import to_numpy, to_record
 from edgefleet.loop.base import LoopStrategy
 from edgefleet.loop.context import RobustRow, current_round, round_or_none
 from edgefleet.loop.screening import RecordKeys, reply_arrays, reply_device, reply_metrics
+from edgefleet.strategies.equalweight import EqualWeightFedAvg
 
 
 class RobustRule(StrEnum):
@@ -331,8 +332,6 @@ def _offered(reply: Message) -> dict[str, np.ndarray] | None:
 def plain_mean_inner(inner: Strategy) -> bool:
     """Whether ``inner`` aggregates with FedAvg's weighted mean (FedAvg, FedProx,
     EqualWeightFedAvg, or a subclass that keeps their ``aggregate_train``)."""
-    from edgefleet.strategies.fedsag import EqualWeightFedAvg  # fedsag imports this module
-
     agg = getattr(type(inner), "aggregate_train", None)
     return isinstance(inner, FedAvg) and agg in (
         FedAvg.aggregate_train,
@@ -410,8 +409,6 @@ class RobustAggregation(LoopStrategy):
         return to_record(unflatten(result.vector, like)), metrics
 
     def _weights(self, replies: Sequence[Message]) -> list[float]:
-        from edgefleet.strategies.fedsag import EqualWeightFedAvg
-
         if isinstance(self.inner, EqualWeightFedAvg):
             return [1.0] * len(replies)
         key = RecordKeys.of(self).weight

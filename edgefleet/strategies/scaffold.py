@@ -57,6 +57,7 @@ from edgefleet.algorithms.saga import flatten, unflatten
 from edgefleet.algorithms.warmstart import CONFIG_LR
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.errors import SettingError
+from edgefleet.loop.base import start_on_loop
 from edgefleet.loop.context import current_round
 from edgefleet.loop.hooks import StrategyHooks
 from edgefleet.loop.screening import reply_arrays, reply_device
@@ -129,8 +130,6 @@ class Scaffold(StrategyHooks, FedAvg):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start`` contract on EdgeFleet's round loop (as FedSAG)."""
-        from edgefleet.loop.base import start_on_loop  # base imports this module's peers
-
         return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
 
     def declarations(self) -> list[Declaration]:
