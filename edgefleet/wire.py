@@ -25,3 +25,11 @@ ENERGY_RECORD = "energy"
 # train messages it has sent so far. A device sent the same global version twice would
 # otherwise draw the same batches (its seed comes from the round) and send the same update.
 DISPATCH = "async-dispatch"
+
+# A train reply's metrics. NUM_EXAMPLES is Flower's own weight key (any Flower ClientApp
+# sends it); the rest are EdgeFleet's optional enrichments, never required of a reply.
+NUM_EXAMPLES = "num-examples"
+TRAIN_LOSS = "train-loss"
+ENERGY_SPENT = "energy-spent"  # the round's energy cost (the energy mod writes it)
+TRAIN_TIME = "train-time-s"  # the seconds the device says it trained
+KEPT_FRACTION = "kept-fraction"  # the share of the model's parameters the submodel kept

@@ -56,7 +56,19 @@ from edgefleet.client.mods import (
 )
 from edgefleet.config import RunConfig
 from edgefleet.task.cache import CacheUnwritableError
-from edgefleet.wire import DEVICE_ID, DISPATCH, LABELS, NUM_PARTITIONS, PRESENT, STATUS_RECORD
+from edgefleet.wire import (
+    DEVICE_ID,
+    DISPATCH,
+    ENERGY_SPENT,
+    KEPT_FRACTION,
+    LABELS,
+    NUM_EXAMPLES,
+    NUM_PARTITIONS,
+    PRESENT,
+    STATUS_RECORD,
+    TRAIN_LOSS,
+    TRAIN_TIME,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -361,13 +373,13 @@ def train(msg: Message, context: Context) -> Message:
         return Message(Error(ERR_TRAIN_FAILED, str(err)), reply_to=msg)
     metrics = MetricRecord(
         {
-            "num-examples": result.num_examples,
-            "train-loss": result.loss,
+            NUM_EXAMPLES: result.num_examples,
+            TRAIN_LOSS: result.loss,
             DEVICE_ID: profile.device_id,
             # The energy mod replaces it with the round's cost under energy-aware selection.
-            "energy-spent": 0.0,
-            "train-time-s": time.perf_counter() - start,
-            "kept-fraction": parameter_fraction(model, device.model),
+            ENERGY_SPENT: 0.0,
+            TRAIN_TIME: time.perf_counter() - start,
+            KEPT_FRACTION: parameter_fraction(model, device.model),
         }
     )
     if correction is not None:
@@ -416,7 +428,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     res = evaluate_model(device.model, device.test_data)
     metrics = MetricRecord(
         {
-            "num-examples": len(device.test_data),
+            NUM_EXAMPLES: len(device.test_data),
             "eval-loss": res.loss,
             "eval-accuracy": res.accuracy,
             DEVICE_ID: device.profile.device_id,

@@ -67,6 +67,7 @@ from edgefleet.wire import (  # the protocol's names, one spelling for both side
     BATTERY_LEVEL,
     DEVICE_ID,
     ENERGY_RECORD,
+    ENERGY_SPENT,
     FEASIBLE,
     LINK_KBPS,
     NUM_PARTITIONS,
@@ -226,7 +227,7 @@ class _EnergyMod:
         battery.spend(cost)
         save_battery(battery, context)
         name, metrics = next(iter(reply.content.metric_records.items()))
-        fields: dict[str, Any] = {**dict(metrics), "energy-spent": cost}
+        fields: dict[str, Any] = {**dict(metrics), ENERGY_SPENT: cost}
         _add_device_id(fields, context, status=False)
         reply.content[name] = MetricRecord(fields)
         # What the battery holds after paying, in a record of its own (not averaged with
@@ -291,7 +292,7 @@ def device_telemetry(battery: Battery, harvested: float) -> dict[str, Any]:
     out: dict[str, Any] = {
         "battery-capacity": float(battery.capacity),
         "harvested": float(harvested),
-        "energy-spent": float(battery.spent_total),
+        ENERGY_SPENT: float(battery.spent_total),
     }
     temp = cpu_temperature()
     if temp is not None:

@@ -84,7 +84,6 @@ from edgefleet.loop.roundloop import (
     payload_bytes,
 )
 from edgefleet.loop.screening import (
-    ENERGY_SPENT,
     NORM_HISTORY_ROUNDS,
     RecordKeys,
     Screening,
@@ -100,7 +99,7 @@ from edgefleet.loop.screening import (
 from edgefleet.loop.staleness import AsyncSettings, summarise
 from edgefleet.loop.status import bounded_reason, fleet_facts, is_unreachable
 from edgefleet.loop.timing import DEFAULT_POLL_S, LinkEstimate
-from edgefleet.wire import DEVICE_ID, DISPATCH
+from edgefleet.wire import DEVICE_ID, DISPATCH, ENERGY_SPENT, TRAIN_TIME
 
 # A version's row keeps at most this many drop reasons (the rest are counted): a fleet of
 # broken devices must not grow a row without bound.
@@ -432,7 +431,7 @@ class AsyncLoop:
         nbytes = payload_bytes(msg)
         period.bytes_up += nbytes
         metrics = first_metrics(msg)
-        compute = None if metrics is None else numbers(metrics).get("train-time-s")
+        compute = None if metrics is None else numbers(metrics).get(TRAIN_TIME)
         self._link(node).observe(now - f.pushed_at, nbytes + f.nbytes, compute)
         period.accepted.append(device)
         period.staleness.append(staleness)

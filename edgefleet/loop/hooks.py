@@ -12,7 +12,8 @@ check.
 EdgeFleet's wrappers and stateful aggregators (``FedSAG``) subclass it; :func:`hooks_of`
 gives the default hooks for any other strategy, so the loop calls them on any strategy
 without asking what it supports. (Finding one wrapper in a chain, ``base.find_wrapper``,
-is for EdgeFleet's ServerApp and a few refusals before round 1, not for the round's calls.)
+is for EdgeFleet's ServerApp, a few refusals before round 1, and one round call:
+reconstruction hands a robust rule inside it the submodels' masks.)
 """
 
 from __future__ import annotations

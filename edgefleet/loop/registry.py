@@ -51,7 +51,7 @@ from flwr.common import log
 from edgefleet.bounds import MAX_LABELS, bound_reason, describe, preview
 from edgefleet.bounds import REJECTIONS_KEPT as REJECTIONS_KEPT  # declared with the other caps
 from edgefleet.loop.timing import LinkEstimate
-from edgefleet.wire import LINK_KBPS
+from edgefleet.wire import ENERGY_SPENT, LINK_KBPS
 
 
 class BindingMode(StrEnum):
@@ -92,7 +92,7 @@ class TelemetryField:
 TELEMETRY_FIELDS: dict[str, TelemetryField] = {
     "battery-capacity": TelemetryField(float, 0.0, 1e6, "energy units"),
     "harvested": TelemetryField(float, 0.0, 1e6, "energy units since the last answer"),
-    "energy-spent": TelemetryField(float, 0.0, 1e12, "energy units in all"),
+    ENERGY_SPENT: TelemetryField(float, 0.0, 1e12, "energy units in all"),
     "cpu-temp-c": TelemetryField(float, -60.0, 200.0, "degrees C"),
     "load-1m": TelemetryField(float, 0.0, 1e4, "1-minute load average"),
     "mem-free-mb": TelemetryField(float, 0.0, 1e9, "MB available"),

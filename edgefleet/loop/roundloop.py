@@ -60,7 +60,6 @@ from edgefleet.loop.registry import (
     parse_feasible,
 )
 from edgefleet.loop.screening import (
-    ENERGY_SPENT,
     NORM_HISTORY_ROUNDS,
     RecordKeys,
     Screening,
@@ -82,9 +81,14 @@ from edgefleet.loop.timing import (
     exchange,
     reported_compute,
 )
-from edgefleet.wire import BATTERY_LEVEL, DEVICE_ID, ENERGY_RECORD, FEASIBLE
-
-TRAIN_TIME = "train-time-s"  # the seconds a ClientApp says it trained (EdgeFleet's reports it)
+from edgefleet.wire import (
+    BATTERY_LEVEL,
+    DEVICE_ID,
+    ENERGY_RECORD,
+    ENERGY_SPENT,
+    FEASIBLE,
+    TRAIN_TIME,
+)
 
 
 @dataclass(frozen=True)

@@ -83,10 +83,8 @@ from edgefleet.bounds import (
 from edgefleet.loop.context import round_or_none
 from edgefleet.loop.registry import BindingMode
 from edgefleet.pruning.wire import KEPT  # NumPy only: CA-HFP's kept-channels record
-from edgefleet.wire import DEVICE_ID
+from edgefleet.wire import DEVICE_ID, ENERGY_SPENT, NUM_EXAMPLES
 
-ENERGY_SPENT = "energy-spent"
-NUM_EXAMPLES = "num-examples"
 # The largest weight without a known bound: every integer up to it is exact in a float64,
 # and a sum of thousands of them cannot overflow.
 MAX_WEIGHT = 2.0**53
@@ -124,7 +122,7 @@ class RecordKeys:
 
     arrays: str = "arrays"
     config: str = "config"
-    weight: str = "num-examples"
+    weight: str = NUM_EXAMPLES
 
     @classmethod
     def of(cls, strategy: Strategy) -> RecordKeys:

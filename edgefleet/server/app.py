@@ -81,7 +81,9 @@ def build_strategy(
 
         sessions > stopping > energy-aware selection > CA-HFP reconstruction > aggregator
 
-    (each wrapper only when its keys turn it on; reconstruction always). Why this order:
+    (each wrapper only when its keys turn it on; reconstruction always, except in
+    asynchronous mode, where the aggregator alone is returned: the asynchronous loop
+    aggregates its buffer with it and the run config refuses every wrapper). Why this order:
 
     - **Sessions** (``WarmStartInitializer``) outermost: a session boundary changes the
       device set and the model every layer inside starts from; it announces boundaries
@@ -100,11 +102,12 @@ def build_strategy(
       sees them, so FedAvg, FedProx and FedSAG all aggregate full-size updates. It passes
       full-size replies through, so it is always on: a SuperNode may be given a keep ratio
       (``--node-config keep-ratio=...``) that the server's config does not know.
-    - **Aggregator** innermost: ``FedAvg``, ``FedProx``, ``FedSAG`` (SAGA memory), or under
-      energy-aware selection with ``fedavg`` the plain mean of the participants
-      (``EqualWeightFedAvg``: EH-FedAvg, the paper's baseline). With ``robust.rule``,
-      ``RobustAggregation`` wraps a FedAvg-family aggregator (directly inside the
-      reconstruction, so the rule sees the submodels' masks), and FedSAG takes the rule
+    - **Aggregator** innermost: ``FedAvg``, ``FedProx``, ``FedSAG`` (SAGA memory), the
+      field's baselines (``MIFA``, ``FedVARP``, ``Scaffold``), or under energy-aware
+      selection with ``fedavg`` the plain mean of the participants (``EqualWeightFedAvg``:
+      EH-FedAvg, the paper's baseline). With ``robust.rule``, ``RobustAggregation`` wraps
+      the aggregator (directly inside the reconstruction, so the rule sees the submodels'
+      masks), except for the SAGA family (FedSAG, MIFA, FedVARP), which takes the rule
       itself (its memory and correction means). The round loop's reply screening runs
       before any of them.
 

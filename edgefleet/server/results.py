@@ -35,6 +35,7 @@ from edgefleet.loop.context import (
 )
 from edgefleet.loop.roundloop import LoopOutcome, RoundCallback, RoundResult
 from edgefleet.server.checkpoint import check_resumable
+from edgefleet.wire import TRAIN_LOSS
 
 S = TypeVar("S")
 
@@ -153,7 +154,7 @@ def round_row(result: RoundResult) -> dict[str, Any]:
         "bytes_down": result.bytes_down,
         "energy_spent": result.energy_spent,
         "wall_s": round(result.wall_s, 3),
-        "train_loss": result.train_metrics.get("train-loss"),
+        "train_loss": result.train_metrics.get(TRAIN_LOSS),
         # False in a round between central evaluations (evaluate-every > 1): the test
         # figures are then None, not the last round's repeated.
         "evaluated": result.evaluated,

@@ -78,6 +78,7 @@ from edgefleet.strategies.robust import (
     flower_robust_inner,
     offer_masks,
 )
+from edgefleet.wire import KEPT_FRACTION
 
 if TYPE_CHECKING:  # importing the plan imports torch and Torch-Pruning
     from edgefleet.pruning.submodel import PruningPlan
@@ -241,7 +242,7 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             )
             for m in replies
         ]
-        fractions = [_metric(m, "kept-fraction", 1.0) for m, _ in parts]
+        fractions = [_metric(m, KEPT_FRACTION, 1.0) for m, _ in parts]
         # The fleet view's resource class is measured from the reply's kept channels (they
         # passed screening), not the `kept-fraction` the device claims: a device can lie.
         registry = current_round().registry
