@@ -77,18 +77,59 @@ def test_history_and_state_round_trip() -> None:
     again.load_state_dict(reg.state_dict())
     assert again.state_dict() == reg.state_dict()
     zero = again.devices["0"]
-    assert (zero.labels, zero.participations, zero.last_trained, zero.last_seen) == (
+    seen = zero.participation
+    assert (zero.answer.labels, seen.count, seen.last_trained, seen.last_seen) == (
         (2, 5),
         1,
         3,
         3,
     )
     one = again.devices["1"]
-    assert (one.node, one.declines, one.rejections) == (7, 1, [(3, "bad")])
+    assert (one.node, one.outcomes.declines, one.outcomes.rejections) == (7, 1, [(3, "bad")])
     assert (again.retired, again.unreported, again.anonymous) == ({2}, {4}, {6})
     assert again.known(4) and again.known(6) and again.known(7) and not again.known(2)
     with pytest.raises(RegistryError, match="malformed"):
         again.load_state_dict({"devices": {"0": {"labels": [1]}}})  # no node
+
+
+def test_a_checkpoint_written_before_the_record_was_split_loads() -> None:
+    # A device's entry as the registry wrote it before DeviceRecord held its concerns in
+    # parts (flat keys); the format is unchanged, so it loads into the parts and back.
+    old = {
+        "devices": {
+            "0": {
+                "node": 3,
+                "kept_fraction": 0.5,
+                "kept_channels": {"conv1": [0, 2]},
+                "full_sent": 4,
+                "link": None,
+                "labels": [1, 7],
+                "last_seen": 6,
+                "participations": 2,
+                "last_trained": 5,
+                "declines": 1,
+                "unreachable": 1,
+                "rejections": [[6, "nan in w"]],
+            }
+        },
+        "retired": [],
+        "unreported": [],
+        "anonymous": [],
+        "heard": [3],
+        "partitions": None,
+    }
+    reg = DeviceRegistry()
+    reg.load_state_dict(old)
+    r = reg.devices["0"]
+    assert (r.node, r.answer.labels) == (3, (1, 7))
+    assert (r.participation.last_seen, r.participation.count) == (6, 2)
+    assert r.participation.last_trained == 5
+    assert (r.outcomes.declines, r.outcomes.unreachable) == (1, 1)
+    assert r.outcomes.rejections == [(6, "nan in w")]
+    assert (r.submodel.kept_fraction, r.submodel.full_sent) == (0.5, 4)
+    assert r.submodel.kept_channels is not None
+    assert r.submodel.kept_channels["conv1"].tolist() == [0, 2]
+    assert reg.state_dict() == old
 
 
 def test_rejections_kept_are_bounded() -> None:
@@ -96,7 +137,7 @@ def test_rejections_kept_are_bounded() -> None:
     reg.bind(1, "0")
     for rnd in range(1, 60):
         reg.note_round(rnd, [], [], [{"device": "0", "reason": f"r{rnd}"}])
-    kept = reg.devices["0"].rejections
+    kept = reg.devices["0"].outcomes.rejections
     assert len(kept) == 20 and kept[-1] == (59, "r59")
 
 
