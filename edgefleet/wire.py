@@ -33,3 +33,17 @@ TRAIN_LOSS = "train-loss"
 ENERGY_SPENT = "energy-spent"  # the round's energy cost (the energy mod writes it)
 TRAIN_TIME = "train-time-s"  # the seconds the device says it trained
 KEPT_FRACTION = "kept-fraction"  # the share of the model's parameters the submodel kept
+
+# A train message's config and records for sessions (edgefleet.strategies.lrschedule,
+# .teacher): the round's client learning rate, and for warm-start mode "continuous" the KL
+# weight, the session the teacher belongs to, and the teacher itself (an ArrayRecord beside
+# the model, sent once per device and session).
+CONFIG_LR = "lr"
+CONFIG_KL_LAMBDA = "kl-lambda"
+CONFIG_TEACHER_SESSION = "teacher-session"
+TEACHER_RECORD = "teacher"
+
+# SCAFFOLD (edgefleet.strategies.scaffold): the ArrayRecord c - c_i in a train message, and
+# the reply metric that says the device added it to its gradients.
+SCAFFOLD_CORRECTION = "scaffold-correction"
+SCAFFOLD_APPLIED = "scaffold-applied"

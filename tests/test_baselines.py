@@ -21,15 +21,10 @@ from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.fedvarp import FedVARP
 from edgefleet.strategies.mifa import MIFA
-from edgefleet.strategies.scaffold import (
-    SCAFFOLD_APPLIED,
-    SCAFFOLD_CORRECTION,
-    Scaffold,
-    effective_steps,
-    scaffold_step,
-)
+from edgefleet.strategies.scaffold import Scaffold, effective_steps, scaffold_step
 from edgefleet.task.datasets import ArrayDataset
 from edgefleet.task.train import train_local
+from edgefleet.wire import SCAFFOLD_APPLIED, SCAFFOLD_CORRECTION
 from tests.fakes import FakeGrid, by_hand, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}

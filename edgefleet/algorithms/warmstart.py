@@ -91,14 +91,6 @@ WARMSTART_MODES: tuple[str, ...] = tuple(m.value for m in WarmStartMode)
 # The reference's decay exponent for every data set and algorithm (its README).
 LR_POWER = 0.9
 
-# On the wire (train messages; EdgeFleet's ClientApp reads them): the round's client learning
-# rate, and for mode "continuous" the KL weight, the session the teacher belongs to, and the
-# teacher itself (an ArrayRecord beside the model, sent once per device and session).
-CONFIG_LR = "lr"
-CONFIG_KL_LAMBDA = "kl-lambda"
-CONFIG_TEACHER_SESSION = "teacher-session"
-TEACHER_RECORD = "teacher"
-
 State = dict[str, np.ndarray]
 
 INDEX_NAME = "index.json"

@@ -57,6 +57,9 @@ from edgefleet.client.mods import (
 from edgefleet.config import RunConfig
 from edgefleet.task.cache import CacheUnwritableError
 from edgefleet.wire import (
+    CONFIG_KL_LAMBDA,
+    CONFIG_LR,
+    CONFIG_TEACHER_SESSION,
     DEVICE_ID,
     DISPATCH,
     ENERGY_SPENT,
@@ -65,7 +68,10 @@ from edgefleet.wire import (
     NUM_EXAMPLES,
     NUM_PARTITIONS,
     PRESENT,
+    SCAFFOLD_APPLIED,
+    SCAFFOLD_CORRECTION,
     STATUS_RECORD,
+    TEACHER_RECORD,
     TRAIN_LOSS,
     TRAIN_TIME,
 )
@@ -167,11 +173,6 @@ def continuous_teacher(device: Device, msg: Message, context: Context) -> nn.Mod
 
     Raises :class:`TeacherMissingError` when the named session's teacher is not held (the
     server sends it again), ValueError when the config or the teacher is malformed."""
-    from edgefleet.algorithms.warmstart import (
-        CONFIG_KL_LAMBDA,
-        CONFIG_TEACHER_SESSION,
-        TEACHER_RECORD,
-    )
     from edgefleet.task.train import set_arrays
 
     config = msg.content.config_records["config"]
@@ -304,11 +305,9 @@ def attacked_train_data(device: Device) -> ArrayDataset:
 
 
 def train(msg: Message, context: Context) -> Message:
-    from edgefleet.algorithms.warmstart import CONFIG_KL_LAMBDA, CONFIG_LR
     from edgefleet.client.device import get_device, is_present
     from edgefleet.client.pruning import ordered_dropout_round, parameter_fraction, round_model
     from edgefleet.pruning.wire import KEPT, kept_record
-    from edgefleet.strategies.scaffold import SCAFFOLD_APPLIED, SCAFFOLD_CORRECTION
     from edgefleet.task.train import get_arrays, seed_for, train_local
 
     try:
@@ -394,8 +393,6 @@ def scaffold_correction(msg: Message, model: Any) -> dict[str, Any] | None:
     """SCAFFOLD's c - c_i from a train message (None without one), as tensors by parameter
     name; a ValueError when it does not fit the model (a pruned submodel, another model)."""
     import torch
-
-    from edgefleet.strategies.scaffold import SCAFFOLD_CORRECTION
 
     record = msg.content.array_records.get(SCAFFOLD_CORRECTION)
     if record is None:

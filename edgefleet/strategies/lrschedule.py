@@ -19,9 +19,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.algorithms.warmstart import CONFIG_LR, WarmStartError, session_lr
+from edgefleet.algorithms.warmstart import WarmStartError, session_lr
 from edgefleet.loop.base import LoopStrategy
 from edgefleet.loop.context import SessionRow, current_round
+from edgefleet.wire import CONFIG_LR
 
 
 class SessionLearningRate(LoopStrategy):

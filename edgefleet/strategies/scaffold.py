@@ -54,7 +54,6 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from edgefleet.algorithms.saga import flatten, unflatten
-from edgefleet.algorithms.warmstart import CONFIG_LR
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.errors import SettingError
 from edgefleet.loop.base import start_on_loop
@@ -62,9 +61,7 @@ from edgefleet.loop.context import current_round
 from edgefleet.loop.hooks import StrategyHooks
 from edgefleet.loop.screening import reply_arrays, reply_device
 from edgefleet.loop.status import Declaration
-
-SCAFFOLD_CORRECTION = "scaffold-correction"  # the ArrayRecord c - c_i in a train message
-SCAFFOLD_APPLIED = "scaffold-applied"  # the reply metric that says it was added to gradients
+from edgefleet.wire import CONFIG_LR, SCAFFOLD_APPLIED, SCAFFOLD_CORRECTION
 
 
 def effective_steps(local_steps: int, momentum: float) -> float:

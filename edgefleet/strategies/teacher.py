@@ -32,14 +32,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.algorithms.warmstart import (
-    CONFIG_KL_LAMBDA,
-    CONFIG_TEACHER_SESSION,
-    TEACHER_RECORD,
-    WarmStartError,
-)
+from edgefleet.algorithms.warmstart import WarmStartError
 from edgefleet.loop.base import LoopStrategy
 from edgefleet.loop.context import SessionRow, current_round
+from edgefleet.wire import CONFIG_KL_LAMBDA, CONFIG_TEACHER_SESSION, TEACHER_RECORD
 
 
 @dataclass
