@@ -37,10 +37,12 @@ from edgefleet.config import (
     attack_keys_set,
     parse_run_config,
 )
+from edgefleet.loop.asyncloop import AsyncLoop
 from edgefleet.loop.base import build_loop, find_wrapper
 from edgefleet.loop.context import ClassAccuracy, in_round
 from edgefleet.loop.roundloop import EvaluateFn, Evaluation, RoundLoop
 from edgefleet.loop.screening import Screening
+from edgefleet.loop.staleness import AsyncSettings
 from edgefleet.loop.status import StatusQuery
 from edgefleet.loop.timing import RoundWait, WaitMode
 from edgefleet.server.baselines import BASELINES, build_baseline
@@ -540,9 +542,6 @@ def run_async(
     """``aggregation.mode = async``: the FedBuff loop (edgefleet.loop.asyncloop) in
     place of the round loop; one metrics row and one checkpoint per global model version
     (``ckpt``: the checkpoint a resumed run continues from)."""
-    from edgefleet.loop.asyncloop import AsyncLoop
-    from edgefleet.loop.staleness import AsyncSettings
-
     a = cfg.aggregation
     sc = cfg.stopping
     tau = None
