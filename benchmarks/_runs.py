@@ -11,7 +11,7 @@ Two engines run a scenario:
   ("The current node timed out during startup") when its processes are niced.
 
 ``faults=(kind, partitions)`` runs the ClientApp with the test-only fault mod instead
-(:mod:`edgefleet.client.faults`): those partitions spoil every train reply as ``kind``. The
+(:mod:`fleetharness.faults`): those partitions spoil every train reply as ``kind``. The
 run config cannot ask for that, so the run folder records it in ``faults.json``.
 
 ``InProcessGrid`` here is the engine's :class:`~edgefleet.simulation.inprocess.ClientAppGrid`
@@ -36,7 +36,7 @@ from edgefleet.simulation.runner import Engine, Scenario, resolve_run_config, ru
 
 ENGINES: tuple[str, ...] = ("simulation", "inprocess")
 FAULTS_FILE = "faults.json"
-Faults = tuple[str, tuple[int, ...]]  # (kind, partitions) for edgefleet.client.faults
+Faults = tuple[str, tuple[int, ...]]  # (kind, partitions) for fleetharness.faults
 
 
 def parse_with_smoke(p: argparse.ArgumentParser, smoke: Mapping[str, Any]) -> argparse.Namespace:
@@ -128,7 +128,7 @@ def run_once(
         raise ValueError(f"unknown engine {engine!r}; valid choices: {', '.join(ENGINES)}")
     lies: Faults | None = None
     if faults is not None:
-        from edgefleet.client.faults import fault_mod
+        from fleetharness.faults import fault_mod
 
         lies = (faults[0], tuple(faults[1]))
         fault_mod(*lies)  # bad settings fail here, not inside every ClientApp
@@ -182,7 +182,7 @@ def _engine(faults: Faults | None) -> Engine | None:
     inherit (None: ``run_scenario``'s own engine, EdgeFleet's ClientApp)."""
     if faults is None:
         return None
-    from edgefleet.client.faults import FAULTS_ENV, FAULTY_APP, faults_env
+    from fleetharness.faults import FAULTS_ENV, FAULTY_APP, faults_env
 
     engine = Engine(clientapp=FAULTY_APP)
     engine.fleet.env[FAULTS_ENV] = faults_env(*faults)
@@ -203,7 +203,7 @@ def run_inprocess(
     workers = workers or _default_workers
     app = None
     if faults is not None:
-        from edgefleet.client.faults import faulty_clientapp
+        from fleetharness.faults import faulty_clientapp
 
         app = functools.partial(faulty_clientapp, *faults)  # picklable: workers build it
     engine = _ENGINES.setdefault((faults, workers), InProcessEngine(workers=workers, app=app))

@@ -90,7 +90,8 @@ if str(ROOT) not in sys.path:
 
 from _provenance import stamp  # noqa: E402
 
-from edgefleet.processes import BIN_DIR, FlowerFleet, config_arg, free_port  # noqa: E402
+from edgefleet.processes import BIN_DIR, config_arg, free_port  # noqa: E402
+from fleetharness.fleet import DeploymentFleet  # noqa: E402
 
 MODES = ("subprocess", "worker")
 TRACE_VAR = "EDGEFLEET_DEPLOY_TRACE"
@@ -214,7 +215,7 @@ if os.environ.get("EDGEFLEET_DEPLOY_TRACE"):
         "edgefleet.client.device": _device,
         "edgefleet.client.pruning": _pruning,
         "edgefleet.task.train": _train,
-        "edgefleet.strategies.loop": _loop,
+        "edgefleet.loop.roundloop": _loop,
         "edgefleet.client.worker": _worker,
     }
 
@@ -310,7 +311,7 @@ def run_mode(
     from edgefleet.simulation.runner import app_copy
 
     trace = work / "trace.jsonl"
-    fleet = FlowerFleet(work / "flower", connection=f"bench-{mode}")
+    fleet = DeploymentFleet(work / "flower", connection=f"bench-{mode}")
     fleet.env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(hook_dir), str(ROOT), os.environ.get("PYTHONPATH", "")) if p
     )

@@ -39,7 +39,7 @@ from typing import Any
 from _provenance import dumps
 from _runs import ENGINES, parse_with_smoke, run_once
 
-from edgefleet.strategies.stopping import PlateauCounter, ValidationPatience
+from edgefleet.algorithms.stopping import PlateauCounter, ValidationPatience
 
 ROOT = Path(__file__).resolve().parents[1]
 # --smoke: one observed run and one bad configuration, short patience so the rules can fire.

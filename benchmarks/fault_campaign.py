@@ -5,7 +5,7 @@ run``'s ``run_scenario``, the real ServerApp and ClientApp) in which one device 
 ``--every`` is hostile (the partitions p with p % every == every - 1), once per kind of
 lie, against the same run with every device honest. The hostile partitions train honestly
 and then spoil every train reply (the ClientApp with the test-only fault mod,
-``edgefleet.client.faults``, which EdgeFleet's own ClientApp never adds; kinds there):
+``fleetharness.faults``, which EdgeFleet's own ClientApp never adds; kinds there):
 
 - ``inf-examples``: ``num-examples`` = inf;
 - ``huge-examples``: ``num-examples`` = 1e9 with every weight zero (under plain FedAvg this

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from edgefleet.strategies.saga import SagaMemory
+from edgefleet.algorithms.saga import SagaMemory
 from edgefleet.task.models import build_model
 
 

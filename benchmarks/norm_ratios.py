@@ -32,10 +32,10 @@ import numpy as np
 from _runs import InProcessGrid  # type: ignore[import-not-found]
 
 from edgefleet.config import parse_run_config
+from edgefleet.loop.roundloop import RoundCallback, RoundLoop, RoundResult
+from edgefleet.loop.screening import Screening
 from edgefleet.server.app import build_strategy, screening_for
 from edgefleet.simulation.runner import parse_value
-from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult
-from edgefleet.strategies.screening import Screening
 from edgefleet.task.datasets import dataset_info
 from edgefleet.task.models import build_model
 from edgefleet.task.train import get_arrays

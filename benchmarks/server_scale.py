@@ -67,12 +67,12 @@ sys.path.insert(0, str(_root()))
 
 from edgefleet.arrays import to_record  # noqa: E402
 from edgefleet.config import RunConfig, parse_run_config  # noqa: E402
+from edgefleet.loop.base import build_loop  # noqa: E402
+from edgefleet.loop.roundloop import RoundCallback, RoundResult  # noqa: E402
 from edgefleet.server import app as server_app  # noqa: E402
 from edgefleet.server.checkpoint import Checkpointer, run_identity  # noqa: E402
 from edgefleet.server.fleet import FleetWriter  # noqa: E402
 from edgefleet.server.results import MetricsWriter  # noqa: E402
-from edgefleet.strategies.base import build_loop  # noqa: E402
-from edgefleet.strategies.loop import RoundCallback, RoundResult  # noqa: E402
 
 try:  # the in-process grid of edgefleet.simulation, where the tree has one
     from edgefleet.simulation.inprocess import InProcessGrid as FakeGrid  # noqa: E402

@@ -79,9 +79,10 @@ from _provenance import stamp
 from flwr.app import Array, ArrayRecord
 
 from edgefleet.config import RunConfig, parse_run_config
-from edgefleet.processes import POLL_VAR, config_arg, processes_with_env, toml_value
+from edgefleet.processes import POLL_VAR, config_arg, toml_value
 from edgefleet.server.app import central_evaluation
 from edgefleet.task.train import seed_for, train_local
+from fleetharness.fleet import processes_with_env
 
 log = logging.getLogger("sim_overhead")
 HOOK_DIR = Path(__file__).resolve().parent / "_trace"

@@ -54,11 +54,11 @@ if str(ROOT) not in sys.path:
 from edgefleet.processes import (  # noqa: E402
     BIN_DIR,
     FleetError,
-    FlowerFleet,
     FlowerProcess,
     config_arg,
     pid_alive,
 )
+from fleetharness.fleet import DeploymentFleet  # noqa: E402
 
 PREFIX = "edgefleet-link-"
 GEN_CERTS = ROOT / "deploy" / "gen-certs.sh"
@@ -178,8 +178,9 @@ def cleanup_stale(prefix_re: re.Pattern[str] = _STALE) -> list[str]:
 _sequence = iter(range(1_000_000))
 
 
-class LinkFleet(FlowerFleet):
-    """A :class:`FlowerFleet` whose SuperLink and SuperNodes sit in namespaces on shaped links.
+class LinkFleet(DeploymentFleet):
+    """A :class:`DeploymentFleet` whose SuperLink and SuperNodes sit in namespaces on shaped
+    links.
 
     Use as a context manager (``with LinkFleet(...) as fleet:``) or call :meth:`stop` in a
     ``finally``; :meth:`setup` makes the namespaces, :meth:`start_link` the SuperLink,
@@ -281,7 +282,7 @@ class LinkFleet(FlowerFleet):
         env: Mapping[str, str] | None = None,
         netns: str | None = None,
     ) -> FlowerProcess:
-        """Like :meth:`FlowerFleet.start`, in the link namespace unless ``netns`` says
+        """Like :meth:`DeploymentFleet.start`, in the link namespace unless ``netns`` says
         otherwise: the SuperLink, its ServerApps and every ``flwr`` call live there."""
         return super().start(name, args, echo=echo, env=env, netns=netns or self.link_ns)
 

@@ -157,7 +157,7 @@ def columns_page() -> str:
         NOTICE,
         "# `metrics.jsonl` columns\n\n",
         "One JSON object per round. The loop's own columns come first, then one section per\n",
-        "component, each a dataclass in `edgefleet/strategies/context.py` written only while\n",
+        "component, each a dataclass in `edgefleet/loop/context.py` written only while\n",
         "that component is on; read them back typed with\n",
         "`edgefleet.server.results.read_metrics(path)` (a `MetricsRow` per round,\n",
         "`row.section(SessionRow)` a component's section). What each column means:\n",

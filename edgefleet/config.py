@@ -20,10 +20,19 @@ from dataclasses import Field, dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
+from edgefleet.algorithms.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
+from edgefleet.algorithms.selection import SELECTION_ORDERS
+from edgefleet.algorithms.stopping import FORMS as STOPPING_FORMS
+from edgefleet.algorithms.stopping import NORMS as STOPPING_NORMS
+from edgefleet.algorithms.stopping import VALIDATION_RULES
+from edgefleet.algorithms.warmstart import WARMSTART_MODES
 from edgefleet.attacks.mods import KINDS as ATTACK_KINDS
 from edgefleet.attacks.mods import LIES
 from edgefleet.client.battery import SOURCES, SourceKind
 from edgefleet.errors import SettingError
+from edgefleet.loop.screening import BINDINGS, NORM_FACTOR, NORM_FLOOR
+from edgefleet.loop.staleness import STALENESS_FUNCTIONS
+from edgefleet.loop.timing import WAIT_MODES
 from edgefleet.pruning.names import (
     BUDGETS,
     CRITERIA,
@@ -32,15 +41,6 @@ from edgefleet.pruning.names import (
     RECONSTRUCTIONS,
 )
 from edgefleet.strategies.robust import ROBUST_RULES, RULE_PARAMS, RobustRule
-from edgefleet.strategies.saga import SAGA_CORRECTIONS, SAGA_ESTIMATORS, SAGA_INITS, SAGA_MEANS
-from edgefleet.strategies.screening import BINDINGS, NORM_FACTOR, NORM_FLOOR
-from edgefleet.strategies.selection import SELECTION_ORDERS
-from edgefleet.strategies.staleness import STALENESS_FUNCTIONS
-from edgefleet.strategies.stopping import FORMS as STOPPING_FORMS
-from edgefleet.strategies.stopping import NORMS as STOPPING_NORMS
-from edgefleet.strategies.stopping import VALIDATION_RULES
-from edgefleet.strategies.timing import WAIT_MODES
-from edgefleet.strategies.warmstart import WARMSTART_MODES
 from edgefleet.task.datasets import DATASETS
 from edgefleet.task.names import ACCELERATORS, MODELS
 from edgefleet.task.partition import PARTITIONS
@@ -937,7 +937,7 @@ AGGREGATION_MODES: tuple[str, ...] = ("sync", "async")
 @dataclass(frozen=True)
 class AsyncConfig:
     """``aggregation.mode`` and ``async.*``: buffered asynchronous aggregation (FedBuff;
-    :mod:`edgefleet.strategies.asyncloop`, docs/how-to/async-aggregation.md). In async mode
+    :mod:`edgefleet.loop.asyncloop`, docs/how-to/async-aggregation.md). In async mode
     ``num-server-rounds`` counts global model versions and ``round-timeout`` bounds one
     device's training."""
 

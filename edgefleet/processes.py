@@ -36,7 +36,6 @@ import contextlib
 import ctypes
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -144,15 +143,6 @@ def free_ports(n: int) -> list[int]:
         return ports
 
 
-def write_superexec_secret(path: Path) -> Path:
-    """A new SuperExec secret (32 random bytes, hex) in ``path``, created with mode 0600
-    (never readable by another user, not even for a moment); ``path``."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-    return path
-
-
 def toml_value(value: Any) -> str:
     """``value`` written as in a TOML file / Flower's ``--run-config "k=v ..."``."""
     if isinstance(value, bool):
@@ -215,18 +205,10 @@ def _processes() -> Iterable[tuple[_ProcInfo, bytes]]:
         yield _ProcInfo(int(entry.name), fields[0], int(fields[2]), cmd.strip()), environ
 
 
-def processes_with_env(marker: str) -> list[str]:
-    """``"pid: command"`` of each live (non-zombie) process whose environment holds
-    ``marker`` (e.g. ``"FLWR_HOME=/tmp/x"``; a prefix of a variable's value matches too)."""
-    return [
-        f"{info.pid}: {info.cmd}"
-        for info, environ in _processes()
-        if info.state != "Z" and info.pid != os.getpid() and marker.encode() in environ
-    ]
-
-
 class FlowerFleet:
-    """Every Flower process of one test; stop them all with ``stop()`` (or ``with``)."""
+    """Every Flower process of one run or test; stop them all with ``stop()`` (or
+    ``with``). SuperNodes and the CLI's listings, which only tests and deploy scripts use,
+    are in ``fleetharness.fleet.DeploymentFleet``."""
 
     def __init__(self, workdir: Path, connection: str = "fleet") -> None:
         self.workdir = workdir
@@ -314,7 +296,7 @@ class FlowerFleet:
         fleet's connection (``self.connection``) into ``$FLWR_HOME/config.toml``. With
         ``simulation`` it runs Flower's Simulation Engine instead of waiting for SuperNodes.
 
-        ``superexec_secret`` (a file, see :func:`write_superexec_secret`): the Runtime API
+        ``superexec_secret`` (a file holding a secret, mode 0600): the Runtime API
         takes a task claim only when signed with it. Flower ignores the secret in its
         ``subprocess`` isolation (the SuperLink's own child claims unsigned, and so can any
         local process), so the SuperLink then runs ``--isolation process`` and this fleet
@@ -567,80 +549,11 @@ class FlowerFleet:
         if poller.returncode != 0:
             raise FleetError(f"polling {url} in {netns} failed (exit {poller.returncode})")
 
-    def start_supernode(
-        self,
-        node_config: Mapping[str, Any],
-        extra_args: Sequence[str] = (),
-        *,
-        name: str | None = None,
-        warm: bool = False,
-    ) -> FlowerProcess:
-        """A SuperNode connected to our SuperLink, its Runtime API on a free port, ClientApps
-        in subprocesses (``warm``: ``edgefleet supernode``, every ClientApp message in one
-        warm worker process, :mod:`edgefleet.client.worker`). ``--insecure`` unless the
-        SuperLink has TLS (then it gets ``--root-certificates``)."""
-        if self.superlink_address is None:
-            raise FleetError("start the SuperLink first")
-        args = ["edgefleet", "supernode"] if warm else ["flower-supernode"]
-        if self.root_certificates is None:
-            args.append("--insecure")
-        else:
-            args += ["--root-certificates", str(self.root_certificates)]
-        args += [
-            "--superlink",
-            self.superlink_address,
-            "--port",
-            str(free_port()),
-            "--node-config",
-            config_arg(node_config),
-            *extra_args,
-        ]
-        return self.start(name or f"supernode-{len(self.supernodes())}", args)
-
-    def supernodes(self) -> list[FlowerProcess]:
-        return [p for p in self.processes if _is_supernode(p)]
-
     # -- the flwr CLI ---------------------------------------------------------------------
 
     def flwr(self, *args: str, name: str = "flwr", echo: TextIO | None = None) -> FlowerProcess:
         """Start ``flwr ARGS`` (the CLI) like any other fleet process; returns at once."""
         return self.start(name, ["flwr", *args], echo=echo)
-
-    def flwr_output(self, *args: str, timeout: float = 60.0) -> str:
-        """Run ``flwr ARGS`` to completion (bounded); its output, or ``FleetError``."""
-        proc = self.flwr(*args, name="flwr-cli")
-        try:
-            rc = proc.popen.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            _stop_groups([proc])
-            raise FleetError(f"`flwr {' '.join(args)}` ran past {timeout:.0f} s") from None
-        output = proc.log_path.read_text(errors="replace")
-        if rc != 0:
-            raise FleetError(f"`flwr {' '.join(args)}` exited with code {rc}:\n{output}")
-        return output
-
-    def online_nodes(self, timeout: float = 60.0) -> list[dict[str, Any]]:
-        """The SuperNodes the SuperLink lists as online (``flwr supernode ls --format json``)."""
-        output = self.flwr_output(
-            "supernode", "ls", self.connection, "--format", "json", timeout=timeout
-        )
-        start = output.find("{")
-        if start < 0:
-            raise FleetError(f"no JSON in `flwr supernode ls` output:\n{output}")
-        data = json.loads(output[start:])
-        return [n for n in data.get("nodes", []) if n.get("status") == "online"]
-
-    def wait_for_nodes(self, count: int, timeout: float = 60.0) -> None:
-        """Wait until ``count`` SuperNodes are online; fail early if a SuperNode dies."""
-        deadline = time.monotonic() + timeout
-        while True:
-            self.check_alive()
-            online = len(self.online_nodes(timeout=max(5.0, deadline - time.monotonic())))
-            if online >= count:
-                return
-            if time.monotonic() > deadline:
-                raise FleetError(f"{online} of {count} SuperNodes online after {timeout:.0f} s")
-            time.sleep(1.0)
 
     def check_alive(self) -> None:
         """Raise if a SuperLink, SuperNode or Ray head has exited."""
@@ -779,21 +692,6 @@ _RAY_PORT_FLAGS = (
     "--node-manager-port",
     "--object-manager-port",
 )
-
-
-def wait_for_port(host: str, port: int, timeout: float, proc: FlowerProcess | None = None) -> None:
-    """Until ``host:port`` accepts a TCP connection; fail early if ``proc`` exits."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if proc is not None and not proc.running():
-            raise FleetError(
-                f"{proc.name} exited with code {proc.popen.returncode}; log:\n{proc.tail()}"
-            )
-        with contextlib.suppress(OSError), socket.create_connection((host, port), timeout=1.0):
-            return
-        if time.monotonic() > deadline:
-            raise FleetError(f"{host}:{port} did not accept connections within {timeout:.0f} s")
-        time.sleep(0.1)
 
 
 def _tee(popen: subprocess.Popen[bytes], log_path: Path, echo: TextIO) -> None:

@@ -10,10 +10,10 @@ from typing import TypeVar
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
+from edgefleet.loop.context import RoundContext, in_round
+from edgefleet.loop.registry import DeviceRegistry
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
 from edgefleet.simulation.inprocess import Handler, InProcessGrid
-from edgefleet.strategies.context import RoundContext, in_round
-from edgefleet.strategies.loop import RoundCallback, RoundResult
-from edgefleet.strategies.registry import DeviceRegistry
 
 S = TypeVar("S")
 

@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from edgefleet.processes import FlowerFleet, FlowerProcess, config_arg
+from edgefleet.processes import FlowerProcess, config_arg
 from edgefleet.simulation.runner import app_copy
+from fleetharness.fleet import DeploymentFleet
 
 SUMMARY_GRACE = 30.0  # seconds a run may take to write its summary after the stream ended
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
@@ -34,7 +35,7 @@ def deploy_module(name: str) -> ModuleType:
 
 
 @contextlib.contextmanager
-def stopped_after(fleet: FlowerFleet, workdir: Path) -> Iterator[FlowerFleet]:
+def stopped_after(fleet: DeploymentFleet, workdir: Path) -> Iterator[DeploymentFleet]:
     """Run a test body against ``fleet``: print every process's log if it fails, stop the
     fleet whatever happened, and fail if a Flower process outlived it."""
     try:
@@ -47,7 +48,7 @@ def stopped_after(fleet: FlowerFleet, workdir: Path) -> Iterator[FlowerFleet]:
     assert fleet.survivors() == [], "Flower processes outlived the test"
 
 
-def start_fleet(fleet: FlowerFleet, num_nodes: int) -> list[FlowerProcess]:
+def start_fleet(fleet: DeploymentFleet, num_nodes: int) -> list[FlowerProcess]:
     """A SuperLink and ``num_nodes`` SuperNodes (node i holds partition i of ``num_nodes``),
     all connected."""
     fleet.start_superlink(timeout=60.0)
@@ -67,13 +68,13 @@ def metrics_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def submit(
-    fleet: FlowerFleet,
+    fleet: DeploymentFleet,
     workdir: Path,
     run_config: Mapping[str, Any],
     clientapp: str | None = None,
 ) -> FlowerProcess:
     """``flwr run <a copy of the app> <connection> --stream --run-config ...``, at once;
-    ``clientapp``: another ClientApp component (``edgefleet.client.faults.FAULTY_APP``)."""
+    ``clientapp``: another ClientApp component (``fleetharness.faults.FAULTY_APP``)."""
     return fleet.flwr(
         "run",
         str(app_copy(workdir / "app", clientapp)),
@@ -86,7 +87,7 @@ def submit(
 
 
 def wait_for_summary(
-    fleet: FlowerFleet,
+    fleet: DeploymentFleet,
     flwr_run: FlowerProcess,
     path: Path,
     deadline: float,

@@ -48,8 +48,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgefleet.processes import TAG_VAR, FlowerFleet, FlowerProcess, config_arg, free_port
+from edgefleet.processes import TAG_VAR, FlowerProcess, config_arg, free_port
 from edgefleet.task.datasets import load_dataset
+from fleetharness.fleet import DeploymentFleet
 from tests.flower_runs import stopped_after, submit, summary_and_rows, wait_for_summary
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,7 +128,7 @@ def on_board(board: str, layer: Path, script: str, *extra: str, timeout: float =
     return out.stdout
 
 
-def start_board(fleet: FlowerFleet, board: str, layer: Path) -> FlowerProcess:
+def start_board(fleet: DeploymentFleet, board: str, layer: Path) -> FlowerProcess:
     """EDGE.md's start block on ``board``, as a member of ``fleet`` (stopped with it)."""
     start = doc_block("start")
     log_path = fleet.workdir / f"board-{board}.log"
@@ -177,7 +178,7 @@ def board_data(path: Path, seed: int) -> None:
     np.savez(path, x=x.round().astype(np.uint8), y=pool.y[idx])
 
 
-def _no_clientapp_pileup(fleet: FlowerFleet) -> None:
+def _no_clientapp_pileup(fleet: DeploymentFleet) -> None:
     """Fail at once, saying why, when a board's ClientApps pile up. Flower 1.42's SuperNode
     gives a ClientApp 30 s (``HEARTBEAT_DEFAULT_INTERVAL``, fixed in ``claim_task``) from
     claiming a task to pulling its input; one that is slower loses the task, SuperExec starts
@@ -210,7 +211,7 @@ def test_emulated_pis_join_a_live_superlink(tmp_path: Path) -> None:
         timeout=60,
     )
     output_dir = tmp_path / "out"
-    fleet = FlowerFleet(tmp_path / "flower", connection="arm64")
+    fleet = DeploymentFleet(tmp_path / "flower", connection="arm64")
     with stopped_after(fleet, tmp_path):
         fleet.start_superlink(
             [

@@ -12,20 +12,21 @@ import pytest
 from flwr.app import ArrayRecord, Message
 from flwr.serverapp.strategy import FedAvg, FedMedian
 
-from edgefleet.simulation.inprocess import Handler, InProcessGrid, answer
-from edgefleet.simulation.virtualtime import VirtualTimeGrid
-from edgefleet.strategies import FedBuff
-from edgefleet.strategies.asyncloop import AsyncLoop
-from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
-from edgefleet.strategies.fedvarp import FedVARP
-from edgefleet.strategies.mifa import MIFA
-from edgefleet.strategies.robust import RobustAggregation
-from edgefleet.strategies.staleness import (
+from edgefleet.loop.asyncloop import AsyncLoop
+from edgefleet.loop.staleness import (
     AsyncSettingError,
     AsyncSettings,
     fedbuff_step,
     staleness_weight,
 )
+from edgefleet.simulation.inprocess import Handler, InProcessGrid, answer
+from edgefleet.simulation.virtualtime import VirtualTimeGrid
+from edgefleet.strategies import FedBuff
+from edgefleet.strategies.equalweight import EqualWeightFedAvg
+from edgefleet.strategies.fedsag import FedSAG
+from edgefleet.strategies.fedvarp import FedVARP
+from edgefleet.strategies.mifa import MIFA
+from edgefleet.strategies.robust import RobustAggregation
 from edgefleet.wire import DISPATCH
 from tests.fakes import Rows, rec, train_reply
 
@@ -229,7 +230,7 @@ def test_an_unreachable_device_is_its_own_outcome() -> None:
 
 def test_the_library_refuses_wrappers_that_need_a_round_barrier() -> None:
     """Compose or refuse, for a user's FedBuff(...) too: before the first version."""
-    from edgefleet.strategies.energy import EnergyAgeSelection
+    from edgefleet.strategies.energy_selection import EnergyAgeSelection
     from edgefleet.strategies.scaffold import Scaffold
 
     grid = VirtualTimeGrid({1: mover(np.array([1.0, 0.0], np.float32), 1)}, lambda n, k: 1.0)
@@ -412,7 +413,7 @@ def test_messages_come_from_the_inner_strategy_and_never_wait_for_nodes() -> Non
 def test_data_free_stopping_watches_the_versions() -> None:
     """TaskVectorStopping around the aggregator: its rule runs on every version's model and
     stops the asynchronous run on a plateau (devices that stop moving the model)."""
-    from edgefleet.strategies.context import StoppingRow
+    from edgefleet.loop.context import StoppingRow
     from edgefleet.strategies.stopping import TaskVectorStopping
 
     def fading(msg: Message) -> Message:  # the k-th version's step is 0.5 ** k

@@ -11,25 +11,20 @@ import torch
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from torch import nn
 
+from edgefleet.algorithms.saga import SagaError
 from edgefleet.config import DEFAULTS, ConfigError, parse_run_config
+from edgefleet.loop.base import find_wrapper
+from edgefleet.loop.context import FleetFacts
+from edgefleet.loop.registry import DeviceRegistry
 from edgefleet.server.app import build_strategy
-from edgefleet.strategies.base import find_wrapper
-from edgefleet.strategies.context import FleetFacts
-from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.fedvarp import FedVARP
 from edgefleet.strategies.mifa import MIFA
-from edgefleet.strategies.registry import DeviceRegistry
-from edgefleet.strategies.saga import SagaError
-from edgefleet.strategies.scaffold import (
-    SCAFFOLD_APPLIED,
-    SCAFFOLD_CORRECTION,
-    Scaffold,
-    effective_steps,
-    scaffold_step,
-)
+from edgefleet.strategies.scaffold import Scaffold, effective_steps, scaffold_step
 from edgefleet.task.datasets import ArrayDataset
 from edgefleet.task.train import train_local
+from edgefleet.wire import SCAFFOLD_APPLIED, SCAFFOLD_CORRECTION
 from tests.fakes import FakeGrid, by_hand, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}

@@ -40,13 +40,13 @@ from hypothesis import strategies as st
 
 from edgefleet import bounds
 from edgefleet.config import parse_run_config
+from edgefleet.loop.context import ScreeningRow
+from edgefleet.loop.registry import TELEMETRY_FIELDS
+from edgefleet.loop.roundloop import RoundLoop
+from edgefleet.loop.screening import Screening, parse_device_id
 from edgefleet.server.app import build_strategy
 from edgefleet.server.fleet import FILENAME, FleetWriter
 from edgefleet.server.results import MetricsWriter
-from edgefleet.strategies.context import ScreeningRow
-from edgefleet.strategies.loop import RoundLoop
-from edgefleet.strategies.registry import TELEMETRY_FIELDS
-from edgefleet.strategies.screening import Screening, parse_device_id
 from tests.fakes import FakeGrid, Rows, no_eval, rec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -300,8 +300,8 @@ def hostile_status(draw: st.DrawFn) -> tuple[RecordDict, str]:
 @PROPERTY
 @given(answer=hostile_status())
 def test_a_hostile_status_answer_costs_bounded_bytes(answer: tuple[RecordDict, str]) -> None:
-    from edgefleet.strategies.energy import EnergyAgeSelection
-    from edgefleet.strategies.sessions import WarmStartInitializer
+    from edgefleet.strategies.energy_selection import EnergyAgeSelection
+    from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
 
     content, wrapper = answer
 

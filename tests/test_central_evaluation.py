@@ -10,7 +10,7 @@ from flwr.serverapp.strategy import FedAvg
 import edgefleet.server.app as server_app
 import edgefleet.task.train as train
 from edgefleet.config import parse_run_config
-from edgefleet.strategies.loop import RoundLoop
+from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.task.models import build_model
 from edgefleet.task.train import get_arrays, set_arrays
 from tests.fakes import FakeGrid

@@ -18,6 +18,7 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.loop.roundloop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.server import checkpoint as ckpt_module
 from edgefleet.server.app import build_strategy
 from edgefleet.server.checkpoint import (
@@ -37,9 +38,8 @@ from edgefleet.server.checkpoint import (
 )
 from edgefleet.server.results import MetricsWriter, RunDirError, prepare_run_dir
 from edgefleet.simulation.runner import load_scenario, run_scenario
-from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
-from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.strategies.stopping import TaskVectorStopping
 from tests.fakes import FakeGrid, no_eval, rec
 from tests.test_ehfedsag import KW, FakeDevice

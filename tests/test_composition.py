@@ -218,8 +218,8 @@ def test_a_second_run_of_a_users_app_continues_the_warm_start_store(tmp_path: Pa
     """The store keeps the session a run ends in: a user's second ``start()`` on the same
     folder (a new ServerApp run) opens Session 2, warm-started from the stored model,
     instead of Session 1 again."""
-    from edgefleet.strategies.context import SessionRow
-    from edgefleet.strategies.loop import RoundCallback, RoundResult
+    from edgefleet.loop.context import SessionRow
+    from edgefleet.loop.roundloop import RoundCallback, RoundResult
 
     sessions: list[tuple[int, str]] = []
 

@@ -12,27 +12,20 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
+from edgefleet.algorithms.tracker import SessionTracker
+from edgefleet.algorithms.warmstart import SessionStore, WarmStartError, session_lr
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.client.app import TEACHER_STATE, status, train
 from edgefleet.client.mods import ERR_NO_TEACHER
 from edgefleet.config import ConfigError, parse_run_config
-from edgefleet.strategies.context import SessionRow
-from edgefleet.strategies.loop import RoundLoop
+from edgefleet.loop.context import SessionRow
+from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.strategies.lrschedule import SessionLearningRate
-from edgefleet.strategies.sessions import WarmStartInitializer
-from edgefleet.strategies.tracker import SessionTracker
-from edgefleet.strategies.warmstart import (
-    CONFIG_KL_LAMBDA,
-    CONFIG_LR,
-    CONFIG_TEACHER_SESSION,
-    TEACHER_RECORD,
-    SessionStore,
-    WarmStartError,
-    session_lr,
-)
+from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
 from edgefleet.task.datasets import ArrayDataset
 from edgefleet.task.models import build_model
 from edgefleet.task.train import get_arrays, train_local
+from edgefleet.wire import CONFIG_KL_LAMBDA, CONFIG_LR, CONFIG_TEACHER_SESSION, TEACHER_RECORD
 from tests.fakes import FakeGrid, rec
 from tests.test_ehfedsag import KW
 from tests.test_sessions import GroupDevice, T, _eval

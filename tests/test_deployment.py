@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.client.faults import FAULTY_APP, KINDS
-from edgefleet.processes import FlowerFleet
+from fleetharness.faults import FAULTY_APP, KINDS
+from fleetharness.fleet import DeploymentFleet
 from tests.flower_runs import SUMMARY_GRACE, submit, summary_and_rows, wait_for_summary
 from tests.test_faults import WHY
 
@@ -38,7 +38,7 @@ def test_two_rounds_on_deployment_engine(tmp_path: Path) -> None:
     t0 = time.monotonic()
     output_dir = tmp_path / "out"
     run_dir = output_dir / RUN_NAME
-    fleet = FlowerFleet(tmp_path / "flower", connection="deploy-smoke")
+    fleet = DeploymentFleet(tmp_path / "flower", connection="deploy-smoke")
     try:
         fleet.start_superlink(timeout=STARTUP_TIMEOUT)
         for i in range(NUM_NODES + 1):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.processes import FlowerFleet
+from fleetharness.fleet import DeploymentFleet
 from tests.flower_runs import metrics_rows, start_fleet, stopped_after, submit, wait_for_summary
 
 NUM_NODES = 3
@@ -29,7 +29,7 @@ RUN_DEADLINE = 600.0  # seconds from the start; about 3 minutes on an idle 2-cor
 def test_killed_supernode_ends_a_session_and_the_run_goes_on(tmp_path: Path) -> None:
     t0 = time.monotonic()
     run_dir = tmp_path / "out" / RUN_NAME
-    fleet = FlowerFleet(tmp_path / "flower", connection="deploy-churn")
+    fleet = DeploymentFleet(tmp_path / "flower", connection="deploy-churn")
     with stopped_after(fleet, tmp_path):
         nodes = start_fleet(fleet, NUM_NODES)
         run_config = {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.processes import FlowerFleet
+from fleetharness.fleet import DeploymentFleet
 from tests.flower_runs import start_fleet, stopped_after, submit, summary_and_rows, wait_for_summary
 
 NUM_NODES = 2
@@ -31,7 +31,7 @@ RUN_DEADLINE = 1200.0  # seconds from the start; about 3 minutes on an idle mach
 def test_continuous_teacher_kept_by_supernodes_between_rounds(tmp_path: Path) -> None:
     t0 = time.monotonic()
     run_dir = tmp_path / "out" / RUN_NAME
-    fleet = FlowerFleet(tmp_path / "flower", connection="deploy-continuous")
+    fleet = DeploymentFleet(tmp_path / "flower", connection="deploy-continuous")
     with stopped_after(fleet, tmp_path):
         start_fleet(fleet, NUM_NODES)
         run_config = {

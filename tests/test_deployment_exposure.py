@@ -4,7 +4,7 @@ Flower 1.42 serves its Runtime API (``/v1/runtime/``: a SuperExec claims the nex
 task there and gets the token that reads the run's inputs and writes its results) on the same
 port as the Fleet API the devices dial, and checks no caller unless the SuperLink has a
 SuperExec secret (``--superexec-auth-secret-file``, honoured only with ``--isolation
-process``). Here two loopback fleets' SuperLinks (:meth:`FlowerFleet.start_superlink`) run in
+process``). Here two loopback fleets' SuperLinks (:meth:`DeploymentFleet.start_superlink`) run in
 a network namespace of their own (``fleet``), listening on its every address, and the
 attacker sends ``deploy/runtime_claim.py``'s claim from a second namespace (``lan``) joined
 to it by a veth pair:
@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from edgefleet.processes import FlowerFleet, write_superexec_secret
+from fleetharness.fleet import DeploymentFleet, write_superexec_secret
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAIM = ROOT / "deploy" / "runtime_claim.py"
@@ -67,8 +67,8 @@ def test_runtime_claim_from_the_lan_needs_the_superexec_secret(tmp_path: Path) -
     tag = f"{os.getpid() % 100000}"
     ns_fleet, ns_lan = f"ef-exp{tag}-fleet", f"ef-exp{tag}-lan"
     veth_fleet, veth_lan = f"efx{tag}f", f"efx{tag}l"
-    open_fleet = FlowerFleet(tmp_path / "open", connection="open")
-    closed_fleet = FlowerFleet(tmp_path / "closed", connection="closed")
+    open_fleet = DeploymentFleet(tmp_path / "open", connection="open")
+    closed_fleet = DeploymentFleet(tmp_path / "closed", connection="closed")
     made: list[str] = []
     try:
         for ns in (ns_fleet, ns_lan):

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.processes import FlowerFleet
 from edgefleet.server.checkpoint import FILENAME, CheckpointError, load_checkpoint
+from fleetharness.fleet import DeploymentFleet
 from tests.flower_runs import metrics_rows, start_fleet, stopped_after, submit, wait_for_summary
 
 NUM_NODES = 2
@@ -37,7 +37,7 @@ def _checkpointed(run_dir: Path) -> int:
         return 0
 
 
-def _serverapps(fleet: FlowerFleet) -> list[int]:
+def _serverapps(fleet: DeploymentFleet) -> list[int]:
     return [p.pid for p in fleet.members() if "flwr-serverapp" in p.cmd]
 
 
@@ -46,7 +46,7 @@ def test_killed_serverapp_resumes_with_no_round_lost_or_repeated(tmp_path: Path)
     t0 = time.monotonic()
     run_dir = tmp_path / "out" / RUN_NAME
     metrics = run_dir / "metrics.jsonl"
-    fleet = FlowerFleet(tmp_path / "flower", connection="deploy-resume")
+    fleet = DeploymentFleet(tmp_path / "flower", connection="deploy-resume")
     with stopped_after(fleet, tmp_path):
         start_fleet(fleet, NUM_NODES)
         run_config = {

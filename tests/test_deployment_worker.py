@@ -27,9 +27,9 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.client.faults import FAULTY_APP, KINDS
-from edgefleet.processes import FlowerFleet
 from edgefleet.task.accelerator import available_accelerators
+from fleetharness.faults import FAULTY_APP, KINDS
+from fleetharness.fleet import DeploymentFleet
 from tests.flower_runs import stopped_after, submit, summary_and_rows, wait_for_summary
 from tests.test_faults import WHY
 
@@ -50,7 +50,7 @@ def test_warm_workers_keep_batteries_pruning_and_error_replies(tmp_path: Path) -
         {"energy-source": "always-on", "test-corrupt": "cycle"},
         {"energy-source": "always-on", "accelerator": "cuda"},
     ]
-    fleet = FlowerFleet(tmp_path / "flower", connection="deploy-worker")
+    fleet = DeploymentFleet(tmp_path / "flower", connection="deploy-worker")
     with stopped_after(fleet, tmp_path):
         fleet.start_superlink(timeout=STARTUP_TIMEOUT)
         executors = []

@@ -18,13 +18,14 @@ from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.client.app import app
 from edgefleet.config import parse_run_config
+from edgefleet.loop.context import ScreeningRow, SelectionRow
+from edgefleet.loop.registry import DeviceRegistry
+from edgefleet.loop.roundloop import RoundLoop
+from edgefleet.loop.status import Declaration, StatusPhase, StatusQuery
 from edgefleet.server.app import build_strategy
-from edgefleet.strategies.context import ScreeningRow, SelectionRow
-from edgefleet.strategies.energy import EnergyAgeSelection
-from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
-from edgefleet.strategies.loop import RoundLoop
-from edgefleet.strategies.registry import DeviceRegistry
-from edgefleet.strategies.status import Declaration, StatusPhase, StatusQuery
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
+from edgefleet.strategies.equalweight import EqualWeightFedAvg
+from edgefleet.strategies.fedsag import FedSAG
 from tests.fakes import FakeGrid, Rows, by_hand, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 from flwr.app import ArrayRecord, Context, Error, Message, MessageType, RecordDict
 
+from edgefleet.loop.context import RoundContext, ScreeningRow, StoppingRow
+from edgefleet.loop.registry import DeviceRegistry
+from edgefleet.loop.roundloop import RoundResult
 from edgefleet.server.checkpoint import FILENAME, load_checkpoint
 from edgefleet.server.emptyrounds import WAITING_FOR_ENERGY, EmptyRoundsStop, FleetSilent
-from edgefleet.strategies.context import RoundContext, ScreeningRow, StoppingRow
-from edgefleet.strategies.energy import EnergyAgeSelection
-from edgefleet.strategies.loop import RoundResult
-from edgefleet.strategies.registry import DeviceRegistry
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from tests.fakes import FakeGrid
 
 ROOT = Path(__file__).resolve().parents[1]

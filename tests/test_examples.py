@@ -19,15 +19,16 @@ from typing import Any
 
 import pytest
 
-from edgefleet.processes import BIN_DIR, FlowerFleet, config_arg
+from edgefleet.processes import BIN_DIR, config_arg
+from fleetharness.fleet import DeploymentFleet
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 RUN_TIMEOUT = 300  # seconds; each took 30-135 s on a loaded 2-core machine (the first most)
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerFleet]:
-    with FlowerFleet(tmp_path_factory.mktemp("examples"), connection="examples") as fleet:
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeploymentFleet]:
+    with DeploymentFleet(tmp_path_factory.mktemp("examples"), connection="examples") as fleet:
         # One Ray cluster for the three runs: each run would otherwise start (and pay for) its own.
         fleet.start_ray_head(num_cpus=2)
         fleet.start_superlink(simulation=True)
@@ -35,7 +36,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FlowerFleet]:
 
 
 def run_example(
-    fleet: FlowerFleet, name: str, run_config: dict[str, Any], nodes: int = 2
+    fleet: DeploymentFleet, name: str, run_config: dict[str, Any], nodes: int = 2
 ) -> tuple[dict[str, Any], str]:
     """``flwr run . <connection>`` in a copy of ``examples/<name>``; (results, log)."""
     app = shutil.copytree(
@@ -75,7 +76,7 @@ def accuracy(results: dict[str, Any], round: int) -> float:
     return float(results[str(round)]["central"]["accuracy"])
 
 
-def test_energy_aware_fedsag(fleet: FlowerFleet) -> None:
+def test_energy_aware_fedsag(fleet: DeploymentFleet) -> None:
     results, log = run_example(fleet, "energy-fedsag", {"num-server-rounds": 3, "max-devices": 1})
     assert sorted(results, key=int) == ["0", "1", "2", "3"], log[-4000:]
     assert "energy-age selection: 1 of 2 nodes selected" in log, log[-4000:]
@@ -86,7 +87,7 @@ def test_energy_aware_fedsag(fleet: FlowerFleet) -> None:
     assert accuracy(results, 3) > accuracy(results, 0) + 0.2
 
 
-def test_pruning_on_the_devices(fleet: FlowerFleet) -> None:
+def test_pruning_on_the_devices(fleet: DeploymentFleet) -> None:
     results, log = run_example(
         fleet, "pruning-cahfp", {"num-server-rounds": 3, "keep-ratios": "1.0,0.5"}
     )
@@ -100,7 +101,7 @@ def test_pruning_on_the_devices(fleet: FlowerFleet) -> None:
     assert accuracy(results, 3) > accuracy(results, 0) + 0.2
 
 
-def test_sessions_warm_start_and_stopping(fleet: FlowerFleet) -> None:
+def test_sessions_warm_start_and_stopping(fleet: DeploymentFleet) -> None:
     store = fleet.workdir / "sessions-store"
     results, log = run_example(
         fleet,
@@ -127,7 +128,7 @@ def test_sessions_warm_start_and_stopping(fleet: FlowerFleet) -> None:
 
 
 def test_a_misspelled_key_is_refused_by_flowers_superlink_which_names_it(
-    fleet: FlowerFleet,
+    fleet: DeploymentFleet,
 ) -> None:
     """Flower checks ``--run-config`` keys against the app's table before the ServerApp
     starts: ``flwr run`` prints only ``Invalid run configuration.``; the SuperLink's log

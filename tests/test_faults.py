@@ -1,6 +1,6 @@
 """Lying devices: every kind of bad train reply is dropped with its reason, the run goes on
 with the honest devices (issue 3). EdgeFleet's ClientApp with the test-only fault mod
-(``edgefleet.client.faults``); EdgeFleet's own ClientApp never lies."""
+(``fleetharness.faults``); EdgeFleet's own ClientApp never lies."""
 
 from __future__ import annotations
 
@@ -14,10 +14,16 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.arrays import to_numpy
-from edgefleet.client import faults
 from edgefleet.client.app import app as production_app
 from edgefleet.client.app import train
-from edgefleet.client.faults import (
+from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.loop.context import ScreeningRow
+from edgefleet.loop.roundloop import RoundCallback, RoundLoop, RoundResult
+from edgefleet.server.app import build_strategy, screening_for
+from edgefleet.simulation.runner import app_copy
+from edgefleet.task.train import get_arrays
+from fleetharness import faults
+from fleetharness.faults import (
     FAULTS_ENV,
     FAULTY_APP,
     KINDS,
@@ -27,12 +33,6 @@ from edgefleet.client.faults import (
     faulty_clientapp,
     parse_faults_env,
 )
-from edgefleet.config import ConfigError, parse_run_config
-from edgefleet.server.app import build_strategy, screening_for
-from edgefleet.simulation.runner import app_copy
-from edgefleet.strategies.context import ScreeningRow
-from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult
-from edgefleet.task.train import get_arrays
 from tests.fakes import FakeGrid, no_eval
 from tests.test_pruning_fl import _model, _run
 

@@ -12,9 +12,9 @@ import pytest
 from flwr.app import Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
+from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.server.fleet import BATTERIES, FILENAME, FleetWriter
-from edgefleet.strategies.energy import EnergyAgeSelection
-from edgefleet.strategies.loop import RoundLoop
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from tests.fakes import FakeGrid, no_eval, rec
 from tests.test_ehfedsag import KW, FakeDevice
 

@@ -19,6 +19,8 @@ import pytest
 from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import Bulyan, FedMedian, FedTrimmedAvg, Krum, MultiKrum, Strategy
 
+from edgefleet.loop.base import start_on_loop
+from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.strategies import (
     EnergyAgeSelection,
     LoopStrategy,
@@ -28,8 +30,6 @@ from edgefleet.strategies import (
     TaskVectorStopping,
     WarmStartInitializer,
 )
-from edgefleet.strategies.base import start_on_loop
-from edgefleet.strategies.loop import RoundLoop
 from tests.fakes import FakeGrid, Rows, rec
 
 # Seven devices' updates over three coordinates (and their num-examples); device 6 is the

@@ -1,7 +1,7 @@
 """Every bad reply a device can send, through the real screening and aggregation path.
 
 A fleet of four honest devices and one liar runs two rounds of the real
-:class:`~edgefleet.strategies.loop.RoundLoop` with Flower's FedAvg and with FedSAG (and with
+:class:`~edgefleet.loop.roundloop.RoundLoop` with Flower's FedAvg and with FedSAG (and with
 EdgeFleet's own server stack, built from the run config). Each case of the table spoils the
 liar's reply one way and names the reason it must be rejected with; the run must then end
 with exactly the model of the same fleet without the liar (nothing of the reply reached the
@@ -22,11 +22,11 @@ from flwr.app import Array, ArrayRecord, Error, Message, MessageType, MetricReco
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.config import parse_run_config
+from edgefleet.loop.context import ScreeningRow
+from edgefleet.loop.roundloop import RoundLoop, RoundResult
+from edgefleet.loop.screening import Screening
 from edgefleet.server.app import build_strategy, screening_for
-from edgefleet.strategies.context import ScreeningRow
 from edgefleet.strategies.fedsag import FedSAG
-from edgefleet.strategies.loop import RoundLoop, RoundResult
-from edgefleet.strategies.screening import Screening
 from tests.fakes import FakeGrid, no_eval, rec
 from tests.fakes import Rows as Keep
 
@@ -542,7 +542,7 @@ STATUS_CASES: list[tuple[str, dict[str, Any]]] = [
 def test_a_huge_status_answer_costs_a_bounded_row_log_and_state(
     name: str, status: dict[str, Any], tmp_path: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from edgefleet.strategies.sessions import WarmStartInitializer
+    from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
 
     # The sessions wrapper asks for the devices' labels (its rows' session accuracy).
     strategy = WarmStartInitializer(FedAvg(**COMMON), store=tmp_path / "store", initial=rec(W0))  # type: ignore[arg-type]

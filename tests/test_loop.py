@@ -11,9 +11,9 @@ from flwr.app import ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, FedProx
 
 from edgefleet.config import parse_run_config
+from edgefleet.loop.roundloop import LoopOutcome, RoundCallback, RoundLoop, RoundResult
+from edgefleet.loop.screening import RecordKeys, check_train_reply
 from edgefleet.server.results import MetricsWriter, write_summary
-from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundLoop, RoundResult
-from edgefleet.strategies.screening import RecordKeys, check_train_reply
 from tests.fakes import FakeGrid, no_eval, rec, train_reply
 
 W0 = {"w": np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32), "b": np.zeros(2, np.float32)}

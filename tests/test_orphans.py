@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from edgefleet.processes import processes_with_env
+from fleetharness.fleet import processes_with_env
 
 ROOT = Path(__file__).resolve().parents[1]
 

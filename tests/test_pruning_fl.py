@@ -15,12 +15,12 @@ from edgefleet.arrays import to_numpy, to_record
 from edgefleet.client.app import train
 from edgefleet.client.device import NodeConfigError, get_profile
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.loop.context import PruningRow
+from edgefleet.loop.registry import DeviceRegistry
+from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.pruning.submodel import PruningPlan
 from edgefleet.pruning.wire import KEPT, kept_record
-from edgefleet.strategies.context import PruningRow
-from edgefleet.strategies.loop import RoundLoop
-from edgefleet.strategies.pruning import SubmodelReconstruction, compact_slice
-from edgefleet.strategies.registry import DeviceRegistry
+from edgefleet.strategies.reconstruction import SubmodelReconstruction, compact_slice
 from edgefleet.task.models import build_model
 from edgefleet.task.train import get_arrays
 from tests.fakes import FakeGrid, Rows, no_eval, train_reply
@@ -233,15 +233,15 @@ def test_compact_download_sends_the_kept_slice_and_refreshes() -> None:
     # the client trained what it was sent: its reply keeps the same channels; the device
     # registry holds them (device 1 is node 2), checkpointed with the rest of it
     registry = res[-1].context.registry
-    kept = registry.devices["1"].kept_channels
+    kept = registry.devices["1"].submodel.kept_channels
     assert kept is not None and kept.keys() == plan.groups.keys()
-    assert registry.devices["0"].kept_channels is None  # keep ratio 1.0: full-size replies
-    assert registry.devices["1"].full_sent == 4
+    assert registry.devices["0"].submodel.kept_channels is None  # keep ratio 1.0: full-size replies
+    assert registry.devices["1"].submodel.full_sent == 4
     again = DeviceRegistry()
     again.load_state_dict(json.loads(json.dumps(registry.state_dict())))
-    back = again.devices["1"].kept_channels
+    back = again.devices["1"].submodel.kept_channels
     assert back is not None and all(np.array_equal(back[g], kept[g]) for g in kept)
-    assert again.devices["1"].full_sent == 4
+    assert again.devices["1"].submodel.full_sent == 4
 
 
 def test_compact_download_follows_a_device_to_its_new_node() -> None:

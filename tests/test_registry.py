@@ -8,7 +8,7 @@ import pytest
 from flwr.app import ConfigRecord
 from flwr.serverapp.strategy import FedAvg
 
-from edgefleet.strategies.context import (
+from edgefleet.loop.context import (
     PruningRow,
     RoundContext,
     SelectionRow,
@@ -16,10 +16,10 @@ from edgefleet.strategies.context import (
     current_round,
     in_round,
 )
-from edgefleet.strategies.energy import EnergyAgeSelection
+from edgefleet.loop.registry import DeviceRegistry, DeviceStatus, RegistryError
+from edgefleet.loop.status import StatusPhase
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
-from edgefleet.strategies.registry import DeviceRegistry, DeviceStatus, RegistryError
-from edgefleet.strategies.status import StatusPhase
 from tests.fakes import FakeGrid, by_hand, rec
 from tests.test_ehfedsag import KW, FakeDevice
 
@@ -77,18 +77,59 @@ def test_history_and_state_round_trip() -> None:
     again.load_state_dict(reg.state_dict())
     assert again.state_dict() == reg.state_dict()
     zero = again.devices["0"]
-    assert (zero.labels, zero.participations, zero.last_trained, zero.last_seen) == (
+    seen = zero.participation
+    assert (zero.answer.labels, seen.count, seen.last_trained, seen.last_seen) == (
         (2, 5),
         1,
         3,
         3,
     )
     one = again.devices["1"]
-    assert (one.node, one.declines, one.rejections) == (7, 1, [(3, "bad")])
+    assert (one.node, one.outcomes.declines, one.outcomes.rejections) == (7, 1, [(3, "bad")])
     assert (again.retired, again.unreported, again.anonymous) == ({2}, {4}, {6})
     assert again.known(4) and again.known(6) and again.known(7) and not again.known(2)
     with pytest.raises(RegistryError, match="malformed"):
         again.load_state_dict({"devices": {"0": {"labels": [1]}}})  # no node
+
+
+def test_a_checkpoint_written_before_the_record_was_split_loads() -> None:
+    # A device's entry as the registry wrote it before DeviceRecord held its concerns in
+    # parts (flat keys); the format is unchanged, so it loads into the parts and back.
+    old = {
+        "devices": {
+            "0": {
+                "node": 3,
+                "kept_fraction": 0.5,
+                "kept_channels": {"conv1": [0, 2]},
+                "full_sent": 4,
+                "link": None,
+                "labels": [1, 7],
+                "last_seen": 6,
+                "participations": 2,
+                "last_trained": 5,
+                "declines": 1,
+                "unreachable": 1,
+                "rejections": [[6, "nan in w"]],
+            }
+        },
+        "retired": [],
+        "unreported": [],
+        "anonymous": [],
+        "heard": [3],
+        "partitions": None,
+    }
+    reg = DeviceRegistry()
+    reg.load_state_dict(old)
+    r = reg.devices["0"]
+    assert (r.node, r.answer.labels) == (3, (1, 7))
+    assert (r.participation.last_seen, r.participation.count) == (6, 2)
+    assert r.participation.last_trained == 5
+    assert (r.outcomes.declines, r.outcomes.unreachable) == (1, 1)
+    assert r.outcomes.rejections == [(6, "nan in w")]
+    assert (r.submodel.kept_fraction, r.submodel.full_sent) == (0.5, 4)
+    assert r.submodel.kept_channels is not None
+    assert r.submodel.kept_channels["conv1"].tolist() == [0, 2]
+    assert reg.state_dict() == old
 
 
 def test_rejections_kept_are_bounded() -> None:
@@ -96,7 +137,7 @@ def test_rejections_kept_are_bounded() -> None:
     reg.bind(1, "0")
     for rnd in range(1, 60):
         reg.note_round(rnd, [], [], [{"device": "0", "reason": f"r{rnd}"}])
-    kept = reg.devices["0"].rejections
+    kept = reg.devices["0"].outcomes.rejections
     assert len(kept) == 20 and kept[-1] == (59, "r59")
 
 
@@ -161,7 +202,7 @@ def test_by_hand_contexts_share_a_registry_when_given_one() -> None:
 
 
 def test_the_fleets_partitioning_is_fixed_by_most_answers_and_checked_on_resume() -> None:
-    from edgefleet.strategies.registry import FleetMismatch
+    from edgefleet.loop.registry import FleetMismatch
 
     reg = DeviceRegistry()
     # Three devices say 3 partitions, one hostile answer says 999: the fleet is 3.
@@ -186,9 +227,9 @@ def test_a_resume_on_another_fleet_is_refused_before_its_first_round(tmp_path) -
     from flwr.app import Message, MessageType, MetricRecord, RecordDict
 
     from edgefleet.config import parse_run_config
+    from edgefleet.loop.registry import FleetMismatch
+    from edgefleet.loop.roundloop import RoundLoop
     from edgefleet.server.app import fleet_census
-    from edgefleet.strategies.loop import RoundLoop
-    from edgefleet.strategies.registry import FleetMismatch
 
     def device(d: int, n: int):  # type: ignore[no-untyped-def]
         def answer(msg: Message) -> Message:
@@ -212,7 +253,7 @@ def test_a_resume_on_another_fleet_is_refused_before_its_first_round(tmp_path) -
 
 
 def test_a_resume_whose_named_devices_are_all_new_is_refused() -> None:
-    from edgefleet.strategies.registry import FleetMismatch
+    from edgefleet.loop.registry import FleetMismatch
 
     reg = DeviceRegistry()
     for node, device in ((1, "pi-a"), (2, "pi-b")):

@@ -106,6 +106,9 @@ def test_build_makes_a_wheel_with_the_package_data_and_an_sdist(dist: Path) -> N
     for data in ("index.html", "dashboard.js", "vendor/uPlot.iife.min.js"):
         assert f"edgefleet/dashboard/static/{data}" in names
     assert "edgefleet/flower-app.toml" in names
+    # Test-only code (fault injection, the deployment harness) stays out of the wheel.
+    assert not {n for n in names if n.startswith("fleetharness/")}
+    assert "edgefleet/client/faults.py" not in names
     sdist = dist / f"edgefleet-{VERSION}.tar.gz"
     with tarfile.open(sdist) as tar:
         members = {m.name.split("/", 1)[1] for m in tar.getmembers() if "/" in m.name}

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgefleet.server.results import SECTIONS, MetricsRow, read_metrics, round_row
-from edgefleet.strategies.context import (
+from edgefleet.loop.context import (
     PruningRow,
     RoundContext,
     ScreeningRow,
@@ -19,8 +18,9 @@ from edgefleet.strategies.context import (
     SessionRow,
     StoppingRow,
 )
-from edgefleet.strategies.loop import RoundResult
-from edgefleet.strategies.registry import DeviceRegistry
+from edgefleet.loop.registry import DeviceRegistry
+from edgefleet.loop.roundloop import RoundResult
+from edgefleet.server.results import SECTIONS, MetricsRow, read_metrics, round_row
 from tests.fakes import rec
 
 
@@ -75,7 +75,7 @@ def test_every_column_belongs_to_one_section() -> None:
 
 
 def test_every_row_section_is_read_back() -> None:
-    from edgefleet.strategies import context
+    from edgefleet.loop import context
 
     declared = {
         obj

@@ -10,9 +10,10 @@ import pytest
 from flwr.app import Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum, MultiKrum
 
+from edgefleet.loop.context import RobustRow
+from edgefleet.loop.roundloop import RoundLoop
+from edgefleet.loop.screening import Screening
 from edgefleet.strategies import RobustAggregation, TaskVectorStopping
-from edgefleet.strategies.context import RobustRow
-from edgefleet.strategies.loop import RoundLoop
 from edgefleet.strategies.robust import (
     RobustRule,
     centered_clip,
@@ -23,7 +24,6 @@ from edgefleet.strategies.robust import (
     rule_spec,
     trimmed_mean,
 )
-from edgefleet.strategies.screening import Screening
 from tests.fakes import FakeGrid, Rows, no_eval, rec
 
 ONE = {"min_available_nodes": 1, "min_train_nodes": 1, "min_evaluate_nodes": 1}
@@ -397,7 +397,7 @@ def test_robust_fedsag_with_the_mean_rule_is_fedsag() -> None:
 
 
 def test_saga_expiry_keeps_the_sum_and_the_checkpoint_consistent() -> None:
-    from edgefleet.strategies.saga import SagaMemory
+    from edgefleet.algorithms.saga import SagaMemory
 
     mem = SagaMemory(3)
     mem.store({"a": np.ones(3), "b": 2 * np.ones(3)}, round=1)
@@ -429,9 +429,9 @@ def test_robust_and_attack_keys_parse_and_name_their_errors() -> None:
 
 def test_build_strategy_composes_energy_age_fedsag_pruning_and_the_rule() -> None:
     from edgefleet.config import parse_run_config
+    from edgefleet.loop.base import find_wrapper
     from edgefleet.server.app import build_strategy
     from edgefleet.strategies import EnergyAgeSelection, FedSAG, SubmodelReconstruction
-    from edgefleet.strategies.base import find_wrapper
 
     cfg = parse_run_config(
         {"strategy": "fedsag", "selection.mode": "energy-age", "robust.rule": "median",

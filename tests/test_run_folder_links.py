@@ -17,11 +17,11 @@ import pytest
 from edgefleet import runlock
 from edgefleet.config import parse_run_config
 from edgefleet.fileio import NotARegularFile, atomic_write_text, open_append, read_regular
+from edgefleet.loop.roundloop import RoundResult
 from edgefleet.server import fleet as fleet_module
 from edgefleet.server.checkpoint import FILENAME as CHECKPOINT
 from edgefleet.server.checkpoint import Checkpoint, save_checkpoint
 from edgefleet.server.results import MetricsWriter, RunDirError, prepare_run_dir
-from edgefleet.strategies.loop import RoundResult
 from tests.fakes import rec
 
 PRECIOUS = "the operator's own file\n"

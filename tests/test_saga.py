@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from edgefleet.strategies.saga import (
+from edgefleet.algorithms.saga import (
     SagaError,
     SagaMemory,
     flatten,

@@ -10,13 +10,14 @@ import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from torch import nn
 
+from edgefleet.algorithms.stopping import PlateauCounter
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.loop.base import find_wrapper
+from edgefleet.loop.context import FleetFacts
 from edgefleet.pruning.importance import weight_scores
 from edgefleet.server.app import build_strategy
-from edgefleet.strategies.base import find_wrapper
-from edgefleet.strategies.context import FleetFacts
 from edgefleet.strategies.fedsag import FedSAG
-from edgefleet.strategies.stopping import PlateauCounter, TaskVectorStopping
+from edgefleet.strategies.stopping import TaskVectorStopping
 from tests.fakes import FakeGrid, by_hand, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}

@@ -9,14 +9,14 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from edgefleet.client.battery import Battery, BernoulliSource
-from edgefleet.strategies.selection import (
+from edgefleet.algorithms.selection import (
     AgeTracker,
     SelectionError,
     query_order,
     select_by_age,
     select_in_batches,
 )
+from edgefleet.client.battery import Battery, BernoulliSource
 
 
 def _rng(seed: int = 0) -> np.random.Generator:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
-from edgefleet.strategies.screening import array_values, model_norm, sum_squares, update_norm
+from edgefleet.loop.screening import array_values, model_norm, sum_squares, update_norm
 from tests.fakes import rec
 
 RNG = np.random.default_rng(0)

@@ -11,15 +11,15 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
+from edgefleet.algorithms.tracker import SessionTracker
+from edgefleet.algorithms.warmstart import SessionStore
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.loop.context import ClassAccuracy, SelectionRow, SessionRow, StoppingRow
+from edgefleet.loop.roundloop import Evaluation, RoundLoop
 from edgefleet.server.checkpoint import Checkpoint, dumps, loads
 from edgefleet.simulation.runner import load_scenario, run_scenario
-from edgefleet.strategies.context import ClassAccuracy, SelectionRow, SessionRow, StoppingRow
-from edgefleet.strategies.loop import Evaluation, RoundLoop
-from edgefleet.strategies.sessions import WarmStartInitializer
 from edgefleet.strategies.stopping import TaskVectorStopping
-from edgefleet.strategies.tracker import SessionTracker
-from edgefleet.strategies.warmstart import SessionStore
+from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
 from edgefleet.task.partition import group_classes, group_partition_indices
 from tests.fakes import FakeGrid, rec
 from tests.test_ehfedsag import KW
@@ -285,7 +285,7 @@ def test_session_time_to_target_counts_aux_rounds_and_the_warm_start_row() -> No
 
 
 def test_energy_selection_inside_sessions_reuses_the_presence_answers(tmp_path: Path) -> None:
-    from edgefleet.strategies.energy import EnergyAgeSelection
+    from edgefleet.strategies.energy_selection import EnergyAgeSelection
     from edgefleet.strategies.fedsag import FedSAG
 
     devices = {n: GroupDevice(n - 1, (n - 1) % 2, 4.0 * (-1) ** n) for n in range(1, 5)}

@@ -17,7 +17,6 @@ import pytest
 
 from edgefleet.cli import main as cli_main
 from edgefleet.config import ConfigError
-from edgefleet.processes import processes_with_env
 from edgefleet.server.checkpoint import FILENAME, Checkpoint, run_identity, save_checkpoint
 from edgefleet.simulation.runner import (
     check_federation,
@@ -28,6 +27,7 @@ from edgefleet.simulation.runner import (
     run_scenario,
     serverapp_error,
 )
+from fleetharness.fleet import processes_with_env
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,5 +1,5 @@
 """The round loop's status phase: one status query a round for every wrapper, on one fleet
-clock (edgefleet/strategies/status.py).
+clock (edgefleet/loop/status.py).
 
 The devices are real ClientApps with EdgeFleet's energy mod and status query, driven through
 the in-process engine's node wrapper; a recording wrapper around each counts what reached it.
@@ -17,6 +17,8 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.client.mods import energy_mod, status_query
+from edgefleet.loop.context import SelectionRow, SessionRow
+from edgefleet.loop.status import REASON_CHARS, FleetConflict
 from edgefleet.simulation.inprocess import ClientAppNode
 from edgefleet.strategies import (
     EnergyAgeSelection,
@@ -26,8 +28,6 @@ from edgefleet.strategies import (
     SessionTracker,
     WarmStartInitializer,
 )
-from edgefleet.strategies.context import SelectionRow, SessionRow
-from edgefleet.strategies.status import REASON_CHARS, FleetConflict
 from tests.fakes import FakeGrid, Rows, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}

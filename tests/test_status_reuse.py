@@ -13,14 +13,14 @@ from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import FedAvg
 
+from edgefleet.algorithms.selection import SelectionError
 from edgefleet.client.mods import energy_mod, status_query
 from edgefleet.config import ConfigError, parse_run_config
+from edgefleet.loop.context import SelectionRow, in_round
+from edgefleet.loop.registry import DeviceStatus, EnergyState
+from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.simulation.inprocess import ClientAppNode
-from edgefleet.strategies.context import SelectionRow, in_round
-from edgefleet.strategies.energy import STATUS_REFRESH_ROUNDS, EnergyAgeSelection
-from edgefleet.strategies.loop import RoundLoop
-from edgefleet.strategies.registry import DeviceStatus, EnergyState
-from edgefleet.strategies.selection import SelectionError
+from edgefleet.strategies.energy_selection import STATUS_REFRESH_ROUNDS, EnergyAgeSelection
 from tests.fakes import FakeGrid, Rows, no_eval, rec
 
 KW = {"fraction_evaluate": 0.0, "min_available_nodes": 1, "min_train_nodes": 1}
@@ -85,7 +85,7 @@ def test_reusing_feasible_answers_selects_what_asking_selects_with_fewer_queries
 
 def test_a_status_answer_whose_feasible_is_not_0_or_1_is_malformed() -> None:
     # NaN, 0.5 or 7 once counted as feasible (bool(x)); such an answer is now ignored.
-    from edgefleet.strategies.status import _parse_status
+    from edgefleet.loop.status import _parse_status
 
     for bad in (float("nan"), 0.5, 7):
         status = MetricRecord({"device-id": 1, "feasible": bad, "present": 1})

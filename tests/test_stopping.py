@@ -10,14 +10,13 @@ import pytest
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from edgefleet.strategies.context import StoppingRow, ValidationRow
-from edgefleet.strategies.loop import RoundResult
+from edgefleet.algorithms.stopping import PlateauCounter, ValidationPatience
+from edgefleet.loop.context import StoppingRow, ValidationRow
+from edgefleet.loop.roundloop import RoundResult
 from edgefleet.strategies.stopping import (
     STOP_DIVERGED,
     STOP_PLATEAU,
-    PlateauCounter,
     TaskVectorStopping,
-    ValidationPatience,
     ValidationStopping,
     task_vector_norm,
     trainable_keys,

@@ -15,6 +15,8 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
+from edgefleet.algorithms.tracker import SessionTracker
+from edgefleet.loop.context import ScreeningRow
 from edgefleet.strategies import (
     EnergyAgeSelection,
     FedSAG,
@@ -25,9 +27,7 @@ from edgefleet.strategies import (
     ValidationStopping,
     WarmStartInitializer,
 )
-from edgefleet.strategies.context import ScreeningRow
-from edgefleet.strategies.sessions import SessionStore
-from edgefleet.strategies.tracker import SessionTracker
+from edgefleet.strategies.warmstart_initializer import SessionStore
 from tests.fakes import FakeGrid, no_eval, rec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -238,8 +238,8 @@ def test_the_library_does_not_import_the_apps() -> None:
 def test_an_empty_subset_is_bounded_like_the_grid() -> None:
     """A wrapper that hands its inner FedAvg a subset with fewer nodes than it samples (no
     device present, say) must not hang the server: the loop's bound on waiting applies."""
-    from edgefleet.strategies.base import SubsetGrid
-    from edgefleet.strategies.loop import BoundedGrid, NotEnoughNodes
+    from edgefleet.loop.base import SubsetGrid
+    from edgefleet.loop.roundloop import BoundedGrid, NotEnoughNodes
 
     bounded = BoundedGrid(FakeGrid({1: _adds(1.0, 1), 2: _adds(1.0, 1)}), timeout=0.0)  # type: ignore[arg-type]
     subset = SubsetGrid(bounded, [2, 7])  # type: ignore[arg-type]

@@ -20,10 +20,10 @@ from edgefleet.client.mods import (
     free_memory_mb,
     status_query,
 )
+from edgefleet.loop.registry import TELEMETRY_FIELDS, UNKNOWN_FIELDS, screen_telemetry
+from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.server.fleet import FILENAME, FleetWriter
-from edgefleet.strategies.energy import EnergyAgeSelection, selection_line
-from edgefleet.strategies.loop import RoundLoop
-from edgefleet.strategies.registry import TELEMETRY_FIELDS, UNKNOWN_FIELDS, screen_telemetry
+from edgefleet.strategies.energy_selection import EnergyAgeSelection, selection_line
 from edgefleet.wire import TELEMETRY_RECORD
 from tests.fakes import FakeGrid, Rows, no_eval, rec
 

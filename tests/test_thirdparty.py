@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edgefleet.processes import BIN_DIR, FlowerFleet, config_arg
+from edgefleet.processes import BIN_DIR, config_arg
+from fleetharness.fleet import DeploymentFleet
 
 APP = Path(__file__).resolve().parent / "thirdparty"
 ROUNDS = 3
@@ -34,7 +35,7 @@ def _run(tmp_path: Path, strategies: list[str], clientapp: str) -> tuple[dict[st
     )
     pyproject.write_text(text)
     out = tmp_path / "result.json"
-    with FlowerFleet(tmp_path / "fleet", connection="thirdparty") as fleet:
+    with DeploymentFleet(tmp_path / "fleet", connection="thirdparty") as fleet:
         fleet.start_superlink(simulation=True)
         cmd = [
             str(BIN_DIR / "flwr"),

@@ -16,15 +16,15 @@ import pytest
 from flwr.app import ConfigRecord, Message
 from flwr.serverapp.strategy import FedAvg
 
+from edgefleet.algorithms.selection import SelectionError
 from edgefleet.config import ConfigError, parse_run_config
 from edgefleet.dashboard.metrics import render
-from edgefleet.strategies import timing
-from edgefleet.strategies.context import ScreeningRow, SelectionRow
-from edgefleet.strategies.energy import EnergyAgeSelection
-from edgefleet.strategies.loop import RoundLoop
-from edgefleet.strategies.registry import DeviceRegistry, DeviceStatus, screen_telemetry
-from edgefleet.strategies.selection import SelectionError
-from edgefleet.strategies.timing import LinkEstimate, RoundWait, TimingError
+from edgefleet.loop import timing
+from edgefleet.loop.context import ScreeningRow, SelectionRow
+from edgefleet.loop.registry import DeviceRegistry, DeviceStatus, screen_telemetry
+from edgefleet.loop.roundloop import RoundLoop
+from edgefleet.loop.timing import LinkEstimate, RoundWait, TimingError
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from tests.fakes import FakeGrid, Rows, by_hand, no_eval, rec, train_reply
 from tests.test_ehfedsag import FakeDevice
 
@@ -238,7 +238,7 @@ def test_the_energy_mod_reports_the_declared_link_and_the_registry_keeps_it() ->
     from flwr.clientapp import ClientApp
 
     from edgefleet.client.mods import energy_mod, status_query
-    from edgefleet.strategies.base import StatusQuery
+    from edgefleet.loop.base import StatusQuery
 
     app = ClientApp(mods=[energy_mod(capacity=4, harvest_prob=0.5, train_slots=2)])
     app.query()(status_query)

@@ -34,13 +34,8 @@ from typing import Any
 
 import pytest
 
-from edgefleet.processes import (
-    FlowerFleet,
-    config_arg,
-    free_port,
-    toml_value,
-    write_superexec_secret,
-)
+from edgefleet.processes import config_arg, free_port, toml_value
+from fleetharness.fleet import DeploymentFleet, write_superexec_secret
 from tests.flower_runs import SUMMARY_GRACE, submit, summary_and_rows, wait_for_summary
 
 GEN_CERTS = Path(__file__).resolve().parents[1] / "deploy" / "gen-certs.sh"
@@ -77,7 +72,7 @@ def test_tls_with_registered_supernodes(tmp_path: Path) -> None:
     keys = certs / "keys"
     output_dir = tmp_path / "out"
     run_dir = output_dir / RUN_NAME
-    fleet = FlowerFleet(tmp_path / "flower", connection="tls-auth")
+    fleet = DeploymentFleet(tmp_path / "flower", connection="tls-auth")
     try:
         fleet.start_superlink(
             [

@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgefleet.strategies.tracker import (
+from edgefleet.algorithms.tracker import (
     SessionChange,
     SessionError,
     SessionTracker,
     membership_change,
 )
-from edgefleet.strategies.warmstart import (
+from edgefleet.algorithms.warmstart import (
     WARMSTART_MODES,
     SessionStore,
     StoredSession,

@@ -48,7 +48,7 @@ if os.environ.get("EDGEFLEET_BENCH_TRACE"):
         {
             "edgefleet.client.device": _device,
             "edgefleet.task.train": _train,
-            "edgefleet.strategies.loop": _loop,
+            "edgefleet.loop.roundloop": _loop,
             "ray": _ray,
         }
     )

@@ -8,7 +8,7 @@ strategy sees the reply. A device that cannot do the work replies with an ``Erro
 the server counts as declined.
 
 ``app`` never spoils a reply on purpose: the test-only lying devices of
-:mod:`edgefleet.client.faults` are a mod that tests and benchmarks add to a ClientApp of
+:mod:`fleetharness.faults` are a mod that tests and benchmarks add to a ClientApp of
 their own (:func:`clientapp`).
 
 Attackers, for evaluating defences (:mod:`edgefleet.attacks`), come from the run config's
@@ -21,7 +21,7 @@ training set in :func:`train` (a mod never sees the data). ALIE and IPM colluder
 their honest updates through a :class:`~edgefleet.attacks.FolderBoard` in the machine's
 temporary folder (Ray actors are separate processes).
 
-Warm start (:mod:`edgefleet.strategies.sessions`) may send the round's learning rate
+Warm start (:mod:`edgefleet.strategies.warmstart_initializer`) may send the round's learning rate
 (``lr`` in the config) and, in its ``continuous`` mode, ``kl-lambda``, ``teacher-session`` and
 once per session the ``teacher`` ArrayRecord: the device keeps the teacher in
 ``Context.state`` (replaced by the next session's) and adds the KL term to its local loss.
@@ -56,7 +56,25 @@ from edgefleet.client.mods import (
 )
 from edgefleet.config import RunConfig
 from edgefleet.task.cache import CacheUnwritableError
-from edgefleet.wire import DEVICE_ID, DISPATCH, LABELS, NUM_PARTITIONS, PRESENT, STATUS_RECORD
+from edgefleet.wire import (
+    CONFIG_KL_LAMBDA,
+    CONFIG_LR,
+    CONFIG_TEACHER_SESSION,
+    DEVICE_ID,
+    DISPATCH,
+    ENERGY_SPENT,
+    KEPT_FRACTION,
+    LABELS,
+    NUM_EXAMPLES,
+    NUM_PARTITIONS,
+    PRESENT,
+    SCAFFOLD_APPLIED,
+    SCAFFOLD_CORRECTION,
+    STATUS_RECORD,
+    TEACHER_RECORD,
+    TRAIN_LOSS,
+    TRAIN_TIME,
+)
 
 if TYPE_CHECKING:
     from torch import nn
@@ -155,11 +173,6 @@ def continuous_teacher(device: Device, msg: Message, context: Context) -> nn.Mod
 
     Raises :class:`TeacherMissingError` when the named session's teacher is not held (the
     server sends it again), ValueError when the config or the teacher is malformed."""
-    from edgefleet.strategies.warmstart import (
-        CONFIG_KL_LAMBDA,
-        CONFIG_TEACHER_SESSION,
-        TEACHER_RECORD,
-    )
     from edgefleet.task.train import set_arrays
 
     config = msg.content.config_records["config"]
@@ -295,8 +308,6 @@ def train(msg: Message, context: Context) -> Message:
     from edgefleet.client.device import get_device, is_present
     from edgefleet.client.pruning import ordered_dropout_round, parameter_fraction, round_model
     from edgefleet.pruning.wire import KEPT, kept_record
-    from edgefleet.strategies.scaffold import SCAFFOLD_APPLIED, SCAFFOLD_CORRECTION
-    from edgefleet.strategies.warmstart import CONFIG_KL_LAMBDA, CONFIG_LR
     from edgefleet.task.train import get_arrays, seed_for, train_local
 
     try:
@@ -361,13 +372,13 @@ def train(msg: Message, context: Context) -> Message:
         return Message(Error(ERR_TRAIN_FAILED, str(err)), reply_to=msg)
     metrics = MetricRecord(
         {
-            "num-examples": result.num_examples,
-            "train-loss": result.loss,
+            NUM_EXAMPLES: result.num_examples,
+            TRAIN_LOSS: result.loss,
             DEVICE_ID: profile.device_id,
             # The energy mod replaces it with the round's cost under energy-aware selection.
-            "energy-spent": 0.0,
-            "train-time-s": time.perf_counter() - start,
-            "kept-fraction": parameter_fraction(model, device.model),
+            ENERGY_SPENT: 0.0,
+            TRAIN_TIME: time.perf_counter() - start,
+            KEPT_FRACTION: parameter_fraction(model, device.model),
         }
     )
     if correction is not None:
@@ -382,8 +393,6 @@ def scaffold_correction(msg: Message, model: Any) -> dict[str, Any] | None:
     """SCAFFOLD's c - c_i from a train message (None without one), as tensors by parameter
     name; a ValueError when it does not fit the model (a pruned submodel, another model)."""
     import torch
-
-    from edgefleet.strategies.scaffold import SCAFFOLD_CORRECTION
 
     record = msg.content.array_records.get(SCAFFOLD_CORRECTION)
     if record is None:
@@ -416,7 +425,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     res = evaluate_model(device.model, device.test_data)
     metrics = MetricRecord(
         {
-            "num-examples": len(device.test_data),
+            NUM_EXAMPLES: len(device.test_data),
             "eval-loss": res.loss,
             "eval-accuracy": res.accuracy,
             DEVICE_ID: device.profile.device_id,
@@ -428,7 +437,7 @@ def evaluate(msg: Message, context: Context) -> Message:
 def clientapp(*inner_mods: Mod) -> ClientApp:
     """A ClientApp with EdgeFleet's handlers and battery mod; ``inner_mods`` run inside the
     battery mod and the run config's attacks (:func:`run_config_attacks`), next to the
-    handlers (how tests and benchmarks add :func:`edgefleet.client.faults.fault_mod`;
+    handlers (how tests and benchmarks add :func:`fleetharness.faults.fault_mod`;
     EdgeFleet's own ``app`` adds none)."""
     # The battery is the same mod any Flower ClientApp can add (edgefleet.client.mods).
     out = ClientApp(mods=[energy_mod(settings=battery_settings), run_config_attacks, *inner_mods])

@@ -67,6 +67,7 @@ from edgefleet.wire import (  # the protocol's names, one spelling for both side
     BATTERY_LEVEL,
     DEVICE_ID,
     ENERGY_RECORD,
+    ENERGY_SPENT,
     FEASIBLE,
     LINK_KBPS,
     NUM_PARTITIONS,
@@ -226,7 +227,7 @@ class _EnergyMod:
         battery.spend(cost)
         save_battery(battery, context)
         name, metrics = next(iter(reply.content.metric_records.items()))
-        fields: dict[str, Any] = {**dict(metrics), "energy-spent": cost}
+        fields: dict[str, Any] = {**dict(metrics), ENERGY_SPENT: cost}
         _add_device_id(fields, context, status=False)
         reply.content[name] = MetricRecord(fields)
         # What the battery holds after paying, in a record of its own (not averaged with
@@ -287,11 +288,11 @@ def device_telemetry(battery: Battery, harvested: float) -> dict[str, Any]:
     harvested since its last answer and spent in all, and what the board tells (CPU
     temperature, load, free memory, architecture, accelerator, versions). A reading the
     board does not offer is left out, never sent as a made-up value. The server checks every
-    value against its table (:data:`edgefleet.strategies.registry.TELEMETRY_FIELDS`)."""
+    value against its table (:data:`edgefleet.loop.registry.TELEMETRY_FIELDS`)."""
     out: dict[str, Any] = {
         "battery-capacity": float(battery.capacity),
         "harvested": float(harvested),
-        "energy-spent": float(battery.spent_total),
+        ENERGY_SPENT: float(battery.spent_total),
     }
     temp = cpu_temperature()
     if temp is not None:

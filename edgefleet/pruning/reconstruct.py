@@ -18,7 +18,7 @@ everything else and rounded half to even. Flower's FedAvg differs here: it retur
 as float64 (17.5, which ``load_state_dict`` truncates to 17), so with full masks the
 equivalence to FedAvg is exact for the floating-point tensors only. EdgeFleet's round loop
 settles it for every aggregator: it casts the aggregate back to each array's dtype, rounding
-integers half to even (``edgefleet.strategies.loop.keep_dtypes``), as done here.
+integers half to even (``edgefleet.loop.roundloop.keep_dtypes``), as done here.
 """
 
 from __future__ import annotations

@@ -23,6 +23,8 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
 
 from edgefleet import runlock
+from edgefleet.algorithms.tracker import SessionTracker
+from edgefleet.algorithms.warmstart import SessionStore
 from edgefleet.config import (
     SAGA_FAMILY,
     ConfigError,
@@ -35,6 +37,14 @@ from edgefleet.config import (
     attack_keys_set,
     parse_run_config,
 )
+from edgefleet.loop.asyncloop import AsyncLoop
+from edgefleet.loop.base import build_loop, find_wrapper
+from edgefleet.loop.context import ClassAccuracy, in_round
+from edgefleet.loop.roundloop import EvaluateFn, Evaluation, RoundLoop
+from edgefleet.loop.screening import Screening
+from edgefleet.loop.staleness import AsyncSettings
+from edgefleet.loop.status import StatusQuery
+from edgefleet.loop.timing import RoundWait, WaitMode
 from edgefleet.server.baselines import BASELINES, build_baseline
 from edgefleet.server.checkpoint import (
     Checkpoint,
@@ -47,20 +57,13 @@ from edgefleet.server.emptyrounds import EmptyRoundsStop
 from edgefleet.server.fleet import FleetWriter
 from edgefleet.server.polling import fast_grid
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
-from edgefleet.strategies.base import build_loop, find_wrapper
-from edgefleet.strategies.context import ClassAccuracy, in_round
-from edgefleet.strategies.energy import EnergyAgeSelection
-from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
-from edgefleet.strategies.loop import EvaluateFn, Evaluation, RoundLoop
-from edgefleet.strategies.pruning import SubmodelReconstruction
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
+from edgefleet.strategies.equalweight import EqualWeightFedAvg
+from edgefleet.strategies.fedsag import FedSAG
+from edgefleet.strategies.reconstruction import SubmodelReconstruction
 from edgefleet.strategies.robust import RobustAggregation
-from edgefleet.strategies.screening import Screening
-from edgefleet.strategies.sessions import WarmStartInitializer
-from edgefleet.strategies.status import StatusQuery
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
-from edgefleet.strategies.timing import RoundWait, WaitMode
-from edgefleet.strategies.tracker import SessionTracker
-from edgefleet.strategies.warmstart import SessionStore
+from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
 
 if TYPE_CHECKING:
     from edgefleet.pruning.submodel import PruningPlan
@@ -80,7 +83,9 @@ def build_strategy(
 
         sessions > stopping > energy-aware selection > CA-HFP reconstruction > aggregator
 
-    (each wrapper only when its keys turn it on; reconstruction always). Why this order:
+    (each wrapper only when its keys turn it on; reconstruction always, except in
+    asynchronous mode, where the aggregator alone is returned: the asynchronous loop
+    aggregates its buffer with it and the run config refuses every wrapper). Why this order:
 
     - **Sessions** (``WarmStartInitializer``) outermost: a session boundary changes the
       device set and the model every layer inside starts from; it announces boundaries
@@ -99,11 +104,12 @@ def build_strategy(
       sees them, so FedAvg, FedProx and FedSAG all aggregate full-size updates. It passes
       full-size replies through, so it is always on: a SuperNode may be given a keep ratio
       (``--node-config keep-ratio=...``) that the server's config does not know.
-    - **Aggregator** innermost: ``FedAvg``, ``FedProx``, ``FedSAG`` (SAGA memory), or under
-      energy-aware selection with ``fedavg`` the plain mean of the participants
-      (``EqualWeightFedAvg``: EH-FedAvg, the paper's baseline). With ``robust.rule``,
-      ``RobustAggregation`` wraps a FedAvg-family aggregator (directly inside the
-      reconstruction, so the rule sees the submodels' masks), and FedSAG takes the rule
+    - **Aggregator** innermost: ``FedAvg``, ``FedProx``, ``FedSAG`` (SAGA memory), the
+      field's baselines (``MIFA``, ``FedVARP``, ``Scaffold``), or under energy-aware
+      selection with ``fedavg`` the plain mean of the participants (``EqualWeightFedAvg``:
+      EH-FedAvg, the paper's baseline). With ``robust.rule``, ``RobustAggregation`` wraps
+      the aggregator (directly inside the reconstruction, so the rule sees the submodels'
+      masks), except for the SAGA family (FedSAG, MIFA, FedVARP), which takes the rule
       itself (its memory and correction means). The round loop's reply screening runs
       before any of them.
 
@@ -533,12 +539,9 @@ def run_async(
     run_dir: Path,
     ckpt: Checkpoint | None = None,
 ) -> None:
-    """``aggregation.mode = async``: the FedBuff loop (edgefleet.strategies.asyncloop) in
+    """``aggregation.mode = async``: the FedBuff loop (edgefleet.loop.asyncloop) in
     place of the round loop; one metrics row and one checkpoint per global model version
     (``ckpt``: the checkpoint a resumed run continues from)."""
-    from edgefleet.strategies.asyncloop import AsyncLoop
-    from edgefleet.strategies.staleness import AsyncSettings
-
     a = cfg.aggregation
     sc = cfg.stopping
     tau = None

@@ -46,8 +46,8 @@ from flwr.common import log
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.config import DEFAULTS, RESUME_CHANGEABLE, RESUME_OPERATIONAL, RunConfig
 from edgefleet.fileio import atomic_write_bytes
-from edgefleet.strategies.hooks import hooks_of
-from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.loop.hooks import hooks_of
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
 
 FILENAME = "checkpoint.npz"
 LEGACY_FILENAME = "checkpoint.pkl"

@@ -23,8 +23,8 @@ rounds have nobody, by design). It ends a streak instead of adding to it.
 
 from __future__ import annotations
 
-from edgefleet.strategies.context import ScreeningRow, StoppingRow
-from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.loop.context import ScreeningRow, StoppingRow
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
 
 # What EnergyAgeSelection._why_nobody says when devices answered but none can afford a round
 # (tests/test_empty_rounds.py checks that it still says so).

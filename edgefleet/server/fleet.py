@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from edgefleet.fileio import atomic_write_text, open_append
-from edgefleet.strategies.context import SelectionRow, SessionRow, StoppingRow
-from edgefleet.strategies.loop import RoundCallback, RoundResult
+from edgefleet.loop.context import SelectionRow, SessionRow, StoppingRow
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
 
 FILENAME = "fleet.json"
 BATTERIES = "batteries.jsonl"

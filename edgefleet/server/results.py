@@ -23,8 +23,7 @@ from flwr.common import log
 from edgefleet import runlock
 from edgefleet.config import RunConfig
 from edgefleet.fileio import atomic_write_text, open_append, read_regular
-from edgefleet.server.checkpoint import check_resumable
-from edgefleet.strategies.context import (
+from edgefleet.loop.context import (
     PruningRow,
     RobustRow,
     ScreeningRow,
@@ -34,11 +33,13 @@ from edgefleet.strategies.context import (
     TelemetryRow,
     ValidationRow,
 )
-from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundResult
+from edgefleet.loop.roundloop import LoopOutcome, RoundCallback, RoundResult
+from edgefleet.server.checkpoint import check_resumable
+from edgefleet.wire import TRAIN_LOSS
 
 S = TypeVar("S")
 
-# Every component's row section (edgefleet.strategies.context); a column belongs to exactly
+# Every component's row section (edgefleet.loop.context); a column belongs to exactly
 # one (tests/test_results_rows.py), so a row can be read back into them.
 SECTIONS: tuple[type, ...] = (
     ScreeningRow,
@@ -153,14 +154,14 @@ def round_row(result: RoundResult) -> dict[str, Any]:
         "bytes_down": result.bytes_down,
         "energy_spent": result.energy_spent,
         "wall_s": round(result.wall_s, 3),
-        "train_loss": result.train_metrics.get("train-loss"),
+        "train_loss": result.train_metrics.get(TRAIN_LOSS),
         # False in a round between central evaluations (evaluate-every > 1): the test
         # figures are then None, not the last round's repeated.
         "evaluated": result.evaluated,
     }
     if result.federated_metrics:
         row["federated"] = result.federated_metrics
-    # Each component's typed section (edgefleet.strategies.context), then any column a
+    # Each component's typed section (edgefleet.loop.context), then any column a
     # callback of the user's own added.
     row.update(result.context.columns())
     row.update(result.extra)

@@ -47,7 +47,7 @@ RAY_ADDRESS_WITH_SIZES = (
 def app_copy(dest: Path, clientapp: str | None = None) -> Path:
     """The app's own files (``pyproject.toml`` and the package) in a folder of their own;
     ``clientapp`` (a component string, ``module:attribute``) replaces EdgeFleet's ClientApp
-    in the copy (tests and benchmarks: ``edgefleet.client.faults:faulty_app``).
+    in the copy (tests and benchmarks: ``fleetharness.faults:faulty_app``).
 
     ``flwr run DIR`` walks every file under DIR before applying ``.gitignore``; from the
     project root that includes ``.venv`` (50,000 files, about 5 s). The copy takes 30 ms.

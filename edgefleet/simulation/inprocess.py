@@ -121,7 +121,7 @@ class InProcessGrid(Grid):
     """
 
     # Every reply comes back from the pull that delivers its message, or never: the round
-    # loop's exchange (edgefleet.strategies.timing) pulls once instead of polling for more.
+    # loop's exchange (edgefleet.loop.timing) pulls once instead of polling for more.
     synchronous = True
 
     def __init__(self, handlers: Mapping[int, Handler] | None = None) -> None:

@@ -17,10 +17,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from edgefleet.loop.context import PruningRow, SelectionRow, SessionRow, StoppingRow
+from edgefleet.loop.roundloop import device_order
 from edgefleet.server.results import MetricsRow as Row
 from edgefleet.server.results import read_metrics
-from edgefleet.strategies.context import PruningRow, SelectionRow, SessionRow, StoppingRow
-from edgefleet.strategies.loop import device_order
 
 
 def load(run_dir: Path) -> tuple[dict[str, Any], list[Row]]:

@@ -2,7 +2,7 @@
 
 :class:`~edgefleet.simulation.inprocess.InProcessGrid` answers every message from the pull
 that asks for it, so all devices look equally fast. The asynchronous loop
-(:mod:`edgefleet.strategies.asyncloop`) is about devices that are not: here node ``n``'s
+(:mod:`edgefleet.loop.asyncloop`) is about devices that are not: here node ``n``'s
 k-th message takes ``duration(n, k)`` virtual seconds from its push, and each pull returns
 the replies that finish first among those asked for (advancing the clock to that moment),
 so a seeded duration table gives one arrival order, every time, without sleeping. Replies

@@ -30,28 +30,29 @@ standard Flower reply (arrays + metrics with ``num-examples``) is valid and a ma
 is dropped with its reason. Nothing here imports EdgeFleet's apps or torch.
 """
 
-from edgefleet.strategies.asyncloop import AsyncLoop, FedBuff
-from edgefleet.strategies.base import LoopStrategy, SubsetGrid
-from edgefleet.strategies.context import RoundContext, current_round
-from edgefleet.strategies.energy import EnergyAgeSelection
-from edgefleet.strategies.fedsag import EqualWeightFedAvg, FedSAG
+from edgefleet.algorithms.saga import SagaMemory
+from edgefleet.algorithms.tracker import SessionTracker
+from edgefleet.algorithms.warmstart import SessionStore
+from edgefleet.loop.asyncloop import AsyncLoop, FedBuff
+from edgefleet.loop.base import LoopStrategy, SubsetGrid
+from edgefleet.loop.context import RoundContext, current_round
+from edgefleet.loop.hooks import StrategyHooks, hooks_of
+from edgefleet.loop.registry import DeviceRecord, DeviceRegistry, DeviceStatus
+from edgefleet.loop.roundloop import LoopOutcome, RoundCallback, RoundLoop, RoundResult
+from edgefleet.loop.screening import RecordKeys, check_train_reply
+from edgefleet.loop.status import Declaration, StatusQuery
+from edgefleet.strategies.energy_selection import EnergyAgeSelection
+from edgefleet.strategies.equalweight import EqualWeightFedAvg
+from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.fedvarp import FedVARP
-from edgefleet.strategies.hooks import StrategyHooks, hooks_of
-from edgefleet.strategies.loop import LoopOutcome, RoundCallback, RoundLoop, RoundResult
 from edgefleet.strategies.lrschedule import SessionLearningRate
 from edgefleet.strategies.mifa import MIFA
-from edgefleet.strategies.pruning import SubmodelReconstruction
-from edgefleet.strategies.registry import DeviceRecord, DeviceRegistry, DeviceStatus
+from edgefleet.strategies.reconstruction import SubmodelReconstruction
 from edgefleet.strategies.robust import RobustAggregation, RobustRule
-from edgefleet.strategies.saga import SagaMemory
 from edgefleet.strategies.scaffold import Scaffold
-from edgefleet.strategies.screening import RecordKeys, check_train_reply
-from edgefleet.strategies.sessions import WarmStartInitializer
-from edgefleet.strategies.status import Declaration, StatusQuery
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.teacher import ContinuousTeacher
-from edgefleet.strategies.tracker import SessionTracker
-from edgefleet.strategies.warmstart import SessionStore
+from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
 
 __all__ = [
     "AsyncLoop",

@@ -10,7 +10,7 @@ model along
 then replaces the participants' memories by their new deltas; theta += server_lr * v_t.
 The correction weight ``w`` is, by default (``correction="channels"``), 1/max(|S|, M) where
 M is the devices a round has room for: the cap of the selection wrapper around it
-(:class:`~edgefleet.strategies.energy.EnergyAgeSelection`'s ``max_devices``, EH-FedSAG's
+(:class:`~edgefleet.strategies.energy_selection.EnergyAgeSelection`'s ``max_devices``, EH-FedSAG's
 uplink channels), so a round that few devices could afford does not inflate its stale
 corrections; without such a cap, 1/|S|. ``correction="participants"`` is the seed's 1/|S|
 always. The same default holds in EdgeFleet's app and in yours.
@@ -43,17 +43,13 @@ from logging import INFO, WARNING
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
-from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
-from edgefleet.arrays import to_numpy, to_record
-from edgefleet.strategies.context import RobustRow, current_round
-from edgefleet.strategies.hooks import StrategyHooks
-from edgefleet.strategies.robust import robust_aggregate, rule_spec
-from edgefleet.strategies.saga import (
+from edgefleet.algorithms.saga import (
     SAGA_CORRECTIONS,
     SAGA_ESTIMATORS,
     SAGA_MEANS,
@@ -62,7 +58,12 @@ from edgefleet.strategies.saga import (
     flatten,
     unflatten,
 )
-from edgefleet.strategies.screening import reply_arrays, reply_device
+from edgefleet.arrays import to_numpy, to_record
+from edgefleet.loop.base import start_on_loop
+from edgefleet.loop.context import RobustRow, current_round
+from edgefleet.loop.hooks import StrategyHooks
+from edgefleet.loop.screening import reply_arrays, reply_device
+from edgefleet.strategies.robust import robust_aggregate, rule_spec
 
 
 class FedSAG(StrategyHooks, FedAvg):
@@ -131,9 +132,7 @@ class FedSAG(StrategyHooks, FedAvg):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop (see
-        :meth:`~edgefleet.strategies.base.LoopStrategy.start`)."""
-        from edgefleet.strategies.base import start_on_loop  # base imports this module's peers
-
+        :meth:`~edgefleet.loop.base.LoopStrategy.start`)."""
         return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
 
     def register_devices(self, device_ids: Iterable[str]) -> None:
@@ -264,38 +263,3 @@ class FedSAG(StrategyHooks, FedAvg):
 @dataclass
 class _Global:
     arrays: ArrayRecord | None = None  # the model this round's train messages carried
-
-
-class EqualWeightFedAvg(FedAvg):
-    """FedAvg with every participant weighted equally: EH-FedAvg, the paper's baseline, is
-    the plain mean of the participants' models, as FedSAG's direction is a plain mean.
-    Flower's FedAvg weights by ``num-examples`` (samples seen), which differs between
-    devices whose data is shorter than ``local-steps`` x ``batch-size``."""
-
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
-        """Flower's ``Strategy.start`` contract on EdgeFleet's round loop, which screens every
-        reply, as every EdgeFleet strategy used alone does (:meth:`FedSAG.start`)."""
-        from edgefleet.strategies.base import start_on_loop  # base imports this module's peers
-
-        return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        valid, _ = self._check_and_log_replies(replies, is_train=True)
-        if not valid:
-            return None, None
-        key = self.weighted_by_key
-        contents = [
-            RecordDict(
-                {
-                    **dict(m.content.array_records),
-                    **{
-                        name: MetricRecord({**dict(rec), key: 1})
-                        for name, rec in m.content.metric_records.items()
-                    },
-                }
-            )
-            for m in valid
-        ]
-        return aggregate_arrayrecords(contents, key), self.train_metrics_aggr_fn(contents, key)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgefleet.algorithms.saga import SagaError
 from edgefleet.strategies.fedsag import FedSAG
-from edgefleet.strategies.saga import SagaError
 
 FEDVARP_FORM: dict[str, Any] = {
     "estimator": "saga",

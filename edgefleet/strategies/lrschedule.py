@@ -4,7 +4,7 @@ injector that composes with any wrapper.
 :class:`SessionLearningRate` writes the round's rate as ``lr`` into every train message's
 config, which EdgeFleet's ClientApp trains at (a ClientApp that ignores it keeps its own).
 Within each session the rate decays polynomially, lr_t = (lr - lr_min) (1 - t/T)^0.9 + lr_min
-over the session's T training rounds (:func:`~edgefleet.strategies.warmstart.session_lr`),
+over the session's T training rounds (:func:`~edgefleet.algorithms.warmstart.session_lr`),
 restarting when the round context names a new session (without a sessions wrapper the whole
 run is one session); auxiliary rounds (the context's :class:`SessionRow` phase ``aux``) train
 at lr x ``aux_scale``, constant, and do not advance t, as the reference does.
@@ -19,9 +19,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.strategies.base import LoopStrategy
-from edgefleet.strategies.context import SessionRow, current_round
-from edgefleet.strategies.warmstart import CONFIG_LR, WarmStartError, session_lr
+from edgefleet.algorithms.warmstart import WarmStartError, session_lr
+from edgefleet.loop.base import LoopStrategy
+from edgefleet.loop.context import SessionRow, current_round
+from edgefleet.wire import CONFIG_LR
 
 
 class SessionLearningRate(LoopStrategy):

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from edgefleet.algorithms.saga import SagaError
 from edgefleet.strategies.fedsag import FedSAG
-from edgefleet.strategies.saga import SagaError
 
 # The FedSAG settings that make it MIFA; a caller may not change them.
 MIFA_FORM: dict[str, Any] = {"estimator": "sag", "mean_over": "fleet", "init": "zeros"}

@@ -1,7 +1,7 @@
 """Robust aggregation rules, as pure NumPy, and :class:`RobustAggregation`, the wrapper that
 puts one in place of a FedAvg-family strategy's weighted mean.
 
-Reply screening (:mod:`edgefleet.strategies.screening`) stops replies that break a bound;
+Reply screening (:mod:`edgefleet.loop.screening`) stops replies that break a bound;
 an attacker that keeps its update inside the bounds (sign flip at the honest norm, ALIE,
 IPM, label flipping: :mod:`edgefleet.attacks`) is averaged in. A robust rule limits what such
 a reply does to the aggregate:
@@ -49,11 +49,12 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
+from edgefleet.algorithms.saga import flatten, unflatten
 from edgefleet.arrays import to_numpy, to_record
-from edgefleet.strategies.base import LoopStrategy
-from edgefleet.strategies.context import RobustRow, current_round, round_or_none
-from edgefleet.strategies.saga import flatten, unflatten
-from edgefleet.strategies.screening import RecordKeys, reply_arrays, reply_device, reply_metrics
+from edgefleet.loop.base import LoopStrategy
+from edgefleet.loop.context import RobustRow, current_round, round_or_none
+from edgefleet.loop.screening import RecordKeys, reply_arrays, reply_device, reply_metrics
+from edgefleet.strategies.equalweight import EqualWeightFedAvg
 
 
 class RobustRule(StrEnum):
@@ -313,7 +314,7 @@ _MASKS_OWNER = _Masks  # the round context's private slot for them
 def offer_masks(masks: Mapping[int, Mapping[str, np.ndarray]]) -> None:
     """Hand this round's masks (``id(reply)`` -> array name -> boolean array of the array's
     full shape, True where the device kept the entry) to a :class:`RobustAggregation` below:
-    :class:`~edgefleet.strategies.pruning.SubmodelReconstruction` calls it for the replies
+    :class:`~edgefleet.strategies.reconstruction.SubmodelReconstruction` calls it for the replies
     it rebuilt from submodels. A reply without a mask kept everything."""
     current_round().own(_MASKS_OWNER, _Masks).by_reply.update(
         {k: dict(v) for k, v in masks.items()}
@@ -331,8 +332,6 @@ def _offered(reply: Message) -> dict[str, np.ndarray] | None:
 def plain_mean_inner(inner: Strategy) -> bool:
     """Whether ``inner`` aggregates with FedAvg's weighted mean (FedAvg, FedProx,
     EqualWeightFedAvg, or a subclass that keeps their ``aggregate_train``)."""
-    from edgefleet.strategies.fedsag import EqualWeightFedAvg  # fedsag imports this module
-
     agg = getattr(type(inner), "aggregate_train", None)
     return isinstance(inner, FedAvg) and agg in (
         FedAvg.aggregate_train,
@@ -345,7 +344,7 @@ class RobustAggregation(LoopStrategy):
 
     ``inner`` must be a FedAvg-family strategy that aggregates with FedAvg's weighted mean
     (``FedAvg``, ``FedProx``, EdgeFleet's ``EqualWeightFedAvg``). Other EdgeFleet wrappers go
-    around it; CA-HFP's :class:`~edgefleet.strategies.pruning.SubmodelReconstruction` goes
+    around it; CA-HFP's :class:`~edgefleet.strategies.reconstruction.SubmodelReconstruction` goes
     directly around it and hands it the masks of the submodels (module docstring). For
     FedSAG, give the rule to ``FedSAG(robust=...)``. ``params`` are the rule's
     (:data:`RULE_PARAMS`): ``beta``; ``f``, ``m``; ``tau``, ``iterations``.
@@ -410,8 +409,6 @@ class RobustAggregation(LoopStrategy):
         return to_record(unflatten(result.vector, like)), metrics
 
     def _weights(self, replies: Sequence[Message]) -> list[float]:
-        from edgefleet.strategies.fedsag import EqualWeightFedAvg
-
         if isinstance(self.inner, EqualWeightFedAvg):
             return [1.0] * len(replies)
         key = RecordKeys.of(self).weight
@@ -461,30 +458,6 @@ def flower_robust_inner(strategy: object) -> str | None:
             return type(strategy).__name__
         strategy = getattr(strategy, "inner", None)
     return None
-
-
-def participant_cap_error(strategy: object, cap: int | None) -> str | None:
-    """Why Flower's Bulyan in ``strategy``'s chain can never aggregate when at most ``cap``
-    devices take part in a round (a selection's M), or None. Bulyan skips every round with
-    fewer than 4f + 3 replies (f its ``num_malicious_nodes``) and keeps the model as it was,
-    so a cap below that would run to the end without learning."""
-    from flwr.serverapp.strategy import Bulyan
-
-    while strategy is not None and not isinstance(strategy, Bulyan):
-        strategy = getattr(strategy, "inner", None)
-    if strategy is None or cap is None:
-        return None
-    need = 4 * strategy.num_malicious_nodes + 3
-    if cap >= need:
-        return None
-    most = (cap - 3) // 4
-    return (
-        f"Bulyan(num_malicious_nodes={strategy.num_malicious_nodes}) needs at least {need} "
-        f"replies a round (4f + 3), but at most {cap} devices are selected a round: raise the "
-        f"selection's max_devices to {need} or more"
-        + (f", or set num_malicious_nodes to {most} or less" if most >= 0 else "")
-        + ", or use MultiKrum"
-    )
 
 
 def alternative_rule(flower_name: str) -> str:

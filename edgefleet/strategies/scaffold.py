@@ -53,16 +53,15 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
+from edgefleet.algorithms.saga import flatten, unflatten
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.errors import SettingError
-from edgefleet.strategies.context import current_round
-from edgefleet.strategies.hooks import StrategyHooks
-from edgefleet.strategies.saga import flatten, unflatten
-from edgefleet.strategies.screening import reply_arrays, reply_device
-from edgefleet.strategies.warmstart import CONFIG_LR
-
-SCAFFOLD_CORRECTION = "scaffold-correction"  # the ArrayRecord c - c_i in a train message
-SCAFFOLD_APPLIED = "scaffold-applied"  # the reply metric that says it was added to gradients
+from edgefleet.loop.base import start_on_loop
+from edgefleet.loop.context import current_round
+from edgefleet.loop.hooks import StrategyHooks
+from edgefleet.loop.screening import reply_arrays, reply_device
+from edgefleet.loop.status import Declaration
+from edgefleet.wire import CONFIG_LR, SCAFFOLD_APPLIED, SCAFFOLD_CORRECTION
 
 
 def effective_steps(local_steps: int, momentum: float) -> float:
@@ -128,9 +127,19 @@ class Scaffold(StrategyHooks, FedAvg):
 
     def start(self, grid: Grid, initial_arrays: ArrayRecord, *args: Any, **kwargs: Any) -> Result:
         """Flower's ``Strategy.start`` contract on EdgeFleet's round loop (as FedSAG)."""
-        from edgefleet.strategies.base import start_on_loop  # base imports this module's peers
-
         return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
+
+    def declarations(self) -> list[Declaration]:
+        return [
+            Declaration(
+                "Scaffold",
+                round_barrier=(
+                    "Scaffold's correction c - c_i is per device and its control variates are "
+                    "updated from one synchronous round's replies; the asynchronous loop sends "
+                    "one template message to every device"
+                ),
+            )
+        ]
 
     def register_devices(self, device_ids: Iterable[str]) -> None:
         """Count devices in N (c's step is (1/N) x the sum of the participants' changes)."""

@@ -3,7 +3,7 @@
 :class:`ContinuousTeacher` makes every device add lambda x KL(p_last || p_local) to its
 cross-entropy, with p_last the output of the last session's final model (the *teacher*) on
 the same mini-batch: a continual-learning baseline that keeps what the last session learnt
-while the new one trains. The sessions wrapper (:class:`~edgefleet.strategies.sessions.
+while the new one trains. The sessions wrapper (:class:`~edgefleet.strategies.warmstart_initializer.
 WarmStartInitializer`, mode ``continuous``) puts one inside itself and names the last
 session's final model in every round's context (``RoundContext.last_session_model``, which
 also keeps it in the checkpoint); nothing else about sessions is known here, and without a
@@ -32,14 +32,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.strategies.base import LoopStrategy
-from edgefleet.strategies.context import SessionRow, current_round
-from edgefleet.strategies.warmstart import (
-    CONFIG_KL_LAMBDA,
-    CONFIG_TEACHER_SESSION,
-    TEACHER_RECORD,
-    WarmStartError,
-)
+from edgefleet.algorithms.warmstart import WarmStartError
+from edgefleet.loop.base import LoopStrategy
+from edgefleet.loop.context import SessionRow, current_round
+from edgefleet.wire import CONFIG_KL_LAMBDA, CONFIG_TEACHER_SESSION, TEACHER_RECORD
 
 
 @dataclass

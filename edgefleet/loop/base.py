@@ -5,7 +5,7 @@ the way Flower's ``DifferentialPrivacyServerSideFixedClipping`` wraps ``FedAvg``
 message-building and aggregation calls go to the inner strategy unless the wrapper changes
 them, and what happens *between* rounds (stopping, sessions) is a round callback. Since
 Flower's own ``Strategy.start`` has no hook between rounds, :meth:`LoopStrategy.start` runs
-EdgeFleet's :class:`~edgefleet.strategies.loop.RoundLoop` instead, with the same arguments
+EdgeFleet's :class:`~edgefleet.loop.roundloop.RoundLoop` instead, with the same arguments
 and the same :class:`~flwr.serverapp.strategy.Result`, so a Flower user can write::
 
     result = TaskVectorStopping(FedAvg()).start(grid, arrays, num_rounds=500)
@@ -14,8 +14,8 @@ and EdgeFleet's own ServerApp is only the first user of that public API.
 
 A wrapper sends nothing itself: it builds messages (Flower's ``configure_*`` contract) and
 reads or writes the round context. What it needs of the fleet (the status answers, the slot
-clock, the participant cap) it declares (:meth:`~edgefleet.strategies.hooks.StrategyHooks.
-declarations`), and the loop's status phase (:mod:`edgefleet.strategies.status`) asks once
+clock, the participant cap) it declares (:meth:`~edgefleet.loop.hooks.StrategyHooks.
+declarations`), and the loop's status phase (:mod:`edgefleet.loop.status`) asks once
 a round for all of them.
 """
 
@@ -29,13 +29,13 @@ from typing import Any, TypeVar
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common import log
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Bulyan, Result, Strategy
 from flwr.serverapp.strategy.strategy_utils import log_strategy_start_info
 
-from edgefleet.strategies.hooks import StrategyHooks, hooks_of
-from edgefleet.strategies.loop import RoundCallback, RoundLoop, RoundResult, numbers
-from edgefleet.strategies.screening import RecordKeys, Screening
-from edgefleet.strategies.status import Ask, Declaration, StatusQuery, fleet_facts
+from edgefleet.loop.hooks import StrategyHooks, hooks_of
+from edgefleet.loop.roundloop import RoundCallback, RoundLoop, RoundResult, numbers
+from edgefleet.loop.screening import RecordKeys, Screening
+from edgefleet.loop.status import Ask, Declaration, StatusQuery, fleet_facts
 
 __all__ = ["LoopStrategy", "StatusQuery", "SubsetGrid", "build_loop", "start_on_loop"]
 
@@ -59,7 +59,7 @@ class SubsetGrid:
 
 class LoopStrategy(StrategyHooks, Strategy):
     """Delegates every Strategy call and every hook to ``inner``; a subclass that is also a
-    :class:`~edgefleet.strategies.loop.RoundCallback` is called after every round."""
+    :class:`~edgefleet.loop.roundloop.RoundCallback` is called after every round."""
 
     def __init__(self, inner: Strategy) -> None:
         self.inner = inner
@@ -160,6 +160,28 @@ def find_wrapper(strategy: object, kind: type[W]) -> W | None:
     return None
 
 
+def participant_cap_error(strategy: object, cap: int | None) -> str | None:
+    """Why Flower's Bulyan in ``strategy``'s chain can never aggregate when at most ``cap``
+    devices take part in a round (a selection's M), or None. Bulyan skips every round with
+    fewer than 4f + 3 replies (f its ``num_malicious_nodes``) and keeps the model as it was,
+    so a cap below that would run to the end without learning."""
+    while strategy is not None and not isinstance(strategy, Bulyan):
+        strategy = getattr(strategy, "inner", None)
+    if strategy is None or cap is None:
+        return None
+    need = 4 * strategy.num_malicious_nodes + 3
+    if cap >= need:
+        return None
+    most = (cap - 3) // 4
+    return (
+        f"Bulyan(num_malicious_nodes={strategy.num_malicious_nodes}) needs at least {need} "
+        f"replies a round (4f + 3), but at most {cap} devices are selected a round: raise the "
+        f"selection's max_devices to {need} or more"
+        + (f", or set num_malicious_nodes to {most} or less" if most >= 0 else "")
+        + ", or use MultiKrum"
+    )
+
+
 def build_loop(
     strategy: Strategy,
     grid: Grid,
@@ -171,10 +193,8 @@ def build_loop(
     """The round loop for ``strategy``: its wrappers' callbacks (innermost first), between
     ``before`` and ``after`` (EdgeFleet's ServerApp puts its metrics writer and checkpoint
     after them, so that they record what the wrappers wrote). ``loop_kwargs`` go to
-    :class:`~edgefleet.strategies.loop.RoundLoop`. The one way both
+    :class:`~edgefleet.loop.roundloop.RoundLoop`. The one way both
     :func:`start_on_loop` and EdgeFleet's ServerApp build it."""
-    from edgefleet.strategies.robust import participant_cap_error  # robust imports this module
-
     # The fleet's cap as the components declare it (RoundLoop merges them the same way).
     cap = fleet_facts(hooks_of(strategy).declarations()).participant_cap
     why = participant_cap_error(strategy, cap)
@@ -205,7 +225,7 @@ def start_on_loop(
     that kept the model as it was holds the last evaluation's figures, without a second
     pass). The one difference: a round callback may end the run before ``num_rounds`` (a
     stopping rule). ``screening`` (EdgeFleet's addition) sets the bounds replies are
-    screened against (:class:`~edgefleet.strategies.screening.Screening`; e.g.
+    screened against (:class:`~edgefleet.loop.screening.Screening`; e.g.
     ``max_examples`` when your ClientApp's sample count per round is known).
     """
     log(INFO, "Starting %s strategy:", type(strategy).__name__)

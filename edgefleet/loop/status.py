@@ -13,11 +13,11 @@ fleet's slot clock. A wrapper never sends it: it *declares* what it needs
    A node already answered this round is never asked again.
 
 The answers are screened and recorded in the run's
-:class:`~edgefleet.strategies.registry.DeviceRegistry` and land in the round context's
+:class:`~edgefleet.loop.registry.DeviceRegistry` and land in the round context's
 ``status``, where every wrapper reads them; an error answer is logged with its reason and
 kept in ``status_errors`` (unknown this round, not departed).
 
-The facts a round's messages must agree on (:class:`~edgefleet.strategies.context.
+The facts a round's messages must agree on (:class:`~edgefleet.loop.context.
 FleetFacts`: the energy slot clock and the participant cap) are declared the same way and
 merged once, before round 1 (:func:`fleet_facts`): two components that declare different
 clocks are refused with both values, one that declares none follows the fleet's.
@@ -40,23 +40,23 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from edgefleet.bounds import MAX_LABELS, MAX_REASON_CHARS, bound_reason, describe
-from edgefleet.strategies.context import (
+from edgefleet.loop.context import (
     FleetFacts,
     RoundContext,
     ScreeningRow,
     TelemetryRow,
     current_round,
 )
-from edgefleet.strategies.hooks import hooks_of
-from edgefleet.strategies.registry import (
+from edgefleet.loop.hooks import hooks_of
+from edgefleet.loop.registry import (
     DeviceRegistry,
     DeviceStatus,
     parse_battery,
     parse_feasible,
     screen_telemetry,
 )
-from edgefleet.strategies.screening import parse_device_id
-from edgefleet.strategies.timing import exchange
+from edgefleet.loop.screening import parse_device_id
+from edgefleet.loop.timing import exchange
 from edgefleet.wire import (
     BATTERY_LEVEL,
     DEVICE_ID,
@@ -95,7 +95,8 @@ class Declaration:
     the status phase; ``every_node``: every online node asked every round (presence);
     ``labels``: the answers must name the device's classes. ``timeout`` /
     ``first_timeout``: how long it would wait for an answer (the phase waits the longest
-    any component asks for)."""
+    any component asks for). ``round_barrier``: why it needs the synchronous round (the
+    asynchronous loop refuses it with this reason)."""
 
     owner: str
     slots_per_round: int | None = None
@@ -105,6 +106,7 @@ class Declaration:
     labels: bool = False
     timeout: float | None = None
     first_timeout: float | None = None
+    round_barrier: str | None = None
 
 
 def fleet_facts(declarations: Iterable[Declaration]) -> FleetFacts:
@@ -180,7 +182,7 @@ class StatusQuery:
     ``status`` record, cannot report: it is taken as present and feasible from then on
     (logged once) and not asked again (the registry's ``unreported`` nodes).
 
-    Every answer goes through the run's :class:`~edgefleet.strategies.registry.
+    Every answer goes through the run's :class:`~edgefleet.loop.registry.
     DeviceRegistry`: the ``device-id`` it claims must pass the same binding rules as a
     train reply's (a node that claims another online device's id is refused, with its
     reason in the row's ``status_refused``), and the accepted ones land in the round

@@ -3,7 +3,7 @@
 Warm start ("Communication-Efficient Federated Learning under Dynamic Device Arrival and
 Departure", arXiv 2410.05662) trains in sessions: a session is a stretch of rounds over a
 roughly fixed device set, and a new session (with a new initial model, see
-:mod:`edgefleet.strategies.warmstart`) begins when that set changes. In the paper's
+:mod:`edgefleet.algorithms.warmstart`) begins when that set changes. In the paper's
 experiments the schedule is known and every session has the same length; a real fleet only
 shows who is present each round, so :class:`SessionTracker` decides when the set has changed
 enough.

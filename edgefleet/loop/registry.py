@@ -1,8 +1,8 @@
 """The device registry: which device is which, what it last said, what happened to it.
 
 One :class:`DeviceRegistry` per run, owned by the round loop
-(:class:`~edgefleet.strategies.loop.RoundLoop`) and handed to every wrapper through the
-round's :class:`~edgefleet.strategies.context.RoundContext`. It is the only map between
+(:class:`~edgefleet.loop.roundloop.RoundLoop`) and handed to every wrapper through the
+round's :class:`~edgefleet.loop.context.RoundContext`. It is the only map between
 Flower node ids and EdgeFleet's stable device ids: screening, status queries, sessions,
 energy-aware selection and the results read and write it, and none keeps an identity map
 of its own. It is checkpointed with the loop.
@@ -50,8 +50,8 @@ from flwr.common import log
 
 from edgefleet.bounds import MAX_LABELS, bound_reason, describe, preview
 from edgefleet.bounds import REJECTIONS_KEPT as REJECTIONS_KEPT  # declared with the other caps
-from edgefleet.strategies.timing import LinkEstimate
-from edgefleet.wire import LINK_KBPS
+from edgefleet.loop.timing import LinkEstimate
+from edgefleet.wire import ENERGY_SPENT, LINK_KBPS
 
 
 class BindingMode(StrEnum):
@@ -92,7 +92,7 @@ class TelemetryField:
 TELEMETRY_FIELDS: dict[str, TelemetryField] = {
     "battery-capacity": TelemetryField(float, 0.0, 1e6, "energy units"),
     "harvested": TelemetryField(float, 0.0, 1e6, "energy units since the last answer"),
-    "energy-spent": TelemetryField(float, 0.0, 1e12, "energy units in all"),
+    ENERGY_SPENT: TelemetryField(float, 0.0, 1e12, "energy units in all"),
     "cpu-temp-c": TelemetryField(float, -60.0, 200.0, "degrees C"),
     "load-1m": TelemetryField(float, 0.0, 1e4, "1-minute load average"),
     "mem-free-mb": TelemetryField(float, 0.0, 1e9, "MB available"),
@@ -213,51 +213,92 @@ class DeviceStatus:
 
 
 @dataclass
-class DeviceRecord:
-    """What the server knows of one device."""
+class LastAnswer:
+    """What a device last said: its status answer and the round of it, the classes of its
+    data (from the last answer that named them), its energy."""
 
-    device: str
-    node: int
-    status: DeviceStatus | None = None  # its last status answer
-    status_round: int = 0  # the round of that answer
-    labels: tuple[int, ...] = ()  # classes of its data, from the last answer that named them
-    last_seen: int = 0  # the last round it answered anything
-    participations: int = 0  # rounds its update was aggregated
-    last_trained: int = 0  # the last such round (0: never)
+    status: DeviceStatus | None = None
+    round: int = 0
+    labels: tuple[int, ...] = ()
+    # Not checkpointed (a resumed run asks again), and forgotten whenever a train message
+    # goes to the device (that round may spend energy).
+    energy: EnergyState | None = field(default=None, compare=False)
+
+
+@dataclass
+class Participation:
+    """When a device took part: the last round it answered anything, the rounds its update
+    was aggregated and the last such round (0: never)."""
+
+    last_seen: int = 0
+    count: int = 0
+    last_trained: int = 0
+
+
+@dataclass
+class Outcomes:
+    """What became of a device's train messages other than aggregation."""
+
     declines: int = 0
     unreachable: int = 0  # train messages the transport could not deliver or answer
     rejections: list[tuple[int, str]] = field(default_factory=list)  # newest last, bounded
-    telemetry: Mapping[str, float | str] = field(default_factory=dict)  # the last accepted
-    telemetry_dropped: dict[str, str] = field(default_factory=dict)  # field -> last reason
-    telemetry_drops: int = 0  # values dropped in all
-    link: LinkEstimate | None = None  # its rounds' timing (None: never timed)
-    # CA-HFP: the share of the model's entries its last aggregated reply held (1.0: the
-    # full model; None: no reply under the pruning wrapper yet), its resource class
+
+
+@dataclass
+class TelemetryLog:
+    """A device's last accepted telemetry, and what screening dropped of it."""
+
+    values: Mapping[str, float | str] = field(default_factory=dict)
+    dropped: dict[str, str] = field(default_factory=dict)  # field -> last reason
+    drops: int = 0  # values dropped in all
+
+
+@dataclass
+class SubmodelState:
+    """CA-HFP: the share of the model's entries a device's last aggregated reply held (1.0:
+    the full model; None: no reply under the pruning wrapper yet), and for the compact
+    download the channels that reply kept (None: it was full-size, or none yet) and the
+    last round the device was sent the full model."""
+
     kept_fraction: float | None = None
-    # CA-HFP's compact download: the channels its last aggregated reply kept (None: that
-    # reply was full-size, or none yet) and the last round it was sent the full model
     kept_channels: dict[str, np.ndarray] | None = field(default=None, compare=False)
     full_sent: int | None = None
-    # Its last energy answer; not checkpointed (a resumed run asks again), and forgotten
-    # whenever a train message goes to the device (that round may spend energy).
-    energy: EnergyState | None = field(default=None, compare=False)
+
+
+@dataclass
+class DeviceRecord:
+    """What the server knows of one device, by concern: who it is (``device``, ``node``),
+    what it last said (``answer``), when it took part (``participation``), what else became
+    of its train messages (``outcomes``), its telemetry, its link's timing (None: never
+    timed) and its CA-HFP submodel."""
+
+    device: str
+    node: int
+    answer: LastAnswer = field(default_factory=LastAnswer)
+    participation: Participation = field(default_factory=Participation)
+    outcomes: Outcomes = field(default_factory=Outcomes)
+    telemetry: TelemetryLog = field(default_factory=TelemetryLog)
+    link: LinkEstimate | None = None
+    submodel: SubmodelState = field(default_factory=SubmodelState)
 
     def state_dict(self) -> dict[str, Any]:
+        # Flat, as before the record was split by concern: checkpoints stay loadable both ways.
+        sub = self.submodel
         return {
             "node": self.node,
-            "kept_fraction": self.kept_fraction,
+            "kept_fraction": sub.kept_fraction,
             "kept_channels": None
-            if self.kept_channels is None
-            else {g: [int(i) for i in idx] for g, idx in self.kept_channels.items()},
-            "full_sent": self.full_sent,
+            if sub.kept_channels is None
+            else {g: [int(i) for i in idx] for g, idx in sub.kept_channels.items()},
+            "full_sent": sub.full_sent,
             "link": None if self.link is None else self.link.state_dict(),
-            "labels": list(self.labels),
-            "last_seen": self.last_seen,
-            "participations": self.participations,
-            "last_trained": self.last_trained,
-            "declines": self.declines,
-            "unreachable": self.unreachable,
-            "rejections": [list(r) for r in self.rejections],
+            "labels": list(self.answer.labels),
+            "last_seen": self.participation.last_seen,
+            "participations": self.participation.count,
+            "last_trained": self.participation.last_trained,
+            "declines": self.outcomes.declines,
+            "unreachable": self.outcomes.unreachable,
+            "rejections": [list(r) for r in self.outcomes.rejections],
         }
 
 
@@ -413,42 +454,42 @@ class DeviceRegistry:
     def note_status(self, rnd: int, node: int, status: DeviceStatus) -> None:
         """Keep an accepted status answer of a bound (reported) node."""
         record = self.devices[status.device]
-        record.status, record.status_round, record.last_seen = status, rnd, rnd
+        record.answer.status, record.answer.round, record.participation.last_seen = status, rnd, rnd
         if status.reported:
-            record.energy = EnergyState(rnd, status.feasible, status.battery)
+            record.answer.energy = EnergyState(rnd, status.feasible, status.battery)
         if status.labels:
-            record.labels = status.labels
+            record.answer.labels = status.labels
         telemetry = status.telemetry
         if telemetry.values:
-            record.telemetry = dict(telemetry.values)
+            record.telemetry.values = dict(telemetry.values)
         if telemetry.dropped:
-            new = sorted(set(telemetry.dropped) - set(record.telemetry_dropped))
+            new = sorted(set(telemetry.dropped) - set(record.telemetry.dropped))
             if new:  # once per device and field: a device that keeps sending it is not news
                 why = "; ".join(f"{k} {telemetry.dropped[k]}" for k in new)
                 log(WARNING, "Device %s: telemetry dropped (not kept): %s", status.device, why)
-            record.telemetry_dropped.update(telemetry.dropped)
-            record.telemetry_drops += len(telemetry.dropped)
+            record.telemetry.dropped.update(telemetry.dropped)
+            record.telemetry.drops += len(telemetry.dropped)
 
     def note_energy(self, device: str, state: EnergyState | None) -> None:
         """``device``'s energy as its train reply gave it (None: unknown: a train message
         went out and no reply told what it cost). A name with no record is not kept."""
         if (record := self.devices.get(device)) is not None:
-            record.energy = state
+            record.answer.energy = state
 
     def status_round(self, device: str) -> int:
         """The round of ``device``'s last status answer (0: none)."""
         record = self.devices.get(device)
-        return 0 if record is None else record.status_round
+        return 0 if record is None else record.answer.round
 
     def energy(self, device: str) -> EnergyState | None:
         """``device``'s last energy answer (None: none since its last train message)."""
         record = self.devices.get(device)
-        return None if record is None else record.energy
+        return None if record is None else record.answer.energy
 
     def declared_kbps(self, device: str) -> float | None:
         """The link rate ``device`` declared in its telemetry (``link-kbps``), or None."""
         record = self.devices.get(device)
-        value = None if record is None else record.telemetry.get(LINK_KBPS)
+        value = None if record is None else record.telemetry.values.get(LINK_KBPS)
         return float(value) if isinstance(value, int | float) else None
 
     def timing(self, device: str) -> LinkEstimate:
@@ -469,25 +510,29 @@ class DeviceRegistry:
         parameters; a value outside [0, 1] (the device reports it) is not kept."""
         record = self.devices.get(device)
         if record is not None and math.isfinite(fraction) and 0.0 <= fraction <= 1.0:
-            record.kept_fraction = round(float(fraction), 4)
+            record.submodel.kept_fraction = round(float(fraction), 4)
 
     def note_kept_channels(self, device: str, kept: dict[str, np.ndarray] | None) -> None:
         """CA-HFP: the channels ``device``'s aggregated reply kept (None: a full-size one)."""
         record = self.devices.get(device)
         if record is not None:
-            record.kept_channels = kept
+            record.submodel.kept_channels = kept
 
     def note_full_sent(self, device: str, rnd: int) -> None:
         """CA-HFP's compact download sent ``device`` the full model in round ``rnd``."""
         record = self.devices.get(device)
         if record is not None:
-            record.full_sent = rnd
+            record.submodel.full_sent = rnd
 
     def compact_state(self, device: str) -> tuple[dict[str, np.ndarray] | None, int | None]:
         """CA-HFP's compact-download state of ``device``: the channels its last aggregated
         reply kept and the last round it was sent the full model (None: none yet)."""
         record = self.devices.get(device)
-        return (None, None) if record is None else (record.kept_channels, record.full_sent)
+        return (
+            (None, None)
+            if record is None
+            else (record.submodel.kept_channels, record.submodel.full_sent)
+        )
 
     def link(self, device: str) -> LinkEstimate | None:
         """What the server has timed of ``device``'s rounds (None: nothing yet)."""
@@ -496,7 +541,7 @@ class DeviceRegistry:
 
     def labels(self, device: str) -> tuple[int, ...]:
         record = self.devices.get(device)
-        return () if record is None else record.labels
+        return () if record is None else record.answer.labels
 
     def note_round(
         self,
@@ -511,19 +556,21 @@ class DeviceRegistry:
         counted as declining."""
         for device in participants:
             if (record := self.devices.get(device)) is not None:
-                record.participations += 1
-                record.last_trained = record.last_seen = rnd
+                record.participation.count += 1
+                record.participation.last_trained = record.participation.last_seen = rnd
         for device in declined:
             if (record := self.devices.get(device)) is not None:
-                record.declines += 1
-                record.last_seen = rnd
+                record.outcomes.declines += 1
+                record.participation.last_seen = rnd
         for item in rejected:
             if (record := self.devices.get(item["device"])) is not None:
                 reason = bound_reason(item["reason"])  # the loop's are; a caller's may not be
-                record.rejections = [*record.rejections, (rnd, reason)][-REJECTIONS_KEPT:]
+                record.outcomes.rejections = [*record.outcomes.rejections, (rnd, reason)][
+                    -REJECTIONS_KEPT:
+                ]
         for device in unreachable:
             if (record := self.devices.get(device)) is not None:
-                record.unreachable += 1
+                record.outcomes.unreachable += 1
 
     # -- checkpoint ------------------------------------------------------------------------
 
@@ -532,15 +579,19 @@ class DeviceRegistry:
         out = []
         for device in sorted(self.devices, key=_natural):
             r = self.devices[device]
-            status = r.status
+            status = r.answer.status
             # a train reply's energy is newer than the last status answer when reused
-            energy = r.energy if r.energy is not None and r.energy.round > r.status_round else None
+            energy = (
+                r.answer.energy
+                if r.answer.energy is not None and r.answer.energy.round > r.answer.round
+                else None
+            )
             out.append(
                 {
                     "device": device,
                     "node": r.node,
                     "online": r.node in online and r.node not in self.retired,
-                    "last_seen": r.last_seen,
+                    "last_seen": r.participation.last_seen,
                     "battery": energy.battery
                     if energy is not None
                     else (None if status is None else status.battery),
@@ -548,17 +599,19 @@ class DeviceRegistry:
                     if energy is not None
                     else (None if status is None else status.feasible),
                     "present": None if status is None else status.present,
-                    "status_round": r.status_round,
-                    "labels": list(r.labels),
-                    "participations": r.participations,
-                    "last_trained": r.last_trained,
-                    "declines": r.declines,
-                    "unreachable": r.unreachable,
-                    "rejections": [{"round": a, "reason": b} for a, b in r.rejections[-5:]],
-                    "telemetry": dict(r.telemetry),
-                    "telemetry_dropped": dict(r.telemetry_dropped),
+                    "status_round": r.answer.round,
+                    "labels": list(r.answer.labels),
+                    "participations": r.participation.count,
+                    "last_trained": r.participation.last_trained,
+                    "declines": r.outcomes.declines,
+                    "unreachable": r.outcomes.unreachable,
+                    "rejections": [
+                        {"round": a, "reason": b} for a, b in r.outcomes.rejections[-5:]
+                    ],
+                    "telemetry": dict(r.telemetry.values),
+                    "telemetry_dropped": dict(r.telemetry.dropped),
                     "link": None if r.link is None else r.link.view(),
-                    "kept_fraction": r.kept_fraction,
+                    "kept_fraction": r.submodel.kept_fraction,
                 }
             )
         return out
@@ -580,27 +633,35 @@ class DeviceRegistry:
                 str(d): DeviceRecord(
                     device=str(d),
                     node=int(r["node"]),
-                    labels=tuple(int(c) for c in r.get("labels", []))[:MAX_LABELS],
-                    last_seen=int(r.get("last_seen", 0)),
-                    participations=int(r.get("participations", 0)),
-                    last_trained=int(r.get("last_trained", 0)),
-                    declines=int(r.get("declines", 0)),
-                    unreachable=int(r.get("unreachable", 0)),  # absent before issue 42
-                    rejections=[(int(a), bound_reason(b)) for a, b in r.get("rejections", [])][
-                        -REJECTIONS_KEPT:
-                    ],
+                    answer=LastAnswer(
+                        labels=tuple(int(c) for c in r.get("labels", []))[:MAX_LABELS]
+                    ),
+                    participation=Participation(
+                        last_seen=int(r.get("last_seen", 0)),
+                        count=int(r.get("participations", 0)),
+                        last_trained=int(r.get("last_trained", 0)),
+                    ),
+                    outcomes=Outcomes(
+                        declines=int(r.get("declines", 0)),
+                        unreachable=int(r.get("unreachable", 0)),  # absent before issue 42
+                        rejections=[(int(a), bound_reason(b)) for a, b in r.get("rejections", [])][
+                            -REJECTIONS_KEPT:
+                        ],
+                    ),
                     link=None if r.get("link") is None else LinkEstimate.from_state(r["link"]),
-                    kept_fraction=None
-                    if r.get("kept_fraction") is None
-                    else float(r["kept_fraction"]),
-                    # absent from checkpoints before the kept channels were kept here
-                    kept_channels=None
-                    if r.get("kept_channels") is None
-                    else {
-                        str(g): np.asarray([int(i) for i in idx], dtype=np.int64)
-                        for g, idx in dict(r["kept_channels"]).items()
-                    },
-                    full_sent=None if r.get("full_sent") is None else int(r["full_sent"]),
+                    submodel=SubmodelState(
+                        kept_fraction=None
+                        if r.get("kept_fraction") is None
+                        else float(r["kept_fraction"]),
+                        # absent from checkpoints before the kept channels were kept here
+                        kept_channels=None
+                        if r.get("kept_channels") is None
+                        else {
+                            str(g): np.asarray([int(i) for i in idx], dtype=np.int64)
+                            for g, idx in dict(r["kept_channels"]).items()
+                        },
+                        full_sent=None if r.get("full_sent") is None else int(r["full_sent"]),
+                    ),
                 )
                 for d, r in records.items()
             }

@@ -4,7 +4,7 @@ A synchronous round waits for its slowest device or drops it. Here (FedBuff, Ngu
 "Federated Learning with Buffered Asynchronous Aggregation", AISTATS 2022) the server keeps
 up to ``concurrency`` devices training at once, pulls replies as they arrive, and makes a new
 global model (a *version*) every ``buffer_size`` accepted replies, each discounted by how many
-versions old its base model is (:mod:`edgefleet.strategies.staleness`). A device that
+versions old its base model is (:mod:`edgefleet.loop.staleness`). A device that
 finishes is sent the current model at once (the idle device that has waited longest gets a
 freed slot when there are more devices than slots). Choose it over the synchronous loop when
 devices or links differ by much: a slow device's update still counts (discounted) and nobody
@@ -13,7 +13,7 @@ waits for it.
 It uses nothing but ``Grid.push_messages`` / ``pull_messages`` (polled every ``poll_s``), so
 the same code runs on the in-process engine, Flower's Simulation Engine and the Deployment
 Engine. Replies are screened one at a time as the synchronous loop screens them
-(:mod:`edgefleet.strategies.screening`: well-formed, within the server's bounds, a device
+(:mod:`edgefleet.loop.screening`: well-formed, within the server's bounds, a device
 id that is its node's, an update norm at most ``norm_factor`` x the median of recently
 accepted norms); a reply more than ``max_staleness`` versions old is dropped with that
 reason. Every drop is logged and lands in the version's row (``rejected``), bounded.
@@ -22,8 +22,8 @@ Composition with the inner strategy: each buffered reply is *rebased* onto the c
 model, ``x + w(s_i) (y_i - base_i)``, and the buffer is handed to the inner strategy's
 ``aggregate_train``; its result ``x'`` becomes ``x + server_lr (x' - x)``. With Flower's
 FedAvg inside this is FedBuff's step weighted by ``num-examples``
-(:func:`~edgefleet.strategies.staleness.fedbuff_step`), with
-:class:`~edgefleet.strategies.fedsag.EqualWeightFedAvg` exactly FedBuff's ``1/K``; a robust
+(:func:`~edgefleet.loop.staleness.fedbuff_step`), with
+:class:`~edgefleet.strategies.equalweight.EqualWeightFedAvg` exactly FedBuff's ``1/K``; a robust
 rule (:class:`~edgefleet.strategies.robust.RobustAggregation`, Flower's ``FedMedian``...)
 runs over the buffer; FedSAG keeps each device's last (staleness-weighted) update in its
 memory, which is asynchronous by nature. Train messages come from the inner strategy's own
@@ -31,7 +31,7 @@ memory, which is asynchronous by nature. Train messages come from the inner stra
 config (FedProx's ``proximal-mu``, ``server-round`` = the version being built) is what the
 devices see.
 
-Each version is one :class:`~edgefleet.strategies.loop.RoundResult` (``round`` = version)
+Each version is one :class:`~edgefleet.loop.roundloop.RoundResult` (``round`` = version)
 handed to the round callbacks, with the asynchronous columns in ``extra``: ``version``,
 ``accepted``, ``dropped``, ``staleness_min/median/max``, ``in_flight``.
 
@@ -75,10 +75,11 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 
 from edgefleet.bounds import bound_reason
-from edgefleet.strategies.base import LoopStrategy, find_wrapper
-from edgefleet.strategies.context import RoundContext, in_round
-from edgefleet.strategies.hooks import hooks_of
-from edgefleet.strategies.loop import (
+from edgefleet.loop.base import LoopStrategy, participant_cap_error
+from edgefleet.loop.context import RoundContext, in_round
+from edgefleet.loop.hooks import hooks_of
+from edgefleet.loop.registry import DeviceRegistry
+from edgefleet.loop.roundloop import (
     EvaluateFn,
     Evaluation,
     LoopOutcome,
@@ -89,11 +90,7 @@ from edgefleet.strategies.loop import (
     numbers,
     payload_bytes,
 )
-from edgefleet.strategies.registry import DeviceRegistry
-from edgefleet.strategies.robust import participant_cap_error
-from edgefleet.strategies.scaffold import Scaffold
-from edgefleet.strategies.screening import (
-    ENERGY_SPENT,
+from edgefleet.loop.screening import (
     NORM_HISTORY_ROUNDS,
     RecordKeys,
     Screening,
@@ -106,10 +103,10 @@ from edgefleet.strategies.screening import (
     parse_device_id,
     reply_metrics,
 )
-from edgefleet.strategies.staleness import AsyncSettings, summarise
-from edgefleet.strategies.status import bounded_reason, fleet_facts, is_unreachable
-from edgefleet.strategies.timing import DEFAULT_POLL_S, LinkEstimate
-from edgefleet.wire import DEVICE_ID, DISPATCH
+from edgefleet.loop.staleness import AsyncSettings, summarise
+from edgefleet.loop.status import bounded_reason, fleet_facts, is_unreachable
+from edgefleet.loop.timing import DEFAULT_POLL_S, LinkEstimate
+from edgefleet.wire import DEVICE_ID, DISPATCH, ENERGY_SPENT, TRAIN_TIME
 
 # A version's row keeps at most this many drop reasons (the rest are counted): a fleet of
 # broken devices must not grow a row without bound.
@@ -223,12 +220,8 @@ class AsyncLoop:
                     f"{d.owner} needs the round loop's status phase (it chooses devices or "
                     "sessions from one status query a round); the asynchronous loop has none"
                 )
-        if find_wrapper(strategy, Scaffold) is not None:
-            raise ValueError(
-                "Scaffold's correction c - c_i is per device and its control variates are "
-                "updated from one synchronous round's replies; the asynchronous loop sends one "
-                "template message to every device"
-            )
+            if d.round_barrier:
+                raise ValueError(d.round_barrier)
         self.fleet = fleet_facts(declarations)
         self.strategy, self.grid, self.settings = strategy, grid, settings
         self.evaluate_fn, self.evaluate_every = evaluate_fn, evaluate_every
@@ -475,7 +468,7 @@ class AsyncLoop:
         nbytes = payload_bytes(msg)
         period.bytes_up += nbytes
         metrics = first_metrics(msg)
-        compute = None if metrics is None else numbers(metrics).get("train-time-s")
+        compute = None if metrics is None else numbers(metrics).get(TRAIN_TIME)
         self._link(node).observe(now - f.pushed_at, nbytes + f.nbytes, compute)
         period.accepted.append(device)
         period.staleness.append(staleness)

@@ -5,7 +5,7 @@ Departure" (arXiv 2410.05662); reference code github.com/ZhanLun-Chang/2025_Neur
 ``fast_adapt_utils.py`` (``initial_model_construction``) and ``fast_adpat_training.py``.
 
 Training runs in sessions; a session ends when the set of present devices changes (see
-:mod:`edgefleet.strategies.tracker`). The first P sessions are *pilot* sessions: their final
+:mod:`edgefleet.algorithms.tracker`). The first P sessions are *pilot* sessions: their final
 models are stored and averaged into the *pilot model*. From then on, at every session start the
 server runs V auxiliary rounds from the pilot model with the new session's devices; the
 difference (result minus pilot model) is the session's *pseudo-gradient*, a fingerprint of the
@@ -38,8 +38,8 @@ wrapper strategy that runs sessions and auxiliary rounds lives elsewhere.
   (temperature 1, mean over the batch; the reference's ``F.kl_div(log_softmax(local),
   softmax(last), "batchmean")``). It keeps what the last session learnt while the new one
   trains, a continual-learning baseline. It needs a ClientApp that implements the term
-  (EdgeFleet's does, see :mod:`edgefleet.strategies.sessions` for what goes on the wire);
-  a ClientApp that ignores it trains as ``previous``.
+  (EdgeFleet's does, see :mod:`edgefleet.strategies.warmstart_initializer` for what goes on
+  the wire); a ClientApp that ignores it trains as ``previous``.
 
 Learning rates (the reference's experiments): within each session the client rate decays
 polynomially, lr_t = (lr - lr_min) (1 - t/T)^0.9 + lr_min over the session's T rounds
@@ -90,14 +90,6 @@ class WarmStartMode(StrEnum):
 WARMSTART_MODES: tuple[str, ...] = tuple(m.value for m in WarmStartMode)
 # The reference's decay exponent for every data set and algorithm (its README).
 LR_POWER = 0.9
-
-# On the wire (train messages; EdgeFleet's ClientApp reads them): the round's client learning
-# rate, and for mode "continuous" the KL weight, the session the teacher belongs to, and the
-# teacher itself (an ArrayRecord beside the model, sent once per device and session).
-CONFIG_LR = "lr"
-CONFIG_KL_LAMBDA = "kl-lambda"
-CONFIG_TEACHER_SESSION = "teacher-session"
-TEACHER_RECORD = "teacher"
 
 State = dict[str, np.ndarray]
 

@@ -4,7 +4,7 @@
 train reply in one way; ``cycle`` takes a different way every round. EdgeFleet's own
 ClientApp (``edgefleet.client.app:app``) never adds it: only tests and benchmarks do, with
 a ClientApp of their own (:func:`faulty_clientapp`, or the component
-``edgefleet.client.faults:faulty_app``). Which devices lie:
+``fleetharness.faults:faulty_app``). Which devices lie:
 
 - a node whose node config holds ``test-corrupt=KIND`` (a SuperNode's ``--node-config``);
 - else, in simulation (where a node's config holds only its partition), the partitions
@@ -68,7 +68,7 @@ KINDS: tuple[str, ...] = (
 )
 NODE_CONFIG_KEY = "test-corrupt"
 FAULTS_ENV = "EDGEFLEET_TEST_FAULTS"
-FAULTY_APP = "edgefleet.client.faults:faulty_app"  # the component string of faulty_app
+FAULTY_APP = "fleetharness.faults:faulty_app"  # the component string of faulty_app
 HUGE_BYTES = 64 * 2**20  # big enough to hurt a server that trusts sizes, small enough for gRPC
 
 

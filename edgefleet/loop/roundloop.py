@@ -4,11 +4,11 @@ Flower's ``Strategy.start`` runs a fixed number of rounds and offers no hook bet
 stopping rules, checkpoints and metrics rows would each have to copy it. Here the loop is
 written once. Per round it:
 
-0. runs the status phase when a component needs it (:mod:`edgefleet.strategies.status`):
+0. runs the status phase when a component needs it (:mod:`edgefleet.loop.status`):
    the one status query of the round, on the fleet's one slot clock, answers in the
    registry and the round context;
 1. asks the strategy for train messages and sends them with a bounded timeout;
-2. screens every reply (:mod:`edgefleet.strategies.screening`): on its own (well-formed,
+2. screens every reply (:mod:`edgefleet.loop.screening`): on its own (well-formed,
    finite, within the server's bounds, claiming a device id that is its node's), then
    against the round (update norm at most k x the median); a bad one is dropped with its
    reason in the row's ``rejected`` instead of reaching the strategy;
@@ -19,13 +19,13 @@ written once. Per round it:
 5. hands a :class:`RoundResult` to each callback in order; any callback may ask to stop (in
    the style of pfl-research's ``after_central_iteration``).
 
-The loop owns the run's :class:`~edgefleet.strategies.registry.DeviceRegistry` (which node
+The loop owns the run's :class:`~edgefleet.loop.registry.DeviceRegistry` (which node
 speaks for which device, and what each device did) and makes one
-:class:`~edgefleet.strategies.context.RoundContext` per round, current around every call it
+:class:`~edgefleet.loop.context.RoundContext` per round, current around every call it
 makes into the strategy and the callbacks for that round: wrappers keep what they learn in a
 round there. It is the only sender of messages: wrappers build them and declare what they
 need of the fleet (the status answers, the slot clock, the participant cap), which the loop
-fixes once before round 1 (:class:`~edgefleet.strategies.context.FleetFacts`).
+fixes once before round 1 (:class:`~edgefleet.loop.context.FleetFacts`).
 """
 
 from __future__ import annotations
@@ -45,22 +45,21 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from edgefleet.bounds import bound_reason
-from edgefleet.strategies.context import (
+from edgefleet.loop.context import (
     ClassAccuracy,
     RoundContext,
     ScreeningRow,
     in_round,
     round_or_none,
 )
-from edgefleet.strategies.hooks import hooks_of
-from edgefleet.strategies.registry import (
+from edgefleet.loop.hooks import hooks_of
+from edgefleet.loop.registry import (
     DeviceRegistry,
     EnergyState,
     parse_battery,
     parse_feasible,
 )
-from edgefleet.strategies.screening import (
-    ENERGY_SPENT,
+from edgefleet.loop.screening import (
     NORM_HISTORY_ROUNDS,
     RecordKeys,
     Screening,
@@ -74,17 +73,22 @@ from edgefleet.strategies.screening import (
     parse_device_id,
     reply_metrics,
 )
-from edgefleet.strategies.status import StatusPhase, bounded_reason, is_unreachable
-from edgefleet.strategies.timing import (
+from edgefleet.loop.status import StatusPhase, bounded_reason, is_unreachable
+from edgefleet.loop.timing import (
     Exchange,
     LinkEstimate,
     RoundWait,
     exchange,
     reported_compute,
 )
-from edgefleet.wire import BATTERY_LEVEL, DEVICE_ID, ENERGY_RECORD, FEASIBLE
-
-TRAIN_TIME = "train-time-s"  # the seconds a ClientApp says it trained (EdgeFleet's reports it)
+from edgefleet.wire import (
+    BATTERY_LEVEL,
+    DEVICE_ID,
+    ENERGY_RECORD,
+    ENERGY_SPENT,
+    FEASIBLE,
+    TRAIN_TIME,
+)
 
 
 @dataclass(frozen=True)
@@ -206,7 +210,7 @@ class RoundLoop:
     evaluation); ``evaluate_every`` = N runs it every N rounds and always on the last round
     (and on the model a stopped run ends with). ``evaluate_config`` goes to the strategy's
     ``configure_evaluate`` (federated evaluation, when its ``fraction_evaluate`` > 0).
-    ``screening`` bounds what one reply may do (:class:`~edgefleet.strategies.screening.
+    ``screening`` bounds what one reply may do (:class:`~edgefleet.loop.screening.
     Screening`; the defaults know nothing of the ClientApp). :meth:`state_dict` holds the
     run's device bindings and recent update norms, for a checkpoint.
     """
@@ -233,7 +237,7 @@ class RoundLoop:
         self.evaluate_every = evaluate_every
         self.evaluate_config = evaluate_config
         self.callbacks = list(callbacks)
-        # How long a round waits for each reply (:mod:`edgefleet.strategies.timing`); without
+        # How long a round waits for each reply (:mod:`edgefleet.loop.timing`); without
         # one, ``round_timeout`` for every reply.
         self.wait = wait or RoundWait(round_timeout=round_timeout)
         # Timing of nodes with no device record (a ClientApp that claims no device-id, as a

@@ -21,14 +21,14 @@ with ``delta_i`` = the device's model minus the model it was sent (its base). Fe
 normalisation is ``1/K`` with every ``n_i`` equal (its clients all run the same number of
 local steps): :func:`fedbuff_step` with equal weights is exactly that, and it is what
 EdgeFleet's loop computes with an inner strategy that weights replies equally
-(:class:`~edgefleet.strategies.fedsag.EqualWeightFedAvg`). With Flower's ``FedAvg`` inside,
+(:class:`~edgefleet.strategies.equalweight.EqualWeightFedAvg`). With Flower's ``FedAvg`` inside,
 ``n_i`` is each reply's ``num-examples``, the FedAvg-family generalisation: a device with
 less data moves the model less, as in a synchronous round. The staleness weight multiplies
 the update and is deliberately *not* renormalised (dividing by ``sum n_i w_i`` would undo
 the discount when every update in a buffer is equally stale).
 
 Nothing here imports Flower: the loop that feeds these functions is
-:mod:`edgefleet.strategies.asyncloop`.
+:mod:`edgefleet.loop.asyncloop`.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def staleness_weight(kind: str, s: int, a: float = 0.5, b: int = 4) -> float:
 
 @dataclass(frozen=True)
 class AsyncSettings:
-    """How the asynchronous loop runs (module docstring of :mod:`edgefleet.strategies.
+    """How the asynchronous loop runs (module docstring of :mod:`edgefleet.loop.
     asyncloop`): ``concurrency`` devices training at once, a new model every ``buffer_size``
     accepted updates, each weighted by ``staleness`` (with ``a``, and ``b`` for hinge), the
     server learning rate ``server_lr``, and updates more than ``max_staleness`` versions old

@@ -12,7 +12,8 @@ check.
 EdgeFleet's wrappers and stateful aggregators (``FedSAG``) subclass it; :func:`hooks_of`
 gives the default hooks for any other strategy, so the loop calls them on any strategy
 without asking what it supports. (Finding one wrapper in a chain, ``base.find_wrapper``,
-is for EdgeFleet's ServerApp and a few refusals before round 1, not for the round's calls.)
+is for EdgeFleet's ServerApp, a few refusals before round 1, and one round call:
+reconstruction hands a robust rule inside it the submodels' masks.)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from edgefleet.strategies.screening import (
+from edgefleet.loop.screening import (
     RecordKeys,
     check_train_reply,
     reply_arrays,
@@ -31,8 +32,8 @@ from edgefleet.strategies.screening import (
 )
 
 if TYPE_CHECKING:
-    from edgefleet.strategies.loop import RoundCallback
-    from edgefleet.strategies.status import Ask, Declaration
+    from edgefleet.loop.roundloop import RoundCallback
+    from edgefleet.loop.status import Ask, Declaration
 
 
 class StrategyHooks:
@@ -48,7 +49,7 @@ class StrategyHooks:
 
     def declarations(self) -> list[Declaration]:
         """What this strategy (and every one inside it) declares of the fleet and needs of
-        the loop's status phase (:mod:`edgefleet.strategies.status`)."""
+        the loop's status phase (:mod:`edgefleet.loop.status`)."""
         return []
 
     def plan_status(

@@ -5,14 +5,14 @@ whether each online node's device is present: it declares so, and the round loop
 phase asks every online node once (a light ``query`` message on the fleet's slot clock; in
 simulation presence follows the scenario's schedule on the client, in deployment a departed
 device is simply offline). The wrapper feeds the present set to a
-:class:`~edgefleet.strategies.tracker.SessionTracker` and hands the inner strategy the
+:class:`~edgefleet.algorithms.tracker.SessionTracker` and hands the inner strategy the
 present nodes only; energy-aware selection inside reads the same answers from the round
 context instead of asking again. That costs one message per online node per round (counted
 in the row's ``presence_queries``). A node that answers with an error is unknown this
 round, not departed: its device stays in the session, and gets no train message. When a
 new session opens it
 stores the finished session's final model and builds the new session's initial model as
-``warmstart.mode`` says (see :mod:`edgefleet.strategies.warmstart`):
+``warmstart.mode`` says (see :mod:`edgefleet.algorithms.warmstart`):
 
 - ``pilot``: sessions 1..P run on from the previous model; their final models average into
   the pilot model. From session P+1 on, V auxiliary rounds of the inner strategy run from
@@ -53,16 +53,8 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.arrays import State, to_numpy, to_record
-from edgefleet.strategies.base import LoopStrategy, SubsetGrid
-from edgefleet.strategies.context import ScreeningRow, SessionRow, current_round
-from edgefleet.strategies.loop import RoundCallback, RoundResult
-from edgefleet.strategies.lrschedule import SessionLearningRate
-from edgefleet.strategies.registry import DeviceStatus
-from edgefleet.strategies.status import Ask, Declaration
-from edgefleet.strategies.teacher import ContinuousTeacher
-from edgefleet.strategies.tracker import SessionTracker
-from edgefleet.strategies.warmstart import (
+from edgefleet.algorithms.tracker import SessionTracker
+from edgefleet.algorithms.warmstart import (
     WARMSTART_MODES,
     SessionStore,
     StoredSession,
@@ -73,6 +65,14 @@ from edgefleet.strategies.warmstart import (
     pseudo_gradient,
     warm_start_model,
 )
+from edgefleet.arrays import State, to_numpy, to_record
+from edgefleet.loop.base import LoopStrategy, SubsetGrid
+from edgefleet.loop.context import ScreeningRow, SessionRow, current_round
+from edgefleet.loop.registry import DeviceStatus
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
+from edgefleet.loop.status import Ask, Declaration
+from edgefleet.strategies.lrschedule import SessionLearningRate
+from edgefleet.strategies.teacher import ContinuousTeacher
 
 
 class Phase(StrEnum):

@@ -5,10 +5,10 @@ Flower's ``Strategy`` calls (``configure_train``, ``aggregate_train``, ...) carr
 between them, so a wrapper that learns something in ``configure_train`` (whom it selected,
 the model it sent) and needs it in ``aggregate_train`` or in its after-round callback would
 have to keep it on itself, where a second run on the same object (or a change in another
-wrapper) silently overwrites it. Instead :class:`~edgefleet.strategies.loop.RoundLoop` makes
+wrapper) silently overwrites it. Instead :class:`~edgefleet.loop.roundloop.RoundLoop` makes
 one :class:`RoundContext` per round and makes it current (:func:`current_round`) around
 every call it makes into the strategy for that round; the round's
-:class:`~edgefleet.strategies.loop.RoundResult` carries it to the callbacks.
+:class:`~edgefleet.loop.roundloop.RoundResult` carries it to the callbacks.
 
 A wrapper keeps what it learns in the context:
 
@@ -16,13 +16,13 @@ A wrapper keeps what it learns in the context:
   round's ``metrics.jsonl`` columns, under the names they have always had;
 - its private per-round objects (:meth:`RoundContext.own`), which never reach the row;
 - the round's status answers (:attr:`RoundContext.status`), asked once by the loop's status
-  phase (:mod:`edgefleet.strategies.status`) and read by every wrapper;
+  phase (:mod:`edgefleet.loop.status`) and read by every wrapper;
 - the fleet's facts (:class:`FleetFacts`: the energy slot clock, the participant cap),
   declared once per run by the components and fixed by the loop before round 1.
 
 What lasts longer than a round (ages, memories, the session tracker) is the wrapper's run
 state, kept on it and checkpointed with ``state_dict``; which device is which lives in the
-run's :class:`~edgefleet.strategies.registry.DeviceRegistry`, reachable as
+run's :class:`~edgefleet.loop.registry.DeviceRegistry`, reachable as
 ``context.registry``.
 """
 
@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 
 from flwr.app import ArrayRecord
 
-from edgefleet.strategies.registry import DeviceRegistry, DeviceStatus
+from edgefleet.loop.registry import DeviceRegistry, DeviceStatus
 
 S = TypeVar("S")
 T = TypeVar("T")
@@ -166,7 +166,7 @@ class ValidationRow:
 @dataclass(frozen=True)
 class FleetFacts:
     """What belongs to the fleet, not to a wrapper: one per run, made by the loop from every
-    component's declaration (:class:`~edgefleet.strategies.status.Declaration`), so that two
+    component's declaration (:class:`~edgefleet.loop.status.Declaration`), so that two
     wrappers can never run two clocks.
 
     ``slots_per_round``: the energy slot clock; round r's status queries and train messages
@@ -259,7 +259,7 @@ _CURRENT: ContextVar[RoundContext | None] = ContextVar("edgefleet_round", defaul
 
 def current_round() -> RoundContext:
     """The context of the round being run. EdgeFleet's wrappers need one: they run inside
-    :class:`~edgefleet.strategies.loop.RoundLoop` (``strategy.start(...)`` runs it)."""
+    :class:`~edgefleet.loop.roundloop.RoundLoop` (``strategy.start(...)`` runs it)."""
     ctx = _CURRENT.get()
     if ctx is None:
         raise RuntimeError(

@@ -16,7 +16,7 @@ enrichments, never requirements.
 Device identity (:func:`reply_device`): the reply's ``device-id`` metric when present (an
 EdgeFleet ClientApp or a SuperNode started with ``--node-config device-id=N``), else
 ``node-<Flower node id>``, which is stable for a SuperNode's life. A claimed id is bound to
-the node that first claims it (:class:`~edgefleet.strategies.registry.DeviceRegistry`), and
+the node that first claims it (:class:`~edgefleet.loop.registry.DeviceRegistry`), and
 inside the round loop a reply speaks for the device bound to its node.
 
 Bounds (:class:`Screening`): a well-formed reply can still be absurd. What one device can
@@ -80,12 +80,11 @@ from edgefleet.bounds import (
     preview,
     truncate,
 )
+from edgefleet.loop.context import round_or_none
+from edgefleet.loop.registry import BindingMode
 from edgefleet.pruning.wire import KEPT  # NumPy only: CA-HFP's kept-channels record
-from edgefleet.strategies.registry import BindingMode
-from edgefleet.wire import DEVICE_ID
+from edgefleet.wire import DEVICE_ID, ENERGY_SPENT, NUM_EXAMPLES
 
-ENERGY_SPENT = "energy-spent"
-NUM_EXAMPLES = "num-examples"
 # The largest weight without a known bound: every integer up to it is exact in a float64,
 # and a sum of thousands of them cannot overflow.
 MAX_WEIGHT = 2.0**53
@@ -123,7 +122,7 @@ class RecordKeys:
 
     arrays: str = "arrays"
     config: str = "config"
-    weight: str = "num-examples"
+    weight: str = NUM_EXAMPLES
 
     @classmethod
     def of(cls, strategy: Strategy) -> RecordKeys:
@@ -179,8 +178,6 @@ def reply_device(msg: Message) -> str:
     robust rules' rows and the loop's own rows name one device one way. A malformed
     ``device-id`` falls back to the node; :func:`check_train_reply` rejects such a train
     reply anyway."""
-    from edgefleet.strategies.context import round_or_none  # context imports this module's peers
-
     metrics = first_metrics(msg)
     claimed = None if metrics is None else parse_device_id(metrics.get(DEVICE_ID))
     ctx = round_or_none()

@@ -15,7 +15,7 @@ its stable device id (kept in the run's device registry), which orders it from t
 when a device reconnects under a new node id, the registry retires the old id and it is
 never asked again. The wrapper sends none of these queries itself: it plans them
 (``plan_status``) and the round loop's status phase sends them
-(:mod:`edgefleet.strategies.status`), on the fleet's one slot clock, which this wrapper
+(:mod:`edgefleet.loop.status`), on the fleet's one slot clock, which this wrapper
 declares (``slots_per_round``), as it declares the round's participant cap (M); a node
 already asked this round (every node, under sessions) is not asked again. Wrapped around
 FedAvg this is EH-FedAvg, around :class:`~edgefleet.strategies.fedsag.FedSAG` it is
@@ -43,18 +43,18 @@ from flwr.common import log
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from edgefleet.strategies.base import LoopStrategy, SubsetGrid
-from edgefleet.strategies.context import ScreeningRow, SelectionRow, current_round
-from edgefleet.strategies.loop import RoundCallback, RoundResult
-from edgefleet.strategies.registry import DeviceStatus, EnergyState
-from edgefleet.strategies.selection import (
+from edgefleet.algorithms.selection import (
     SELECTION_ORDERS,
     AgeTracker,
     SelectionError,
     query_order,
     select_in_batches,
 )
-from edgefleet.strategies.status import Ask, Declaration
+from edgefleet.loop.base import LoopStrategy, SubsetGrid
+from edgefleet.loop.context import ScreeningRow, SelectionRow, current_round
+from edgefleet.loop.registry import DeviceStatus, EnergyState
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
+from edgefleet.loop.status import Ask, Declaration
 
 # With status reuse, a device is still asked when its last status answer is this many rounds
 # old, so that its telemetry and presence in the fleet view stay recent.

@@ -57,19 +57,10 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.bounds import describe
-from edgefleet.pruning.names import RECONSTRUCTIONS
-from edgefleet.pruning.reconstruct import compact_slice, elementwise_average, scatter
-from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
-from edgefleet.strategies.base import LoopStrategy, find_wrapper
-from edgefleet.strategies.context import PruningRow, current_round
-from edgefleet.strategies.loop import RoundCallback, RoundResult
-from edgefleet.strategies.robust import (
-    RobustAggregation,
-    alternative_rule,
-    flower_robust_inner,
-    offer_masks,
-)
-from edgefleet.strategies.screening import (
+from edgefleet.loop.base import LoopStrategy, find_wrapper
+from edgefleet.loop.context import PruningRow, current_round
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
+from edgefleet.loop.screening import (
     RecordKeys,
     check_arrays,
     check_metrics,
@@ -78,6 +69,16 @@ from edgefleet.strategies.screening import (
     reply_metrics,
     update_norm,
 )
+from edgefleet.pruning.names import RECONSTRUCTIONS
+from edgefleet.pruning.reconstruct import compact_slice, elementwise_average, scatter
+from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
+from edgefleet.strategies.robust import (
+    RobustAggregation,
+    alternative_rule,
+    flower_robust_inner,
+    offer_masks,
+)
+from edgefleet.wire import KEPT_FRACTION
 
 if TYPE_CHECKING:  # importing the plan imports torch and Torch-Pruning
     from edgefleet.pruning.submodel import PruningPlan
@@ -241,7 +242,7 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             )
             for m in replies
         ]
-        fractions = [_metric(m, "kept-fraction", 1.0) for m, _ in parts]
+        fractions = [_metric(m, KEPT_FRACTION, 1.0) for m, _ in parts]
         # The fleet view's resource class is measured from the reply's kept channels (they
         # passed screening), not the `kept-fraction` the device claims: a device can lie.
         registry = current_round().registry
