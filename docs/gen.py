@@ -3,12 +3,13 @@
     python docs/gen.py            # rewrite them
     python docs/gen.py --check    # exit 1, naming the stale pages, if any differs
 
-Generated: the run-config key table (from ``edgefleet/config.py``), the CLI reference (from the
-parsers in ``edgefleet/cli.py``), the claims table (``benchmarks/claims.py``) and the index of
-every results file under ``benchmarks/results/`` with the command, commit and wall time that
-made it. ``tests/test_docs.py`` keeps the committed pages equal to a fresh generation, so a new
-key, option or results file shows up here or fails the suite. A script, not a MkDocs plugin:
-the pages are committed, so they read the same on GitHub as on the built site.
+Generated: the run-config key table (from the config sections ``edgefleet/config.py``
+composes), the CLI reference (from the parsers in ``edgefleet/cli.py``), the claims table
+(``benchmarks/claims.py``) and the index of every results file under ``benchmarks/results/``
+with the command, commit and wall time that made it. ``tests/test_docs.py`` keeps the
+committed pages equal to a fresh generation, so a new key, option or results file shows up
+here or fails the suite. A script, not a MkDocs plugin: the pages are committed, so they read
+the same on GitHub as on the built site.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def run_config_page() -> str:
 
     return (
         NOTICE + "# Run-config keys\n\n"
-        "Every key is declared once in `edgefleet/config.py` (default, check, help);\n"
+        "Every key is declared once, in the config section beside the component that uses it\n"
+        "(default, check, help; `edgefleet/config.py` composes the sections);\n"
         "`pyproject.toml` (`[tool.flwr.app.config]`) and this table say the same (tests check\n"
         "both). A bad value stops the run before any work with a message naming the key, the\n"
         "value and the valid choices. A scenario file (`scenarios/*.toml`) sets them under\n"

@@ -131,14 +131,14 @@ def build_strategy(
         # energy-age selection around it declares (none without one: the seed's 1/|S|), as
         # FedSAG does in any app.
         strategy = FedSAG(
-            server_lr=srv.server_lr,
-            init=srv.saga_init,
-            estimator=srv.saga_estimator,
-            mean_over=srv.saga_memory_mean,
-            correction=srv.saga_correction,
+            server_lr=cfg.saga.server_lr,
+            init=cfg.saga.init,
+            estimator=cfg.saga.estimator,
+            mean_over=cfg.saga.memory_mean,
+            correction=cfg.saga.correction,
             robust=cfg.robust.rule,
             robust_params=cfg.robust.params(),
-            max_age=srv.saga_max_age,
+            max_age=cfg.saga.max_age,
             **common,
         )
     elif cfg.server.strategy in BASELINES:

@@ -23,10 +23,10 @@ def build_baseline(cfg: RunConfig, common: Mapping[str, Any]) -> Strategy:
     if name in ("mifa", "fedvarp"):
         cls = MIFA if name == "mifa" else FedVARP
         return cls(
-            server_lr=srv.server_lr,
+            server_lr=cfg.saga.server_lr,
             robust=cfg.robust.rule,
             robust_params=cfg.robust.params(),
-            max_age=srv.saga_max_age,
+            max_age=cfg.saga.max_age,
             **common,
         )
     if name == "scaffold":
@@ -35,7 +35,7 @@ def build_baseline(cfg: RunConfig, common: Mapping[str, Any]) -> Strategy:
             local_steps=t.local_steps,
             lr=t.lr,
             momentum=t.momentum,
-            server_lr=srv.server_lr,
+            server_lr=cfg.saga.server_lr,
             **common,
         )
     raise ValueError(f"strategy {name!r} is not a baseline; valid: {', '.join(BASELINES)}")

@@ -50,12 +50,14 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
 
 from edgefleet.arrays import to_numpy, to_record
+from edgefleet.settings import at_least, choice, positive, setting
 from edgefleet.strategies.context import RobustRow, current_round
 from edgefleet.strategies.hooks import StrategyHooks
 from edgefleet.strategies.robust import robust_aggregate, rule_spec
 from edgefleet.strategies.saga import (
     SAGA_CORRECTIONS,
     SAGA_ESTIMATORS,
+    SAGA_INITS,
     SAGA_MEANS,
     SagaError,
     SagaMemory,
@@ -63,6 +65,45 @@ from edgefleet.strategies.saga import (
     unflatten,
 )
 from edgefleet.strategies.screening import reply_arrays, reply_device
+
+
+@dataclass(frozen=True)
+class SagaConfig:
+    """``server-lr`` and ``saga.*``: FedSAG's server step and memory (also the server step of
+    MIFA, FedVARP and SCAFFOLD, which fix the rest)."""
+
+    server_lr: float = setting("server-lr", 1.0, positive, "FedSAG's server step")
+    init: str = setting(
+        "saga.init", "zeros", choice(SAGA_INITS), "FedSAG's memory start: `zeros`, `first-update`"
+    )
+    estimator: str = setting(
+        "saga.estimator",
+        "saga",
+        choice(SAGA_ESTIMATORS),
+        "FedSAG's direction: `saga` (memory mean + the participants' corrections) or `sag` "
+        "(memory mean after the participants' memories are replaced)",
+    )
+    memory_mean: str = setting(
+        "saga.memory-mean",
+        "fleet",
+        choice(SAGA_MEANS),
+        "what FedSAG's memory mean divides by: `fleet` (all registered devices, one that never "
+        "uploaded counting as zero) or `stored` (the devices that have a memory)",
+    )
+    correction: str = setting(
+        "saga.correction",
+        "channels",
+        choice(SAGA_CORRECTIONS),
+        "weight of each participant's correction: `channels` (1/max(participants, M)) or "
+        "`participants` (1/participants)",
+    )
+    max_age: int = setting(
+        "saga.max-age",
+        0,
+        at_least(0),
+        "FedSAG: a memory stored more than this many rounds ago expires from the memory mean "
+        "(the device counts as zero until it uploads again; 0 = never)",
+    )
 
 
 class FedSAG(StrategyHooks, FedAvg):

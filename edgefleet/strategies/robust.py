@@ -50,6 +50,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from edgefleet.arrays import to_numpy, to_record
+from edgefleet.settings import at_least, choice, setting
 from edgefleet.strategies.base import LoopStrategy
 from edgefleet.strategies.context import RobustRow, current_round, round_or_none
 from edgefleet.strategies.saga import flatten, unflatten
@@ -75,6 +76,41 @@ RULE_PARAMS: dict[RobustRule, tuple[str, ...]] = {
     RobustRule.MULTIKRUM: ("f", "m"),
     RobustRule.CENTERED_CLIP: ("tau", "iterations"),
 }
+
+
+def _trim(v: float) -> str | None:
+    return None if 0.0 <= v < 0.5 else "must be in [0, 0.5)"
+
+
+@dataclass(frozen=True)
+class RobustConfig:
+    """``robust.*``: a robust rule instead of the weighted mean (README "Attackers and
+    defences"; :mod:`edgefleet.strategies.robust`)."""
+
+    rule: str = setting(
+        "robust.rule",
+        "off",
+        choice(ROBUST_RULES),
+        "`off`, `median`, `trimmed-mean`, `multikrum`, `centered-clip`: in place of the "
+        "weighted mean (fedavg, fedprox; under CA-HFP over the devices that kept each "
+        "coordinate) or of FedSAG's memory and correction means",
+    )
+    beta: float = setting(
+        "robust.beta", 0.2, _trim, "`trimmed-mean`: share cut from each end per coordinate"
+    )
+    f: int = setting("robust.f", 1, at_least(0), "`multikrum`: attackers tolerated")
+    m: int = setting("robust.m", 0, at_least(0), "`multikrum`: replies averaged (0 = replies - f)")
+    tau: float = setting(
+        "robust.tau",
+        0.0,
+        at_least(0.0),
+        "`centered-clip`: clipping radius in update norm (0 = the median distance each iteration)",
+    )
+    iterations: int = setting("robust.iterations", 3, at_least(1), "`centered-clip`: iterations")
+
+    def params(self) -> dict[str, Any]:
+        """The parameters of the chosen rule, as RobustAggregation and FedSAG take them."""
+        return {p: getattr(self, p) for p in RULE_PARAMS[RobustRule(self.rule)]}
 
 
 @dataclass(frozen=True)

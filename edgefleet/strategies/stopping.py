@@ -41,6 +41,7 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.errors import SettingError
+from edgefleet.settings import at_least, choice, open_fraction, setting
 from edgefleet.strategies.base import LoopStrategy
 from edgefleet.strategies.context import StoppingRow, ValidationRow
 from edgefleet.strategies.loop import RoundCallback, RoundResult
@@ -286,6 +287,85 @@ class ValidationRule(StrEnum):
 
 
 VALIDATION_RULES: tuple[str, ...] = tuple(m.value for m in ValidationRule)
+
+
+class StoppingMode(StrEnum):
+    """When training stops (``stopping.mode``); ``observe`` records both rules' signals every
+    round and never stops (for benchmarks)."""
+
+    OFF = "off"
+    DATA_FREE = "data-free"
+    VALIDATION = "validation"
+    OBSERVE = "observe"
+
+
+STOPPING_MODES: tuple[str, ...] = tuple(m.value for m in StoppingMode)
+
+
+class ValidationSplit(StrEnum):
+    """Where the validation rule's data comes from (``stopping.validation-split``)."""
+
+    OFFICIAL = "official"
+    TEST = "test"
+
+
+VALIDATION_SPLITS: tuple[str, ...] = tuple(m.value for m in ValidationSplit)
+
+
+@dataclass(frozen=True)
+class StoppingConfig:
+    """``stopping.*``: data-free early stopping (or the validation baseline)."""
+
+    mode: str = setting(
+        "stopping.mode",
+        "off",
+        choice(STOPPING_MODES),
+        "`off`, `data-free`, `validation` (baseline, needs server data), `observe` (record "
+        "both, never stop)",
+    )
+    tau: float = setting("stopping.tau", 0.005, at_least(0.0), "growth threshold")
+    patience: int = setting("stopping.patience", 10, at_least(1), "rounds in a row below it")
+    norm: str = setting(
+        "stopping.norm",
+        "l2",
+        choice(NORMS),
+        "`l2` or `squared` (then use tau' = (1+tau)^2 - 1, about 2 tau)",
+    )
+    form: str = setting(
+        "stopping.form",
+        "reference",
+        choice(FORMS),
+        "`reference` (the reference code's rule: patience counts rounds in a row, on "
+        "`stopping.norm`) or `seed` (the seed's: squared norm, a counter never reset)",
+    )
+    validation_rule: str = setting(
+        "stopping.validation-rule",
+        "reference",
+        choice(VALIDATION_RULES),
+        "the validation baseline's rule: `reference` (the paper's: patience on validation "
+        "loss and accuracy improving by more than `stopping.validation-min-delta`, ends with "
+        "the stop round's model) or `best` (patience after the best accuracy, keeps that model)",
+    )
+    validation_min_delta: float = setting(
+        "stopping.validation-min-delta",
+        0.005,
+        at_least(0.0),
+        "the `reference` rule's minimum improvement of validation loss or accuracy",
+    )
+    validation_split: str = setting(
+        "stopping.validation-split",
+        "official",
+        choice(VALIDATION_SPLITS),
+        "the baselines' validation data: `official` (the data set's own validation split where "
+        "it has one, PneumoniaMNIST; else as `test`) or `test` (a held-out share of the "
+        "central test set, `stopping.validation-fraction`)",
+    )
+    validation_fraction: float = setting(
+        "stopping.validation-fraction",
+        0.5,
+        open_fraction,
+        "share of the central test set held out for `validation`/`observe`",
+    )
 
 
 @dataclass

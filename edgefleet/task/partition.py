@@ -21,6 +21,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 from importlib import metadata
@@ -29,8 +30,16 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
+from edgefleet.settings import (
+    anything,
+    at_least,
+    choice,
+    half_open_fraction,
+    positive,
+    setting,
+)
 from edgefleet.task.cache import CachedFile, cache_dir, key_digest, load_or_build
-from edgefleet.task.datasets import ArrayDataset, check_choice
+from edgefleet.task.datasets import DATASETS, ArrayDataset, check_choice
 
 if TYPE_CHECKING:
     from flwr_datasets.partitioner import Partitioner
@@ -47,6 +56,33 @@ class Partition(StrEnum):
 
 
 PARTITIONS: tuple[str, ...] = tuple(m.value for m in Partition)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = setting(
+        "dataset", "mnist-5k", choice(DATASETS), " ".join(f"`{d}`" for d in DATASETS)
+    )
+    data_dir: str = setting(
+        "data-dir", "", anything, "where local copies are looked for (see Data)"
+    )
+    partition: str = setting(
+        "partition",
+        "dirichlet",
+        choice(PARTITIONS),
+        "`iid`, `dirichlet` (with `alpha`), `shards` (with `shards-per-device`)",
+    )
+    alpha: float = setting("alpha", 0.5, positive, "Dirichlet concentration (small = skewed)")
+    shards_per_device: int = setting(
+        "shards-per-device", 2, at_least(1), "label shards per device for `shards`"
+    )
+    local_test_fraction: float = setting(
+        "local-test-fraction",
+        0.2,
+        half_open_fraction,
+        "share of each device's data kept for local evaluation",
+    )
+
 
 PARTITION_CACHE_FOLDER = "partitions"
 _FORMAT = 1
