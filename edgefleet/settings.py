@@ -292,6 +292,27 @@ def parse_section(cls: type[S], raw: Mapping[str, Any]) -> S:
     return build(cls, checked_values(specs, raw))
 
 
+def checked(
+    cfg: S,
+    name: str | None = None,
+    value: Any = None,
+    allowed: Iterable[str] = (),
+    who: str = "",
+) -> S:
+    """``cfg`` (a section, perhaps made by hand rather than parsed) when every key's value
+    passes its check, else :class:`ConfigError` naming key, value and what is valid. With
+    ``name``: also that key's ``value`` is one of ``allowed``, the values under which
+    component ``who`` is built (a component's ``from_config`` calls this)."""
+    checked_values(keys_of(type(cfg)), flat(cfg))
+    allowed = tuple(allowed)
+    if name is not None and value not in allowed:
+        raise ConfigError(
+            f"run config '{name}' = {shown(value)}: {who or 'this component'} is built with "
+            f"{name} one of {', '.join(allowed)}"
+        )
+    return cfg
+
+
 def flat(cfg: Any) -> dict[str, Any]:
     """A section or composed config back in run-config key names (lists comma-joined, as
     they are written), sorted: parsing it again gives an equal config."""

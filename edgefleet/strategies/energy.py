@@ -47,6 +47,7 @@ from flwr.serverapp.strategy import Strategy
 from edgefleet.client.battery import SOURCES
 from edgefleet.settings import (
     at_least,
+    checked,
     choice,
     float_list,
     floats,
@@ -222,6 +223,32 @@ class _Plan:
 
 
 class EnergyAgeSelection(LoopStrategy, RoundCallback):
+    @classmethod
+    def from_config(
+        cls,
+        inner: Strategy,
+        cfg: EnergyConfig,
+        *,
+        seed: int = 0,
+        query_timeout: float = 60.0,
+        first_answer_timeout: float | None = None,
+    ) -> EnergyAgeSelection:
+        """Energy-age selection as ``selection.*`` and ``energy.train-slots`` set it."""
+        checked(cfg, "selection.mode", cfg.selection, (SelectionMode.ENERGY_AGE,), cls.__name__)
+        return cls(
+            inner,
+            max_devices=cfg.max_devices,
+            slots_per_round=cfg.slots_per_round,
+            batch_size=cfg.batch_size,
+            seed=seed,
+            query_timeout=query_timeout,
+            first_answer_timeout=first_answer_timeout,
+            order=cfg.order,
+            deadline=cfg.deadline,
+            deadline_retry=cfg.deadline_retry,
+            status_max_age=cfg.status_max_age,
+        )
+
     def __init__(
         self,
         inner: Strategy,

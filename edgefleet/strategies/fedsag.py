@@ -50,10 +50,10 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords, aggregate_metricrecords
 
 from edgefleet.arrays import to_numpy, to_record
-from edgefleet.settings import at_least, choice, positive, setting
+from edgefleet.settings import at_least, checked, choice, positive, setting
 from edgefleet.strategies.context import RobustRow, current_round
 from edgefleet.strategies.hooks import StrategyHooks
-from edgefleet.strategies.robust import robust_aggregate, rule_spec
+from edgefleet.strategies.robust import RobustConfig, robust_aggregate, rule_spec
 from edgefleet.strategies.saga import (
     SAGA_CORRECTIONS,
     SAGA_ESTIMATORS,
@@ -110,6 +110,29 @@ class FedSAG(StrategyHooks, FedAvg):
     """FedAvg's messages; SAGA-corrected aggregation. Devices are keyed by the
     ``device-id`` metric of their replies, so a node that reconnects keeps its memory; a
     reply without one (a standard Flower ClientApp) is keyed by its node id."""
+
+    # The SagaConfig fields a fixed form of FedSAG (MIFA, FedVARP) does not take.
+    FIXED_FORM: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, saga: SagaConfig, robust: RobustConfig, **fedavg_kwargs: Any) -> FedSAG:
+        """FedSAG (or a fixed form of it) as ``server-lr``, ``saga.*`` and ``robust.*`` set
+        it; ``fedavg_kwargs`` go to Flower's FedAvg."""
+        saga, robust = checked(saga), checked(robust)
+        form: dict[str, Any] = {
+            "init": saga.init,
+            "estimator": saga.estimator,
+            "mean_over": saga.memory_mean,
+            "correction": saga.correction,
+        }
+        return cls(
+            server_lr=saga.server_lr,
+            robust=robust.rule,
+            robust_params=robust.params(),
+            max_age=saga.max_age,
+            **{k: v for k, v in form.items() if k not in cls.FIXED_FORM},
+            **fedavg_kwargs,
+        )
 
     def __init__(
         self,

@@ -66,7 +66,16 @@ from edgefleet.pruning.names import (
 )
 from edgefleet.pruning.reconstruct import compact_slice, elementwise_average, scatter
 from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
-from edgefleet.settings import anything, at_least, choice, float_list, floats, fraction, setting
+from edgefleet.settings import (
+    anything,
+    at_least,
+    checked,
+    choice,
+    float_list,
+    floats,
+    fraction,
+    setting,
+)
 from edgefleet.strategies.base import LoopStrategy, find_wrapper
 from edgefleet.strategies.context import PruningRow, current_round
 from edgefleet.strategies.loop import RoundCallback, RoundResult
@@ -175,6 +184,16 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
     ``plan_factory`` builds the :class:`~edgefleet.pruning.submodel.PruningPlan` of the
     global model's architecture; it is called on first need only.
     """
+
+    @classmethod
+    def from_config(
+        cls, inner: Strategy, cfg: PruningConfig, plan_factory: Callable[[], PruningPlan]
+    ) -> SubmodelReconstruction:
+        """Reconstruction as ``pruning.*`` sets it (the keep ratios are the devices')."""
+        checked(cfg)
+        return cls(
+            inner, plan_factory, cfg.reconstruction, cfg.compact_download, cfg.refresh_rounds
+        )
 
     def __init__(
         self,

@@ -50,7 +50,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Strategy
 
 from edgefleet.arrays import to_numpy, to_record
-from edgefleet.settings import at_least, choice, setting
+from edgefleet.settings import at_least, checked, choice, setting
 from edgefleet.strategies.base import LoopStrategy
 from edgefleet.strategies.context import RobustRow, current_round, round_or_none
 from edgefleet.strategies.saga import flatten, unflatten
@@ -386,6 +386,18 @@ class RobustAggregation(LoopStrategy):
     FedSAG, give the rule to ``FedSAG(robust=...)``. ``params`` are the rule's
     (:data:`RULE_PARAMS`): ``beta``; ``f``, ``m``; ``tau``, ``iterations``.
     """
+
+    @classmethod
+    def from_config(cls, inner: Strategy, cfg: RobustConfig) -> RobustAggregation:
+        """The rule ``robust.*`` names, with its parameters."""
+        checked(
+            cfg,
+            "robust.rule",
+            cfg.rule,
+            tuple(r for r in RobustRule if r != RobustRule.OFF),
+            cls.__name__,
+        )
+        return cls(inner, cfg.rule, **cfg.params())
 
     def __init__(self, inner: Strategy, rule: str | RobustRule = "median", **params: Any) -> None:
         self.spec = rule_spec(rule, **params)

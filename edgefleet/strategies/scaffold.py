@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -55,11 +55,16 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.errors import SettingError
+from edgefleet.settings import checked
 from edgefleet.strategies.context import current_round
 from edgefleet.strategies.hooks import StrategyHooks
 from edgefleet.strategies.saga import flatten, unflatten
 from edgefleet.strategies.screening import reply_arrays, reply_device
 from edgefleet.strategies.warmstart import CONFIG_LR
+
+if TYPE_CHECKING:
+    from edgefleet.strategies.fedsag import SagaConfig
+    from edgefleet.task.names import TrainConfig
 
 SCAFFOLD_CORRECTION = "scaffold-correction"  # the ArrayRecord c - c_i in a train message
 SCAFFOLD_APPLIED = "scaffold-applied"  # the reply metric that says it was added to gradients
@@ -96,6 +101,13 @@ class Scaffold(StrategyHooks, FedAvg):
     """SCAFFOLD (Karimireddy et al., ICML 2020), option II, with the devices' control
     variates held on the server (module docstring). ``local_steps``, ``lr`` and
     ``momentum`` are those the ClientApp trains with."""
+
+    @classmethod
+    def from_config(cls, train: TrainConfig, saga: SagaConfig, **fedavg_kwargs: Any) -> Scaffold:
+        """SCAFFOLD with the devices' local SGD (``local-steps``, ``lr``, ``momentum``: its
+        control variates' step) and ``server-lr``."""
+        train, saga = checked(train), checked(saga)
+        return cls(train.local_steps, train.lr, train.momentum, saga.server_lr, **fedavg_kwargs)
 
     def __init__(
         self,

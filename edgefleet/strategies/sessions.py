@@ -57,6 +57,7 @@ from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.settings import (
     anything,
     at_least,
+    checked,
     choice,
     fraction,
     half_open_fraction,
@@ -213,6 +214,44 @@ class _Round:
 
 class WarmStartInitializer(LoopStrategy, RoundCallback):
     """Sessions over a changing device set, each started from a warm model."""
+
+    @classmethod
+    def from_config(
+        cls,
+        inner: Strategy,
+        warmstart: WarmStartConfig,
+        sessions: SessionsConfig,
+        *,
+        store: SessionStore | str | os.PathLike[str],
+        initial: ArrayRecord,
+        param_keys: list[str] | None = None,
+        lr: float | None = None,
+        lr_min_ratio: float = 1.0,
+        **fleet: Any,
+    ) -> WarmStartInitializer:
+        """Sessions as ``sessions.*`` and ``warmstart.*`` set them; ``lr`` and ``lr_min_ratio``
+        from the run's learning-rate schedule, ``fleet`` (``slots_per_round``,
+        ``query_timeout``, ``first_answer_timeout``) from the fleet's clock and waits."""
+        w, s = checked(warmstart), checked(sessions)
+        return cls(
+            inner,
+            store=store,
+            tracker=SessionTracker(s.change_threshold, s.rounds),
+            initial=initial,
+            param_keys=param_keys,
+            max_stored=w.max_stored,
+            mode=w.mode,
+            pilot_sessions=w.pilot_sessions,
+            aux_rounds=w.aux_rounds,
+            temperature=w.temperature,
+            lr=lr,
+            lr_min_ratio=lr_min_ratio,
+            aux_lr_scale=w.aux_lr_scale,
+            kl_lambda=w.kl_lambda,
+            reset_after_pilot=w.reset_after_pilot,
+            pilot_candidates=w.pilot_candidates,
+            **fleet,
+        )
 
     def __init__(
         self,

@@ -41,7 +41,7 @@ from flwr.serverapp.strategy import Strategy
 
 from edgefleet.arrays import to_numpy, to_record
 from edgefleet.errors import SettingError
-from edgefleet.settings import at_least, choice, open_fraction, setting
+from edgefleet.settings import at_least, checked, choice, open_fraction, setting
 from edgefleet.strategies.base import LoopStrategy
 from edgefleet.strategies.context import StoppingRow, ValidationRow
 from edgefleet.strategies.loop import RoundCallback, RoundResult
@@ -158,6 +158,22 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
     ``enforce=False`` it only records (``task_vector_norm``, ``task_vector_growth`` and
     ``plateau_count`` in each metrics row) and never stops the run.
     """
+
+    @classmethod
+    def from_config(
+        cls, inner: Strategy, cfg: StoppingConfig, keys: list[str] | None = None
+    ) -> TaskVectorStopping:
+        """The data-free rule as ``stopping.*`` sets it: it stops the run under ``data-free``
+        and only records its signal under ``observe``."""
+        checked(
+            cfg,
+            "stopping.mode",
+            cfg.mode,
+            (StoppingMode.DATA_FREE, StoppingMode.OBSERVE),
+            cls.__name__,
+        )
+        enforce = cfg.mode == StoppingMode.DATA_FREE
+        return cls(inner, cfg.tau, cfg.patience, cfg.norm, keys, enforce, cfg.form)
 
     def __init__(
         self,
@@ -441,6 +457,21 @@ class ValidationStopping(LoopStrategy, RoundCallback):
     should not have; EdgeFleet uses it to measure the data-free rule. Each row records
     ``validation_accuracy`` (and ``validation_loss``). With ``enforce=False`` it never stops.
     """
+
+    @classmethod
+    def from_config(cls, inner: Strategy, cfg: StoppingConfig, validate: Any) -> ValidationStopping:
+        """The validation baseline as ``stopping.*`` sets it: it stops the run under
+        ``validation`` and only records its signal under ``observe``."""
+        checked(
+            cfg,
+            "stopping.mode",
+            cfg.mode,
+            (StoppingMode.VALIDATION, StoppingMode.OBSERVE),
+            cls.__name__,
+        )
+        enforce = cfg.mode == StoppingMode.VALIDATION
+        rule, delta = cfg.validation_rule, cfg.validation_min_delta
+        return cls(inner, validate, cfg.patience, enforce, rule, delta)
 
     def __init__(
         self,
