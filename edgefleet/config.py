@@ -25,6 +25,7 @@ from typing import Any
 from edgefleet import settings
 from edgefleet.attacks.mods import ATTACK_CHOICES, AttackConfig
 from edgefleet.client.battery import SourceKind
+from edgefleet.pruning.names import Criterion, Reconstruction
 from edgefleet.settings import (
     TYPE_NAMES,
     ConfigError,
@@ -48,7 +49,7 @@ from edgefleet.strategies.asyncloop import AGGREGATION_MODES, AsyncConfig
 from edgefleet.strategies.energy import SELECTIONS, EnergyConfig, SelectionMode
 from edgefleet.strategies.fedsag import SagaConfig
 from edgefleet.strategies.pruning import PruningConfig
-from edgefleet.strategies.robust import RobustConfig
+from edgefleet.strategies.robust import RobustConfig, RobustRule
 from edgefleet.strategies.screening import ScreeningConfig
 from edgefleet.strategies.sessions import (
     SESSION_SCHEDULES,
@@ -368,19 +369,22 @@ def _check_together(cfg: RunConfig) -> None:
                 f"sessions.count x sessions.rounds = {s.count} x {s.rounds} = "
                 f"{s.count * s.rounds} with sessions.schedule = 'alternate'"
             )
-    if cfg.sessions_enabled and cfg.stopping.mode in ("validation", "observe"):
+    if cfg.sessions_enabled and cfg.stopping.mode in (
+        StoppingMode.VALIDATION,
+        StoppingMode.OBSERVE,
+    ):
         raise ConfigError(
             f"run config 'stopping.mode' = {cfg.stopping.mode!r}: the validation baseline "
             "cannot run within sessions; use 'data-free' or 'off'"
         )
     e = cfg.energy
-    if e.status_max_age and e.selection != "energy-age":
+    if e.status_max_age and e.selection != SelectionMode.ENERGY_AGE:
         raise ConfigError(
             f"run config 'selection.status-max-age' = {e.status_max_age!r} with selection.mode "
             f"= {e.selection!r}: it is energy-age selection's; set selection.mode = "
             "'energy-age' or selection.status-max-age = 0"
         )
-    if e.deadline and e.selection != "energy-age":
+    if e.deadline and e.selection != SelectionMode.ENERGY_AGE:
         raise ConfigError(
             f"run config 'selection.deadline' = {e.deadline!r} with selection.mode = "
             f"{e.selection!r}: the deadline is energy-age selection's; set selection.mode = "
@@ -397,13 +401,16 @@ def _check_together(cfg: RunConfig) -> None:
         )
     _check_baselines(cfg)
     p = cfg.pruning
-    if p.reconstruction == "elementwise" and cfg.server.strategy not in ("fedavg", "fedprox"):
+    if p.reconstruction == Reconstruction.ELEMENTWISE and cfg.server.strategy not in (
+        StrategyName.FEDAVG,
+        StrategyName.FEDPROX,
+    ):
         raise ConfigError(
             f"run config 'pruning.reconstruction' = 'elementwise' with strategy = "
             f"{cfg.server.strategy!r}: the per-entry average replaces a plain weighted mean; "
             "use strategy 'fedavg' or 'fedprox', or reconstruction 'global' or 'zeros'"
         )
-    if cfg.robust.rule != "off" and p.reconstruction == "elementwise":
+    if cfg.robust.rule != RobustRule.OFF and p.reconstruction == Reconstruction.ELEMENTWISE:
         raise ConfigError(
             f"run config 'robust.rule' = {cfg.robust.rule!r} with 'pruning.reconstruction' = "
             "'elementwise': the per-entry mean would replace the rule; use reconstruction "
@@ -421,7 +428,7 @@ def _check_together(cfg: RunConfig) -> None:
             "run config 'lr-schedule' = 'session-poly': needs sessions of a known length "
             "(sessions.rounds >= 1); use 'constant' or set sessions.rounds"
         )
-    if w.mode == "pilot" and s.rounds and w.aux_rounds >= s.rounds:
+    if w.mode == WarmStartMode.PILOT and s.rounds and w.aux_rounds >= s.rounds:
         raise ConfigError(
             f"run config 'warmstart.aux-rounds' = {w.aux_rounds}: must be below "
             f"sessions.rounds = {s.rounds}, or no round of a session is left to train"
@@ -443,19 +450,19 @@ def _check_baselines(cfg: RunConfig) -> None:
                 "choose it, or leave these keys at their defaults"
             )
     p = cfg.pruning
-    if p.criterion == "rolling" and p.compact_download:
+    if p.criterion == Criterion.ROLLING and p.compact_download:
         raise ConfigError(
             "run config 'pruning.criterion' = 'rolling' with pruning.compact-download = true: "
             "FedRolex's window moves every round, the compact download sends last round's "
             "slice; set pruning.compact-download = false"
         )
-    if p.criterion == "ordered-dropout":
+    if p.criterion == Criterion.ORDERED_DROPOUT:
         clash = []
         if p.compact_download:
             clash.append("pruning.compact-download = true (the device needs the full model)")
-        if strategy in ("fedprox", "scaffold"):
+        if strategy in (StrategyName.FEDPROX, StrategyName.SCAFFOLD):
             clash.append(f"strategy = {strategy!r} (its local term)")
-        if cfg.sessions_enabled and cfg.warmstart.mode == "continuous":
+        if cfg.sessions_enabled and cfg.warmstart.mode == WarmStartMode.CONTINUOUS:
             clash.append("warmstart.mode = 'continuous' (its distillation term)")
         if clash:
             raise ConfigError(
@@ -463,14 +470,14 @@ def _check_baselines(cfg: RunConfig) -> None:
                 + "; ".join(clash)
                 + ": FjORD's local steps are plain SGD steps on nested widths"
             )
-    if strategy == "scaffold":
+    if strategy == StrategyName.SCAFFOLD:
         if p.keep_ratio < 1 or any(r < 1 for r in p.keep_ratios):
             raise ConfigError(
                 "run config strategy = 'scaffold' with pruning.keep-ratio(s) below 1: "
                 "SCAFFOLD's correction is a full-size model and fits no pruned submodel; "
                 "use keep ratio 1 or another strategy"
             )
-        if cfg.robust.rule != "off":
+        if cfg.robust.rule != RobustRule.OFF:
             raise ConfigError(
                 f"run config 'robust.rule' = {cfg.robust.rule!r} with strategy = 'scaffold': "
                 "SCAFFOLD's step updates its control variates from the same mean the rule "
@@ -505,7 +512,7 @@ def _check_async(cfg: RunConfig) -> None:
             "'data-free' and 'off' work",
         ),
         "strategy = 'scaffold'": (
-            cfg.server.strategy == "scaffold",
+            cfg.server.strategy == StrategyName.SCAFFOLD,
             "SCAFFOLD's control variates are updated from one synchronous round's replies, "
             "all made from the same model; a stale reply's correction does not hold",
         ),

@@ -372,7 +372,7 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     accelerator = resolve_accelerator(cfg.train.accelerator)
     _, test_set, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     validation = test_set
-    if cfg.stopping.mode in ("validation", "observe"):
+    if cfg.stopping.mode in (StoppingMode.VALIDATION, StoppingMode.OBSERVE):
         official = None
         if cfg.stopping.validation_split == ValidationSplit.OFFICIAL:
             official = load_validation(cfg.data.dataset, cfg.data.data_dir)
