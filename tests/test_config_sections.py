@@ -4,8 +4,11 @@ declaration, from which parsing, checks, defaults and the reference table all fo
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from dataclasses import dataclass, fields
-from types import SimpleNamespace
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -29,6 +32,18 @@ from edgefleet.strategies.sessions import SessionsConfig, WarmStartConfig, WarmS
 from edgefleet.strategies.staleness import AsyncSettings
 from edgefleet.strategies.stopping import StoppingConfig, TaskVectorStopping, ValidationStopping
 from edgefleet.task.names import TrainConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _gen() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docs_gen", ROOT / "docs" / "gen.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["docs_gen"] = module
+    spec.loader.exec_module(module)
+    return module
+
 
 # -- a new key is one declaration ---------------------------------------------------------
 
@@ -66,6 +81,15 @@ def test_a_new_section_is_parsed_checked_defaulted_and_in_the_table_from_its_dec
     )
     assert settings.flat(cfg)["toy.knob"] == "high"
     assert settings.parse_section(ToyRun, settings.flat(cfg)) == cfg
+    # ... and in pyproject.toml's table, which Flower needs for --run-config overrides.
+    defaults = {name: spec.default for name, spec in settings.keys_of(ToyRun).items()}
+    assert _gen().pyproject_table(defaults).endswith('toy.knob = "low"\ntoy.gain = 2.0\n')
+
+
+def test_pyproject_table_is_the_generated_one() -> None:
+    assert (ROOT / "pyproject.toml").read_text() == _gen().pyproject_text(), (
+        "run `python docs/gen.py`"
+    )
 
 
 def test_a_key_declared_twice_is_refused() -> None:
