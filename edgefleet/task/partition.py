@@ -182,9 +182,9 @@ def _check_partition_args(
         )
     if num_partitions > n:
         raise ValueError(f"more devices than samples: num_partitions={num_partitions} > {n}")
-    if scheme == "dirichlet" and not (np.isfinite(alpha) and alpha > 0):
+    if scheme == Partition.DIRICHLET and not (np.isfinite(alpha) and alpha > 0):
         raise ValueError(f"alpha must be a finite number > 0, got {alpha}")
-    if scheme == "shards":
+    if scheme == Partition.SHARDS:
         if shards < 1:
             raise ValueError(f"shards_per_partition must be >= 1, got {shards}")
         if num_partitions * shards > n:
@@ -288,9 +288,9 @@ def _fit(
     order = np.random.default_rng(seed).permutation(len(labels))
     ds = Dataset.from_dict({"idx": order, "label": labels[order].astype(np.int64)})
     partitioner: Partitioner
-    if scheme == "dirichlet":
+    if scheme == Partition.DIRICHLET:
         return _fit_dirichlet(ds, num_partitions, alpha, seed)
-    if scheme == "iid":
+    if scheme == Partition.IID:
         partitioner = IidPartitioner(num_partitions=num_partitions)
     else:
         partitioner = ShardPartitioner(
