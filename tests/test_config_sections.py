@@ -17,7 +17,7 @@ from flwr.app import Array, ArrayRecord
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet import settings
-from edgefleet.config import KEYS, RunConfig, markdown_table, parse_run_config
+from edgefleet.config import KEYS, RunConfig, ServerConfig, markdown_table, parse_run_config
 from edgefleet.server.app import LAYERS, build_strategy
 from edgefleet.settings import ConfigError, choice, positive, section, setting
 from edgefleet.strategies.asyncloop import AsyncConfig
@@ -28,9 +28,11 @@ from edgefleet.strategies.mifa import MIFA
 from edgefleet.strategies.pruning import PruningConfig, SubmodelReconstruction
 from edgefleet.strategies.robust import RobustAggregation, RobustConfig
 from edgefleet.strategies.scaffold import Scaffold
+from edgefleet.strategies.screening import Screening, ScreeningConfig
 from edgefleet.strategies.sessions import SessionsConfig, WarmStartConfig, WarmStartInitializer
 from edgefleet.strategies.staleness import AsyncSettings
 from edgefleet.strategies.stopping import StoppingConfig, TaskVectorStopping, ValidationStopping
+from edgefleet.strategies.timing import RoundWait
 from edgefleet.task.names import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,6 +221,27 @@ CASES: list[tuple[str, type, dict[str, Any], Any, dict[str, Any]]] = [
         {"local-steps": 7, "lr": 0.2, "momentum": 0.0},
         lambda c: Scaffold.from_config(c, SagaConfig(server_lr=0.5)),
         {"local_steps": 7, "lr": 0.2, "momentum": 0.0, "server_lr": 0.5},
+    ),
+    (
+        "reply screening, max-examples 0: the app's own bound",
+        ScreeningConfig,
+        {"screening.norm-factor": 5.0, "screening.device-binding": "strict"},
+        lambda c: Screening.from_config(c, 640, max_energy=4.0),
+        {"max_examples": 640.0, "max_energy": 4.0, "norm_factor": 5.0, "device_binding": "strict"},
+    ),
+    (
+        "reply screening, max-examples set",
+        ScreeningConfig,
+        {"screening.max-examples": 10},
+        lambda c: Screening.from_config(c, 640),
+        {"max_examples": 10.0, "max_energy": None},
+    ),
+    (
+        "round waits",
+        ServerConfig,
+        {"timeout-mode": "expected", "timeout-slack": 2.0, "round-timeout": 30.0},
+        RoundWait.from_config,
+        {"mode": "expected", "slack": 2.0, "round_timeout": 30.0, "margin": 10.0},
     ),
     (
         "asynchronous loop",

@@ -237,27 +237,13 @@ def screening_for(cfg: RunConfig) -> Screening:
     charges one round's cost (``energy.train-slots`` + 1) for a reply. (The cost, not
     ``energy.capacity``: a SuperNode's ``--node-config capacity`` may be larger than the run
     config's, while the cost is the same for every device.)"""
-    s = cfg.screening
     t = cfg.train
-    return Screening(
-        max_examples=float(s.max_examples or t.local_steps * t.batch_size),
-        max_energy=cfg.energy.round_cost,
-        norm_factor=s.norm_factor,
-        norm_floor=s.norm_floor,
-        device_binding=s.device_binding,
-    )
+    return Screening.from_config(cfg.screening, t.local_steps * t.batch_size, cfg.energy.round_cost)
 
 
 def round_wait(cfg: RunConfig) -> RoundWait:
     """How long a round waits for each device (``timeout-mode`` and its keys)."""
-    s = cfg.server
-    return RoundWait(
-        round_timeout=s.round_timeout,
-        mode=s.timeout_mode,
-        first_round_timeout=s.first_round_timeout,
-        slack=s.timeout_slack,
-        margin=s.timeout_margin,
-    )
+    return RoundWait.from_config(cfg.server)
 
 
 def query_timeout(cfg: RunConfig) -> float:

@@ -81,7 +81,7 @@ from edgefleet.bounds import (
     truncate,
 )
 from edgefleet.pruning.wire import KEPT  # NumPy only: CA-HFP's kept-channels record
-from edgefleet.settings import at_least, choice, setting
+from edgefleet.settings import at_least, checked, choice, setting
 from edgefleet.strategies.registry import BindingMode
 from edgefleet.wire import DEVICE_ID
 
@@ -381,6 +381,21 @@ class Screening:
     norm_factor: float = NORM_FACTOR
     norm_floor: float = NORM_FLOOR
     device_binding: str = "reconnect"
+
+    @classmethod
+    def from_config(
+        cls, cfg: ScreeningConfig, default_max_examples: float, max_energy: float | None = None
+    ) -> Screening:
+        """The bounds ``screening.*`` sets; ``default_max_examples`` where
+        ``screening.max-examples`` is 0 (the most a device of the app sees in a round)."""
+        checked(cfg)
+        return cls(
+            max_examples=float(cfg.max_examples or default_max_examples),
+            max_energy=max_energy,
+            norm_factor=cfg.norm_factor,
+            norm_floor=cfg.norm_floor,
+            device_binding=cfg.device_binding,
+        )
 
     def __post_init__(self) -> None:
         for name in ("max_examples", "max_energy"):
