@@ -23,18 +23,16 @@ from enum import StrEnum
 from typing import Any
 
 from edgefleet import settings
-from edgefleet.attacks.mods import ATTACK_CHOICES, AttackConfig
+from edgefleet.attacks.mods import AttackConfig
 from edgefleet.client.battery import SourceKind
 from edgefleet.pruning.names import Criterion, Reconstruction
 from edgefleet.settings import (
-    TYPE_NAMES,
     ConfigError,
     KeySpec,
     Value,
     anything,
     at_least,
     choice,
-    close_names,
     fraction,
     key,
     names,
@@ -45,43 +43,32 @@ from edgefleet.settings import (
     unit_interval,
     unknown_keys_message,
 )
-from edgefleet.strategies.asyncloop import AGGREGATION_MODES, AsyncConfig
-from edgefleet.strategies.energy import SELECTIONS, EnergyConfig, SelectionMode
+from edgefleet.strategies.asyncloop import AsyncConfig
+from edgefleet.strategies.energy import EnergyConfig, SelectionMode
 from edgefleet.strategies.fedsag import SagaConfig
 from edgefleet.strategies.pruning import PruningConfig
 from edgefleet.strategies.robust import RobustConfig, RobustRule
 from edgefleet.strategies.screening import ScreeningConfig
 from edgefleet.strategies.sessions import (
-    SESSION_SCHEDULES,
     SessionSchedule,
     SessionsConfig,
     WarmStartConfig,
 )
 from edgefleet.strategies.stopping import (
-    STOPPING_MODES,
-    VALIDATION_SPLITS,
     StoppingConfig,
     StoppingMode,
     ValidationSplit,
 )
 from edgefleet.strategies.timing import WAIT_MODES
 from edgefleet.strategies.warmstart import WarmStartMode
-from edgefleet.task.names import LR_SCHEDULES, LrSchedule, TrainConfig
+from edgefleet.task.names import LrSchedule, TrainConfig
 from edgefleet.task.partition import DataConfig
 
 __all__ = [  # the sections and names other modules import from here
-    "AGGREGATION_MODES",
-    "ATTACK_CHOICES",
     "DEFAULTS",
     "KEYS",
-    "LR_SCHEDULES",
     "SAGA_FAMILY",
-    "SELECTIONS",
-    "SESSION_SCHEDULES",
-    "STOPPING_MODES",
     "STRATEGIES",
-    "TYPE_NAMES",
-    "VALIDATION_SPLITS",
     "AsyncConfig",
     "AttackConfig",
     "ConfigError",
@@ -106,7 +93,6 @@ __all__ = [  # the sections and names other modules import from here
     "Value",
     "WarmStartConfig",
     "attack_keys_set",
-    "close_names",
     "markdown_table",
     "parse_run_config",
     "shown",
