@@ -3,7 +3,7 @@ asynchronous (FedBuff) aggregation (issue 45, Benchmark, second bullet).
 
 The fleet: ``--devices`` devices on EdgeFleet's in-process engine (its grid, EdgeFleet's own
 ClientApp on every node, the ServerApp's strategy, screening, central evaluation and loops:
-:class:`~edgefleet.strategies.loop.RoundLoop` and :class:`~edgefleet.strategies.asyncloop.
+:class:`~edgefleet.loop.roundloop.RoundLoop` and :class:`~edgefleet.loop.asyncloop.
 AsyncLoop`), each device taking a long-tailed time to answer a train message:
 
     duration(device i, its k-th message) = compute_i * jitter_ik + link_i
@@ -62,6 +62,7 @@ import numpy as np
 from _provenance import stamp
 from flwr.app import ConfigRecord, Message
 
+from edgefleet.loop.roundloop import RoundCallback, RoundResult
 from edgefleet.simulation.inprocess import (
     ClientAppNode,
     InProcessGrid,
@@ -71,7 +72,6 @@ from edgefleet.simulation.inprocess import (
     node_contexts,
 )
 from edgefleet.simulation.virtualtime import VirtualTimeGrid, _id_order
-from edgefleet.strategies.loop import RoundCallback, RoundResult
 
 METHODS = ("sync", "deadline", "async")
 JITTER_TABLE = 512  # per-message jitter draws per device (cycled beyond)
@@ -199,15 +199,15 @@ def one_run(args: argparse.Namespace, seed: int, method: str, deadline: float) -
     import torch
 
     from edgefleet.config import parse_run_config
+    from edgefleet.loop.asyncloop import AsyncLoop
+    from edgefleet.loop.base import build_loop
+    from edgefleet.loop.staleness import AsyncSettings
     from edgefleet.server.app import (
         build_strategy,
         central_evaluation,
         round_wait,
         screening_for,
     )
-    from edgefleet.strategies.asyncloop import AsyncLoop
-    from edgefleet.strategies.base import build_loop
-    from edgefleet.strategies.staleness import AsyncSettings
 
     raw = run_config(args, seed, method, deadline)
     cfg = parse_run_config(raw)

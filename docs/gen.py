@@ -3,12 +3,14 @@
     python docs/gen.py            # rewrite them
     python docs/gen.py --check    # exit 1, naming the stale pages, if any differs
 
-Generated: the run-config key table (from ``edgefleet/config.py``), the CLI reference (from the
-parsers in ``edgefleet/cli.py``), the claims table (``benchmarks/claims.py``) and the index of
-every results file under ``benchmarks/results/`` with the command, commit and wall time that
-made it. ``tests/test_docs.py`` keeps the committed pages equal to a fresh generation, so a new
-key, option or results file shows up here or fails the suite. A script, not a MkDocs plugin:
-the pages are committed, so they read the same on GitHub as on the built site.
+Generated: the run-config key table (from the config sections ``edgefleet/config.py``
+composes), the CLI reference (from the parsers in ``edgefleet/cli.py``), the claims table
+(``benchmarks/claims.py``) and the index of every results file under ``benchmarks/results/``
+with the command, commit and wall time that made it; and ``pyproject.toml``'s
+``[tool.flwr.app.config]`` table (every key at its default). ``tests/test_docs.py`` keeps the
+committed pages equal to a fresh generation, so a new key, option or results file shows up
+here or fails the suite. A script, not a MkDocs plugin: the pages are committed, so they read
+the same on GitHub as on the built site.
 """
 
 from __future__ import annotations
@@ -45,8 +47,9 @@ def run_config_page() -> str:
 
     return (
         NOTICE + "# Run-config keys\n\n"
-        "Every key is declared once in `edgefleet/config.py` (default, check, help);\n"
-        "`pyproject.toml` (`[tool.flwr.app.config]`) and this table say the same (tests check\n"
+        "Every key is declared once, in the config section beside the component that uses it\n"
+        "(default, check, help; `edgefleet/config.py` composes the sections); this table and\n"
+        "`pyproject.toml`'s `[tool.flwr.app.config]` are generated from them (tests check\n"
         "both). A bad value stops the run before any work with a message naming the key, the\n"
         "value and the valid choices. A scenario file (`scenarios/*.toml`) sets them under\n"
         "`[run-config]`; `edgefleet run --set KEY=VALUE` and `flwr run --run-config` override\n"
@@ -175,6 +178,32 @@ def columns_page() -> str:
     return "".join(lines)
 
 
+def pyproject_table(defaults: dict[str, object] | None = None) -> str:
+    """The body of ``pyproject.toml``'s ``[tool.flwr.app.config]``: every key at its default
+    (Flower accepts ``--run-config`` overrides of these keys only), in declaration order."""
+    if defaults is None:
+        from edgefleet.config import DEFAULTS
+
+        defaults = dict(DEFAULTS)
+
+    def toml(value: object) -> str:
+        if isinstance(value, bool):
+            return str(value).lower()
+        return json.dumps(value) if isinstance(value, str) else repr(value)
+
+    return "".join(f"{key} = {toml(value)}\n" for key, value in defaults.items())
+
+
+def pyproject_text() -> str:
+    """``pyproject.toml`` with its run-config table regenerated, the rest as it is."""
+    text = (ROOT / "pyproject.toml").read_text()
+    start = text.index(PYPROJECT_TABLE) + len(PYPROJECT_TABLE)
+    end = text.index("\n\n[", start) + 1
+    return text[:start] + pyproject_table() + text[end:]
+
+
+PYPROJECT_TABLE = "[tool.flwr.app.config]\n"
+
 PAGES = {
     "reference/run-config.md": run_config_page,
     "reference/cli.md": cli_page,
@@ -191,8 +220,10 @@ def generate() -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     stale = []
-    for name, text in generate().items():
-        path = DOCS / name
+    files = {DOCS / name: text for name, text in generate().items()}
+    files[ROOT / "pyproject.toml"] = pyproject_text()
+    for path, text in files.items():
+        name = str(path.relative_to(ROOT))
         if path.exists() and path.read_text() == text:
             continue
         stale.append(name)

@@ -377,7 +377,7 @@ def test_metrics_equal_the_files(run_dir: Path) -> None:
 
 
 def async_row(version: int) -> dict[str, Any]:
-    """A row of an asynchronous run (edgefleet.strategies.asyncloop): one per version."""
+    """A row of an asynchronous run (edgefleet.loop.asyncloop): one per version."""
     stale = {1: (0, 0.0, 0), 2: (0, 1.0, 3), 3: (1, 2.5, 7)}[version]
     return {
         **row(version),

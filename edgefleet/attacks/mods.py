@@ -55,6 +55,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,8 @@ from edgefleet.client.mods import ERR_ABSENT, ERR_BAD_CONFIG
 from edgefleet.errors import SettingError
 from edgefleet.pruning.reconstruct import compact_slice
 from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
+from edgefleet.settings import at_least, choice, finite, int_list, ints, positive, setting
+from edgefleet.settings import fraction as in_0_1  # (a field is named fraction)
 from edgefleet.wire import DEVICE_ID
 
 if TYPE_CHECKING:  # the plan imports torch and Torch-Pruning
@@ -96,6 +99,60 @@ class Lie(StrEnum):
 
 
 LIES: tuple[str, ...] = tuple(m.value for m in Lie)
+
+
+ATTACK_CHOICES: tuple[str, ...] = ("off", *KINDS)
+
+
+@dataclass(frozen=True)
+class AttackConfig:
+    """``attack.*``: attackers for evaluating defences, Simulation Engine only (EdgeFleet's
+    ClientApp; :mod:`edgefleet.attacks`). A deployment run that sets any of them is refused
+    before its first round."""
+
+    kind: str = setting(
+        "attack.kind",
+        "off",
+        choice(ATTACK_CHOICES),
+        "simulation only: `off`, " + ", ".join(f"`{k}`" for k in KINDS),
+    )
+    fraction: float = setting(
+        "attack.fraction",
+        0.2,
+        in_0_1,
+        "share of the partitions that attack (at least one; drawn with `seed`)",
+    )
+    norm_scale: float = setting(
+        "attack.norm-scale", 1.0, positive, "`sign-flip`, `stale-poison`: x the honest norm"
+    )
+    z: float = setting(
+        "attack.z",
+        0.0,
+        finite,
+        "`alie`: the shift in standard deviations (0 = Baruch et al.'s z from the fleet size "
+        "and the attackers)",
+    )
+    epsilon: float = setting("attack.epsilon", 0.1, positive, "`ipm`: -epsilon x the honest mean")
+    lie: str = setting(
+        "attack.lie", "resample", choice(LIES), "`pruned-liar`: `resample`, `shuffle`"
+    )
+    sybil_ids: tuple[int, ...] = setting(
+        "attack.sybil-ids",
+        "",
+        int_list,
+        "`sybil`: the device ids claimed (comma-separated)",
+        ints,
+    )
+    target: int = setting("attack.target", 0, at_least(0), "`backdoor`: the target class")
+    poison_fraction: float = setting(
+        "attack.poison-fraction",
+        0.5,
+        in_0_1,
+        "`backdoor`: share of an attacker's training samples triggered and relabelled "
+        "(`label-flip` flips every label)",
+    )
+
+
 DATA_WRAPPERS = {
     "label-flip": "edgefleet.attacks.label_flipped(data, num_classes)",
     "backdoor": "edgefleet.attacks.backdoored(data, target, fraction, rng)",

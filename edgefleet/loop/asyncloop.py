@@ -103,9 +103,10 @@ from edgefleet.loop.screening import (
     parse_device_id,
     reply_metrics,
 )
-from edgefleet.loop.staleness import AsyncSettings, summarise
+from edgefleet.loop.staleness import STALENESS_FUNCTIONS, AsyncSettings, summarise
 from edgefleet.loop.status import bounded_reason, fleet_facts, is_unreachable
 from edgefleet.loop.timing import DEFAULT_POLL_S, LinkEstimate
+from edgefleet.settings import at_least, choice, positive, setting
 from edgefleet.wire import DEVICE_ID, DISPATCH, ENERGY_SPENT, TRAIN_TIME
 
 # A version's row keeps at most this many drop reasons (the rest are counted): a fleet of
@@ -118,6 +119,57 @@ MAX_FAILED_BUFFERS = 10
 # Nodes a template grid shows at least, so that a FedAvg-family configure_train never waits
 # for its min_available_nodes (the loop addresses each message itself).
 _FAKE_NODE = 2**62
+
+
+AGGREGATION_MODES: tuple[str, ...] = ("sync", "async")
+
+
+@dataclass(frozen=True)
+class AsyncConfig:
+    """``aggregation.mode`` and ``async.*``: buffered asynchronous aggregation (FedBuff;
+    :mod:`edgefleet.loop.asyncloop`, docs/how-to/async-aggregation.md). In async mode
+    ``num-server-rounds`` counts global model versions and ``round-timeout`` bounds one
+    device's training."""
+
+    mode: str = setting(
+        "aggregation.mode",
+        "sync",
+        choice(AGGREGATION_MODES),
+        "`sync` (rounds with a barrier) or `async` (FedBuff: a new model every "
+        "`async.buffer-size` replies, no barrier)",
+    )
+    concurrency: int = setting(
+        "async.concurrency", 10, at_least(1), "async: devices training at once"
+    )
+    buffer_size: int = setting(
+        "async.buffer-size", 5, at_least(1), "async: accepted replies per new global model (K)"
+    )
+    staleness: str = setting(
+        "async.staleness",
+        "polynomial",
+        choice(STALENESS_FUNCTIONS),
+        "async: staleness weight, `polynomial` (1+s)^-a, `constant` 1, `hinge` (1 up to b, "
+        "then 1/(a(s-b)+1))",
+    )
+    staleness_a: float = setting(
+        "async.staleness-a", 0.5, at_least(0.0), "async: `a` of the polynomial and hinge weights"
+    )
+    staleness_b: int = setting(
+        "async.staleness-b", 4, at_least(0), "async: `b` of the hinge weight (versions)"
+    )
+    server_lr: float = setting(
+        "async.server-lr", 1.0, positive, "async: server learning rate of each version's step"
+    )
+    max_staleness: int = setting(
+        "async.max-staleness",
+        0,
+        at_least(0),
+        "async: drop replies more than this many versions old (0 = keep all)",
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode == "async"
 
 
 @dataclass

@@ -83,6 +83,7 @@ from edgefleet.bounds import (
 from edgefleet.loop.context import round_or_none
 from edgefleet.loop.registry import BindingMode
 from edgefleet.pruning.wire import KEPT  # NumPy only: CA-HFP's kept-channels record
+from edgefleet.settings import at_least, checked, choice, setting
 from edgefleet.wire import DEVICE_ID, ENERGY_SPENT, NUM_EXAMPLES
 
 # The largest weight without a known bound: every integer up to it is exact in a float64,
@@ -111,6 +112,45 @@ NORM_FLOOR = 0.5
 MIN_NORM_REPLIES = 3  # a median of fewer norms is not robust to one outlier
 NORM_HISTORY_ROUNDS = 5  # rounds of accepted norms a round with few replies may draw on
 BINDINGS: tuple[str, ...] = tuple(m.value for m in BindingMode)  # declared by the registry
+
+
+def _norm_factor(v: float) -> str | None:
+    return None if v == 0 or v >= 1 else "must be 0 (off) or >= 1"
+
+
+@dataclass(frozen=True)
+class ScreeningConfig:
+    """``screening.*``: what one device's reply may do (README "Hostile devices")."""
+
+    max_examples: int = setting(
+        "screening.max-examples",
+        0,
+        at_least(0),
+        "the most `num-examples` a reply may claim (0 = `local-steps` x `batch-size`, the "
+        "most a device of EdgeFleet's ClientApp sees in a round)",
+    )
+    norm_factor: float = setting(
+        "screening.norm-factor",
+        NORM_FACTOR,
+        _norm_factor,
+        "reject an update whose norm is above this many times the round's median (0 = off)",
+    )
+    norm_floor: float = setting(
+        "screening.norm-floor",
+        NORM_FLOOR,
+        at_least(0),
+        "an update at most this share of the global model's norm is never rejected by "
+        "`norm-factor` (0 = no floor)",
+    )
+    device_binding: str = setting(
+        "screening.device-binding",
+        "reconnect",
+        choice(BINDINGS),
+        "`reconnect` (a device id moves to a new node once its node is offline) or `strict` "
+        "(never; with SuperNode authentication)",
+    )
+
+
 # Device ids are small integers on EdgeFleet's devices; one longer than MAX_DEVICE_ID_DIGITS
 # (edgefleet.bounds) is not an id a fleet hands out, and would bloat every row it is in.
 
@@ -338,6 +378,21 @@ class Screening:
     norm_factor: float = NORM_FACTOR
     norm_floor: float = NORM_FLOOR
     device_binding: str = "reconnect"
+
+    @classmethod
+    def from_config(
+        cls, cfg: ScreeningConfig, default_max_examples: float, max_energy: float | None = None
+    ) -> Screening:
+        """The bounds ``screening.*`` sets; ``default_max_examples`` where
+        ``screening.max-examples`` is 0 (the most a device of the app sees in a round)."""
+        checked(cfg)
+        return cls(
+            max_examples=float(cfg.max_examples or default_max_examples),
+            max_energy=max_energy,
+            norm_factor=cfg.norm_factor,
+            norm_floor=cfg.norm_floor,
+            device_binding=cfg.device_binding,
+        )
 
     def __post_init__(self) -> None:
         for name in ("max_examples", "max_energy"):

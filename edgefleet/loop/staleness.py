@@ -37,10 +37,14 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from edgefleet.errors import SettingError
+
+if TYPE_CHECKING:  # (asyncloop imports this module)
+    from edgefleet.loop.asyncloop import AsyncConfig
 
 
 class Staleness(StrEnum):
@@ -86,6 +90,19 @@ class AsyncSettings:
     b: int = 4
     server_lr: float = 1.0
     max_staleness: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: AsyncConfig) -> AsyncSettings:
+        """The loop's settings as ``async.*`` sets them."""
+        return cls(
+            cfg.concurrency,
+            cfg.buffer_size,
+            cfg.staleness,
+            cfg.staleness_a,
+            cfg.staleness_b,
+            cfg.server_lr,
+            cfg.max_staleness,
+        )
 
     def __post_init__(self) -> None:
         if self.staleness not in STALENESS_FUNCTIONS:

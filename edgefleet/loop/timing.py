@@ -40,12 +40,15 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import Message
 from flwr.serverapp import Grid
 
 from edgefleet.errors import SettingError
+
+if TYPE_CHECKING:  # (the run config imports this module's wait modes)
+    from edgefleet.config import ServerConfig
 
 # Weight of the newest observation in the averages: a link that changes (a board moved, a
 # modem on another cell) shows within two or three rounds.
@@ -154,6 +157,17 @@ class RoundWait:
     first_round_timeout: float = 600.0
     slack: float = 3.0
     margin: float = 10.0
+
+    @classmethod
+    def from_config(cls, cfg: ServerConfig) -> RoundWait:
+        """The waits ``round-timeout``, ``timeout-mode`` and its keys set."""
+        return cls(
+            cfg.round_timeout,
+            cfg.timeout_mode,
+            cfg.first_round_timeout,
+            cfg.timeout_slack,
+            cfg.timeout_margin,
+        )
 
     def __post_init__(self) -> None:
         try:

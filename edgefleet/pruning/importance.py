@@ -62,6 +62,9 @@ from edgefleet.pruning.names import (
     CURVATURE_SCORES,
     HESSIAN_ESTIMATORS,
     POSITIONAL_CRITERIA,
+    Criterion,
+    CurvatureScore,
+    HessianEstimator,
 )
 
 # Per-sample gradients and Hutchinson probes are computed this many parameter-sized tensors'
@@ -221,9 +224,9 @@ def weight_scores(
             f"unknown curvature score {score!r}; valid choices: {', '.join(CURVATURE_SCORES)}"
         )
     weights, _ = _detached(model)
-    if criterion == "magnitude":
+    if criterion == Criterion.MAGNITUDE:
         return {n: w.abs() for n, w in weights.items()}
-    if criterion == "random":
+    if criterion == Criterion.RANDOM:
         gen = torch.Generator().manual_seed(seed)
         return {
             n: torch.rand(w.shape, generator=gen, dtype=w.dtype).to(w.device)
@@ -239,7 +242,7 @@ def weight_scores(
         if len(y_cpu) == 0:
             continue
         x, y = x_cpu.to(dev), y_cpu.to(dev)  # batches follow the model (no-op on the CPU)
-        if hessian == "fisher":
+        if hessian == HessianEstimator.FISHER:
             gb, hb = _grad_and_fisher(model, x, y)
         else:
             gb, hb = _grad_and_hutchinson(model, x, y, hutchinson_samples, seed + b)
@@ -247,6 +250,6 @@ def weight_scores(
         for n in weights:
             g[n].add_(gb[n], alpha=share)
             h[n].add_(hb[n], alpha=share)
-    if score == "signed":
+    if score == CurvatureScore.SIGNED:
         return {n: g[n] * w + h[n] * w.square() for n, w in weights.items()}
     return {n: (g[n] * w - 0.5 * h[n] * w.square()).abs() for n, w in weights.items()}

@@ -28,6 +28,8 @@ from enum import StrEnum
 
 import numpy as np
 
+from edgefleet.pruning.names import Reconstruction
+
 
 class FillMode(StrEnum):
     """What a coordinate no device kept becomes."""
@@ -89,7 +91,11 @@ def scatter(
     out: dict[str, np.ndarray] = {}
     for key, full in global_arrays.items():
         values, index = _compact_values(key, full, compact[key], maps[key])
-        result = np.array(full, order="C") if fill == "global" else np.zeros_like(full, order="C")
+        result = (
+            np.array(full, order="C")
+            if fill == Reconstruction.GLOBAL
+            else np.zeros_like(full, order="C")
+        )
         np.put(result, index, values)
         out[key] = result
     return out

@@ -60,7 +60,7 @@ from torch import Tensor, nn
 
 from edgefleet.bounds import names
 from edgefleet.pruning.importance import evaluating
-from edgefleet.pruning.names import BUDGETS
+from edgefleet.pruning.names import BUDGETS, Budget
 
 # Index maps are a pure function of the kept channels; clients that keep the same channels
 # (every keep-ratio-1 client, or a client whose scores did not change) share one entry.
@@ -296,7 +296,7 @@ class PruningPlan:
             raise ValueError(f"unknown budget {budget!r}; valid choices: {', '.join(BUDGETS)}")
         cache_key = (keep_ratio, budget)
         if cache_key not in self._counts:
-            if budget == "channels" or keep_ratio >= 1.0:
+            if budget == Budget.CHANNELS or keep_ratio >= 1.0:
                 counts = self._uniform_counts(keep_ratio)
             else:
                 limit = keep_ratio * self._full_size[budget]

@@ -14,16 +14,15 @@ from dataclasses import dataclass
 from functools import partial
 from logging import INFO, WARNING
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.common import log
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, FedProx, Strategy
+from flwr.serverapp.strategy import Strategy
 
 from edgefleet import runlock
-from edgefleet.algorithms.tracker import SessionTracker
 from edgefleet.algorithms.warmstart import SessionStore
 from edgefleet.config import (
     SAGA_FAMILY,
@@ -32,7 +31,6 @@ from edgefleet.config import (
     RunConfig,
     SelectionMode,
     StoppingMode,
-    StrategyName,
     ValidationSplit,
     attack_keys_set,
     parse_run_config,
@@ -45,7 +43,7 @@ from edgefleet.loop.screening import Screening
 from edgefleet.loop.staleness import AsyncSettings
 from edgefleet.loop.status import StatusQuery
 from edgefleet.loop.timing import RoundWait, WaitMode
-from edgefleet.server.baselines import BASELINES, build_baseline
+from edgefleet.server.baselines import AGGREGATORS
 from edgefleet.server.checkpoint import (
     Checkpoint,
     Checkpointer,
@@ -58,10 +56,8 @@ from edgefleet.server.fleet import FleetWriter
 from edgefleet.server.polling import fast_grid
 from edgefleet.server.results import MetricsWriter, prepare_run_dir, write_summary
 from edgefleet.strategies.energy_selection import EnergyAgeSelection
-from edgefleet.strategies.equalweight import EqualWeightFedAvg
-from edgefleet.strategies.fedsag import FedSAG
 from edgefleet.strategies.reconstruction import SubmodelReconstruction
-from edgefleet.strategies.robust import RobustAggregation
+from edgefleet.strategies.robust import RobustAggregation, RobustRule
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
 
@@ -116,7 +112,7 @@ def build_strategy(
     ``central`` (the initial model, its trainable keys, server-side validation) is needed by
     stopping and sessions, ``run_dir`` by sessions (their session store).
     """
-    common = {
+    common: dict[str, Any] = {
         "fraction_train": cfg.server.fraction_train,
         "fraction_evaluate": cfg.server.fraction_evaluate,
         "min_train_nodes": 1,
@@ -125,93 +121,101 @@ def build_strategy(
         # wait_for_nodes() and the round loop bounds any later wait (BoundedGrid).
         "min_available_nodes": 1,
     }
-    energy_age = cfg.energy.selection == SelectionMode.ENERGY_AGE
-    if energy_age:
+    if cfg.energy.selection == SelectionMode.ENERGY_AGE:
         common["fraction_train"] = 1.0  # the selection wrapper has already chosen
-    strategy: Strategy
-    if cfg.server.strategy == StrategyName.FEDPROX:
-        strategy = FedProx(proximal_mu=cfg.train.proximal_mu, **common)  # type: ignore[arg-type]
-    elif cfg.server.strategy == StrategyName.FEDSAG:
-        srv = cfg.server
-        # Corrections weighted 1/max(|S|, M), M the fleet's participant cap, which the
-        # energy-age selection around it declares (none without one: the seed's 1/|S|), as
-        # FedSAG does in any app.
-        strategy = FedSAG(
-            server_lr=srv.server_lr,
-            init=srv.saga_init,
-            estimator=srv.saga_estimator,
-            mean_over=srv.saga_memory_mean,
-            correction=srv.saga_correction,
-            robust=cfg.robust.rule,
-            robust_params=cfg.robust.params(),
-            max_age=srv.saga_max_age,
-            **common,
-        )
-    elif cfg.server.strategy in BASELINES:
-        strategy = build_baseline(cfg, common)
-    elif energy_age:
-        strategy = EqualWeightFedAvg(**common)  # type: ignore[arg-type]
-    else:
-        strategy = FedAvg(**common)  # type: ignore[arg-type]
-    if cfg.robust.rule != "off" and cfg.server.strategy not in SAGA_FAMILY:
-        # Right inside the reconstruction, which hands it the submodels' masks.
-        strategy = RobustAggregation(strategy, cfg.robust.rule, **cfg.robust.params())
-    if cfg.aggregation.enabled:
-        # The asynchronous loop aggregates its buffer with this; every wrapper outside it is
-        # refused in async mode by the run config (edgefleet.config._check_async).
-        return strategy
-    p = cfg.pruning
-    strategy = SubmodelReconstruction(
-        strategy,
-        partial(pruning_plan, cfg),
-        reconstruction=p.reconstruction,
-        compact_download=p.compact_download,
-        refresh_rounds=p.refresh_rounds,
+    strategy = AGGREGATORS[cfg.server.strategy](cfg, common)
+    for layer in LAYERS:
+        if layer.on(cfg) and (layer.in_async or not cfg.aggregation.enabled):
+            strategy = layer.wrap(strategy, cfg, central, run_dir)
+    return strategy
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One wrapper of :func:`build_strategy`'s stack: whether the run config turns it on, and
+    how it wraps the strategy inside it (``central``, ``run_dir``: as build_strategy's).
+    ``in_async``: also around the aggregator of the asynchronous loop, which the run config
+    lets no other wrapper into (:func:`edgefleet.config._check_async`)."""
+
+    name: str
+    on: Callable[[RunConfig], bool]
+    wrap: Callable[[Strategy, RunConfig, CentralEvaluation | None, Path | None], Strategy]
+    in_async: bool = False
+
+
+def _needs(central: CentralEvaluation | None, what: str) -> CentralEvaluation:
+    if central is None:
+        raise ValueError(f"build_strategy: {what} needs the central evaluation")
+    return central
+
+
+def _sessions(
+    inner: Strategy, cfg: RunConfig, central: CentralEvaluation | None, run_dir: Path | None
+) -> Strategy:
+    central = _needs(central, "sessions")
+    if run_dir is None:
+        raise ValueError("build_strategy: sessions need the run folder for their store")
+    t = cfg.train
+    return WarmStartInitializer.from_config(
+        inner,
+        cfg.warmstart,
+        cfg.sessions,
+        # A fresh run's folder is new (prepare_run_dir), so only a resumed run finds a store.
+        store=SessionStore.open(run_dir / "sessions", cfg.warmstart.max_stored),
+        initial=central.initial,
+        param_keys=central.keys,
+        lr=t.lr,
+        lr_min_ratio=t.lr_min_ratio if t.lr_schedule == LrSchedule.SESSION_POLY else 1.0,
+        slots_per_round=cfg.energy.slots_per_round,
+        query_timeout=query_timeout(cfg),
+        first_answer_timeout=first_answer_timeout(cfg),
     )
-    if energy_age:
-        e = cfg.energy
-        strategy = EnergyAgeSelection(
-            strategy,
-            max_devices=e.max_devices,
-            slots_per_round=e.slots_per_round,
-            batch_size=e.batch_size,
+
+
+# build_strategy's wrappers, innermost first (its docstring says why in this order).
+LAYERS: tuple[Layer, ...] = (
+    Layer(
+        # Right inside the reconstruction, which hands it the submodels' masks; the FedSAG
+        # family takes the rule itself (AGGREGATORS).
+        "robust rule",
+        lambda cfg: cfg.robust.rule != RobustRule.OFF and cfg.server.strategy not in SAGA_FAMILY,
+        lambda inner, cfg, *_: RobustAggregation.from_config(inner, cfg.robust),
+        in_async=True,
+    ),
+    Layer(
+        "CA-HFP reconstruction",
+        lambda cfg: True,  # full-size replies pass through; a SuperNode may set a keep ratio
+        lambda inner, cfg, *_: SubmodelReconstruction.from_config(
+            inner, cfg.pruning, partial(pruning_plan, cfg)
+        ),
+    ),
+    Layer(
+        "energy-age selection",
+        lambda cfg: cfg.energy.selection == SelectionMode.ENERGY_AGE,
+        lambda inner, cfg, *_: EnergyAgeSelection.from_config(
+            inner,
+            cfg.energy,
             seed=cfg.seed,
             query_timeout=query_timeout(cfg),
             first_answer_timeout=first_answer_timeout(cfg),
-            order=e.order,
-            deadline=e.deadline,
-            deadline_retry=e.deadline_retry,
-            status_max_age=e.status_max_age,
-        )
-    sc = cfg.stopping
-    if (sc.mode != StoppingMode.OFF or cfg.sessions_enabled) and central is None:
-        raise ValueError("build_strategy: stopping and sessions need the central evaluation")
-    if cfg.sessions_enabled and run_dir is None:
-        raise ValueError("build_strategy: sessions need the run folder for their store")
-    if sc.mode in (StoppingMode.DATA_FREE, StoppingMode.OBSERVE):
-        enforce = sc.mode == StoppingMode.DATA_FREE
-        keys = central.keys  # type: ignore[union-attr]
-        strategy = TaskVectorStopping(
-            strategy,
-            tau=sc.tau,
-            patience=sc.patience,
-            norm=sc.norm,
-            keys=keys,
-            enforce=enforce,
-            form=sc.form,
-        )
-    if sc.mode in ("validation", "observe"):
-        strategy = ValidationStopping(
-            strategy,
-            validate=central.validate,  # type: ignore[union-attr]
-            patience=sc.patience,
-            enforce=sc.mode == StoppingMode.VALIDATION,
-            rule=sc.validation_rule,
-            min_delta=sc.validation_min_delta,
-        )
-    if cfg.sessions_enabled:
-        strategy = _sessions(strategy, cfg, run_dir, central)  # type: ignore[arg-type]
-    return strategy
+        ),
+    ),
+    Layer(
+        "data-free stopping",
+        lambda cfg: cfg.stopping.mode in (StoppingMode.DATA_FREE, StoppingMode.OBSERVE),
+        lambda inner, cfg, central, _: TaskVectorStopping.from_config(
+            inner, cfg.stopping, _needs(central, "stopping").keys
+        ),
+    ),
+    Layer(
+        "validation stopping",
+        lambda cfg: cfg.stopping.mode in (StoppingMode.VALIDATION, StoppingMode.OBSERVE),
+        lambda inner, cfg, central, _: ValidationStopping.from_config(
+            inner, cfg.stopping, _needs(central, "stopping").validate
+        ),
+    ),
+    Layer("sessions", lambda cfg: cfg.sessions_enabled, _sessions),
+)
 
 
 def refuse_attacks_outside_simulation(run_config: Mapping[str, object], grid: Grid) -> None:
@@ -238,27 +242,13 @@ def screening_for(cfg: RunConfig) -> Screening:
     charges one round's cost (``energy.train-slots`` + 1) for a reply. (The cost, not
     ``energy.capacity``: a SuperNode's ``--node-config capacity`` may be larger than the run
     config's, while the cost is the same for every device.)"""
-    s = cfg.screening
     t = cfg.train
-    return Screening(
-        max_examples=float(s.max_examples or t.local_steps * t.batch_size),
-        max_energy=cfg.energy.round_cost,
-        norm_factor=s.norm_factor,
-        norm_floor=s.norm_floor,
-        device_binding=s.device_binding,
-    )
+    return Screening.from_config(cfg.screening, t.local_steps * t.batch_size, cfg.energy.round_cost)
 
 
 def round_wait(cfg: RunConfig) -> RoundWait:
     """How long a round waits for each device (``timeout-mode`` and its keys)."""
-    s = cfg.server
-    return RoundWait(
-        round_timeout=s.round_timeout,
-        mode=s.timeout_mode,
-        first_round_timeout=s.first_round_timeout,
-        slack=s.timeout_slack,
-        margin=s.timeout_margin,
-    )
+    return RoundWait.from_config(cfg.server)
 
 
 def query_timeout(cfg: RunConfig) -> float:
@@ -282,36 +272,6 @@ def pruning_plan(cfg: RunConfig) -> PruningPlan:
     from edgefleet.pruning.submodel import plan_for  # torch-pruning only when needed
 
     return plan_for(cfg.train.model, cfg.data.dataset)
-
-
-def _sessions(
-    strategy: Strategy, cfg: RunConfig, run_dir: Path, central: CentralEvaluation
-) -> WarmStartInitializer:
-    w, s = cfg.warmstart, cfg.sessions
-    # A fresh run's folder is new (prepare_run_dir), so only a resumed run finds a store.
-    store = SessionStore.open(run_dir / "sessions", w.max_stored)
-    return WarmStartInitializer(
-        strategy,
-        store=store,
-        tracker=SessionTracker(s.change_threshold, s.rounds),
-        initial=central.initial,
-        param_keys=central.keys,
-        mode=w.mode,
-        pilot_sessions=w.pilot_sessions,
-        aux_rounds=w.aux_rounds,
-        temperature=w.temperature,
-        slots_per_round=cfg.energy.slots_per_round,
-        query_timeout=query_timeout(cfg),
-        first_answer_timeout=first_answer_timeout(cfg),
-        lr=cfg.train.lr,
-        lr_min_ratio=cfg.train.lr_min_ratio
-        if cfg.train.lr_schedule == LrSchedule.SESSION_POLY
-        else 1.0,
-        aux_lr_scale=w.aux_lr_scale,
-        kl_lambda=w.kl_lambda,
-        reset_after_pilot=w.reset_after_pilot,
-        pilot_candidates=w.pilot_candidates,
-    )
 
 
 def fleet_census(loop: RoundLoop, cfg: RunConfig, first_round: int) -> None:
@@ -403,7 +363,7 @@ def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     accelerator = resolve_accelerator(cfg.train.accelerator)
     _, test_set, info = load_dataset(cfg.data.dataset, cfg.data.data_dir)
     validation = test_set
-    if cfg.stopping.mode in ("validation", "observe"):
+    if cfg.stopping.mode in (StoppingMode.VALIDATION, StoppingMode.OBSERVE):
         official = None
         if cfg.stopping.validation_split == ValidationSplit.OFFICIAL:
             official = load_validation(cfg.data.dataset, cfg.data.data_dir)
@@ -548,24 +508,9 @@ def run_async(
     if sc.mode == StoppingMode.DATA_FREE:
         # The rule's round is a version here: its tau and patience count versions.
         tau = sc.tau
-        strategy = TaskVectorStopping(
-            strategy,
-            tau=sc.tau,
-            patience=sc.patience,
-            norm=sc.norm,
-            form=sc.form,
-            keys=central.keys,
-        )
+        strategy = TaskVectorStopping.from_config(strategy, sc, central.keys)
     checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
-    settings = AsyncSettings(
-        concurrency=a.concurrency,
-        buffer_size=a.buffer_size,
-        staleness=a.staleness,
-        a=a.staleness_a,
-        b=a.staleness_b,
-        server_lr=a.server_lr,
-        max_staleness=a.max_staleness,
-    )
+    settings = AsyncSettings.from_config(a)
     loop = AsyncLoop(
         strategy,
         grid,

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from logging import INFO, WARNING
 from typing import Any
 
@@ -50,11 +51,23 @@ from edgefleet.algorithms.selection import (
     query_order,
     select_in_batches,
 )
+from edgefleet.client.battery import SOURCES
 from edgefleet.loop.base import LoopStrategy, SubsetGrid
 from edgefleet.loop.context import ScreeningRow, SelectionRow, current_round
 from edgefleet.loop.registry import DeviceStatus, EnergyState
 from edgefleet.loop.roundloop import RoundCallback, RoundResult
 from edgefleet.loop.status import Ask, Declaration
+from edgefleet.settings import (
+    at_least,
+    checked,
+    choice,
+    float_list,
+    floats,
+    fraction,
+    positive,
+    setting,
+    unit_interval,
+)
 
 # With status reuse, a device is still asked when its last status answer is this many rounds
 # old, so that its telemetry and presence in the fleet view stay recent.
@@ -63,6 +76,107 @@ STATUS_REFRESH_ROUNDS = 10
 # How many selected devices the selection's log line names; a bigger fleet's line says how
 # many more there were.
 LOG_DEVICES = 10
+
+
+class SelectionMode(StrEnum):
+    """Who trains each round (``selection.mode``)."""
+
+    ALL = "all"
+    ENERGY_AGE = "energy-age"
+
+
+SELECTIONS: tuple[str, ...] = tuple(m.value for m in SelectionMode)
+
+
+@dataclass(frozen=True)
+class EnergyConfig:
+    """``selection.*``, ``energy.*``: EH-FedSAG's batteries and energy-aware selection.
+
+    ``harvest_probs`` (simulation) gives partition i the probability
+    ``harvest_probs[i % len]``; a SuperNode's ``--node-config harvest-prob=...`` overrides it.
+    """
+
+    selection: str = setting(
+        "selection.mode",
+        "all",
+        choice(SELECTIONS),
+        "`all`, `energy-age` (batteries + energy-aware age-based selection)",
+    )
+    order: str = setting(
+        "selection.order",
+        "age",
+        choice(SELECTION_ORDERS),
+        "energy-age selection's query order: `age` (oldest update first) or `random` (uniform)",
+    )
+    max_devices: int = setting("selection.max-devices", 25, at_least(1), "M: devices a round")
+    batch_size: int = setting(
+        "selection.batch-size", 0, at_least(0), "status queries per batch (0 = all at once)"
+    )
+    deadline: float = setting(
+        "selection.deadline",
+        0.0,
+        at_least(0.0),
+        "energy-age selection skips a device whose observed round (download + training + "
+        "upload, timed by the server) exceeds this many seconds; never timed = fits (0 = off)",
+    )
+    deadline_retry: int = setting(
+        "selection.deadline-retry",
+        10,
+        at_least(0),
+        "a device skipped by `selection.deadline` this many rounds in a row is selectable "
+        "again once, so its round is timed afresh (0 = never tried again)",
+    )
+    status_max_age: int = setting(
+        "selection.status-max-age",
+        0,
+        at_least(0),
+        "energy-age selection takes a device's answer `feasible` from at most this many rounds "
+        "ago (a status query, or its last train reply) instead of asking again, saving a round "
+        "trip a round; harvesting batteries give the same verdicts (0 = ask every round)",
+    )
+    source: str = setting(
+        "energy.source", "bernoulli", choice(SOURCES), " ".join(f"`{s}`" for s in SOURCES)
+    )
+    capacity: float = setting("energy.capacity", 10.0, positive, "battery size (units)")
+    harvest_prob: float = setting(
+        "energy.harvest-prob", 0.5, unit_interval, "P_h: probability of an arrival per slot"
+    )
+    harvest_probs: tuple[float, ...] = setting(
+        "energy.harvest-probs",
+        "",
+        float_list(0.0, 1.0, False, "0.1,0.5,0.9"),
+        "simulation: comma-separated P_h, partition i takes entry i mod n",
+        floats,
+    )
+    harvest_units: float = setting("energy.harvest-units", 1.0, at_least(0.0), "units per arrival")
+    panel_area: float = setting(
+        "energy.panel-area", 0.001, positive, "`solar`: panel area in m^2 (0.001 = 10 cm^2)"
+    )
+    panel_efficiency: float = setting(
+        "energy.panel-efficiency", 0.2, fraction, "`solar`: share of the irradiance harvested"
+    )
+    slot_seconds: float = setting(
+        "energy.slot-seconds", 60.0, positive, "`solar`: the length of a slot in seconds"
+    )
+    unit_joules: float = setting(
+        "energy.unit-joules", 4.0, positive, "`solar`: joules in one battery unit"
+    )
+    train_slots: int = setting(
+        "energy.train-slots",
+        3,
+        at_least(1),
+        "Omega: a round costs Omega + 1 units (training + transmission)",
+    )
+
+    @property
+    def round_cost(self) -> float:
+        """Energy units one round costs: Omega slots of training plus one of transmission."""
+        return float(self.train_slots + 1)
+
+    @property
+    def slots_per_round(self) -> int:
+        """The global slot clock advances by one round's duration each round."""
+        return self.train_slots + 1
 
 
 def selection_line(
@@ -109,6 +223,32 @@ class _Plan:
 
 
 class EnergyAgeSelection(LoopStrategy, RoundCallback):
+    @classmethod
+    def from_config(
+        cls,
+        inner: Strategy,
+        cfg: EnergyConfig,
+        *,
+        seed: int = 0,
+        query_timeout: float = 60.0,
+        first_answer_timeout: float | None = None,
+    ) -> EnergyAgeSelection:
+        """Energy-age selection as ``selection.*`` and ``energy.train-slots`` set it."""
+        checked(cfg, "selection.mode", cfg.selection, (SelectionMode.ENERGY_AGE,), cls.__name__)
+        return cls(
+            inner,
+            max_devices=cfg.max_devices,
+            slots_per_round=cfg.slots_per_round,
+            batch_size=cfg.batch_size,
+            seed=seed,
+            query_timeout=query_timeout,
+            first_answer_timeout=first_answer_timeout,
+            order=cfg.order,
+            deadline=cfg.deadline,
+            deadline_retry=cfg.deadline_retry,
+            status_max_age=cfg.status_max_age,
+        )
+
     def __init__(
         self,
         inner: Strategy,

@@ -52,6 +52,7 @@ from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 from edgefleet.algorithms.saga import (
     SAGA_CORRECTIONS,
     SAGA_ESTIMATORS,
+    SAGA_INITS,
     SAGA_MEANS,
     SagaError,
     SagaMemory,
@@ -63,13 +64,76 @@ from edgefleet.loop.base import start_on_loop
 from edgefleet.loop.context import RobustRow, current_round
 from edgefleet.loop.hooks import StrategyHooks
 from edgefleet.loop.screening import reply_arrays, reply_device
-from edgefleet.strategies.robust import robust_aggregate, rule_spec
+from edgefleet.settings import at_least, checked, choice, positive, setting
+from edgefleet.strategies.robust import RobustConfig, robust_aggregate, rule_spec
+
+
+@dataclass(frozen=True)
+class SagaConfig:
+    """``server-lr`` and ``saga.*``: FedSAG's server step and memory (also the server step of
+    MIFA, FedVARP and SCAFFOLD, which fix the rest)."""
+
+    server_lr: float = setting("server-lr", 1.0, positive, "FedSAG's server step")
+    init: str = setting(
+        "saga.init", "zeros", choice(SAGA_INITS), "FedSAG's memory start: `zeros`, `first-update`"
+    )
+    estimator: str = setting(
+        "saga.estimator",
+        "saga",
+        choice(SAGA_ESTIMATORS),
+        "FedSAG's direction: `saga` (memory mean + the participants' corrections) or `sag` "
+        "(memory mean after the participants' memories are replaced)",
+    )
+    memory_mean: str = setting(
+        "saga.memory-mean",
+        "fleet",
+        choice(SAGA_MEANS),
+        "what FedSAG's memory mean divides by: `fleet` (all registered devices, one that never "
+        "uploaded counting as zero) or `stored` (the devices that have a memory)",
+    )
+    correction: str = setting(
+        "saga.correction",
+        "channels",
+        choice(SAGA_CORRECTIONS),
+        "weight of each participant's correction: `channels` (1/max(participants, M)) or "
+        "`participants` (1/participants)",
+    )
+    max_age: int = setting(
+        "saga.max-age",
+        0,
+        at_least(0),
+        "FedSAG: a memory stored more than this many rounds ago expires from the memory mean "
+        "(the device counts as zero until it uploads again; 0 = never)",
+    )
 
 
 class FedSAG(StrategyHooks, FedAvg):
     """FedAvg's messages; SAGA-corrected aggregation. Devices are keyed by the
     ``device-id`` metric of their replies, so a node that reconnects keeps its memory; a
     reply without one (a standard Flower ClientApp) is keyed by its node id."""
+
+    # The SagaConfig fields a fixed form of FedSAG (MIFA, FedVARP) does not take.
+    FIXED_FORM: tuple[str, ...] = ()
+
+    @classmethod
+    def from_config(cls, saga: SagaConfig, robust: RobustConfig, **fedavg_kwargs: Any) -> FedSAG:
+        """FedSAG (or a fixed form of it) as ``server-lr``, ``saga.*`` and ``robust.*`` set
+        it; ``fedavg_kwargs`` go to Flower's FedAvg."""
+        saga, robust = checked(saga), checked(robust)
+        form: dict[str, Any] = {
+            "init": saga.init,
+            "estimator": saga.estimator,
+            "mean_over": saga.memory_mean,
+            "correction": saga.correction,
+        }
+        return cls(
+            server_lr=saga.server_lr,
+            robust=robust.rule,
+            robust_params=robust.params(),
+            max_age=saga.max_age,
+            **{k: v for k, v in form.items() if k not in cls.FIXED_FORM},
+            **fedavg_kwargs,
+        )
 
     def __init__(
         self,

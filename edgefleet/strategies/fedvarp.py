@@ -37,6 +37,8 @@ class FedVARP(FedSAG):
     FedSAG's other settings (``server_lr``, ``robust``, ``max_age``) and FedAvg's keyword
     arguments."""
 
+    FIXED_FORM = (*FEDVARP_FORM, "correction")
+
     def __init__(self, server_lr: float = 1.0, **kwargs: Any) -> None:
         fixed = sorted(k for k in kwargs if k in (*FEDVARP_FORM, "correction_floor"))
         if fixed:

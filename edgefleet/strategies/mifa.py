@@ -32,6 +32,8 @@ class MIFA(FedSAG):
     docstring). Takes FedSAG's other settings (``server_lr``, ``robust``, ``max_age``) and
     FedAvg's keyword arguments."""
 
+    FIXED_FORM = (*MIFA_FORM, "correction")
+
     def __init__(self, server_lr: float = 1.0, **kwargs: Any) -> None:
         fixed = sorted(k for k in kwargs if k in (*MIFA_FORM, "correction", "correction_floor"))
         if fixed:

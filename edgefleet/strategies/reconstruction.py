@@ -69,9 +69,25 @@ from edgefleet.loop.screening import (
     reply_metrics,
     update_norm,
 )
-from edgefleet.pruning.names import RECONSTRUCTIONS
+from edgefleet.pruning.names import (
+    BUDGETS,
+    CRITERIA,
+    CURVATURE_SCORES,
+    HESSIAN_ESTIMATORS,
+    RECONSTRUCTIONS,
+)
 from edgefleet.pruning.reconstruct import compact_slice, elementwise_average, scatter
 from edgefleet.pruning.wire import KEPT, kept_from_record, kept_record
+from edgefleet.settings import (
+    anything,
+    at_least,
+    checked,
+    choice,
+    float_list,
+    floats,
+    fraction,
+    setting,
+)
 from edgefleet.strategies.robust import (
     RobustAggregation,
     alternative_rule,
@@ -84,12 +100,101 @@ if TYPE_CHECKING:  # importing the plan imports torch and Torch-Pruning
     from edgefleet.pruning.submodel import PruningPlan
 
 
+@dataclass(frozen=True)
+class PruningConfig:
+    """``pruning.*``: CA-HFP's resource classes and curvature-aware structured pruning.
+
+    ``keep_ratios`` (simulation) gives partition i the keep ratio ``keep_ratios[i % len]``;
+    a SuperNode's ``--node-config keep-ratio=...`` overrides both. ``budget`` says what a keep
+    ratio is a share of (``edgefleet.pruning.submodel`` explains the choices).
+    """
+
+    keep_ratio: float = setting(
+        "pruning.keep-ratio",
+        1.0,
+        fraction,
+        "share of the model every device keeps (of what: `pruning.budget`)",
+    )
+    keep_ratios: tuple[float, ...] = setting(
+        "pruning.keep-ratios",
+        "",
+        float_list(0.0, 1.0, True, "1.0,0.75,0.5,0.25"),
+        'a list cycled over partitions (`"1.0,0.5"`); a SuperNode\'s `keep-ratio` wins',
+        floats,
+    )
+    criterion: str = setting(
+        "pruning.criterion",
+        "curvature",
+        choice(CRITERIA),
+        "channel importance: `curvature` (see `pruning.score`), `magnitude`, `random`; or by "
+        "position: `prefix` (HeteroFL's static slice), `rolling` (FedRolex's window), "
+        "`ordered-dropout` (FjORD: a width of `pruning.keep-ratios` drawn every local step)",
+    )
+    score: str = setting(
+        "pruning.score",
+        "taylor",
+        choice(CURVATURE_SCORES),
+        "curvature score per weight: `taylor` (\\|g w - h w^2 / 2\\|) or `signed` "
+        "(g w + h w^2, lowest channels pruned first, as CA-HFP's seed writes it)",
+    )
+    budget: str = setting(
+        "pruning.budget",
+        "parameters",
+        choice(BUDGETS),
+        "a keep ratio is a share of the model's `parameters`, of its `compute` (forward "
+        "multiply-accumulates), or of every group's `channels` (parameters then ~ ratio^2)",
+    )
+    hessian: str = setting(
+        "pruning.hessian",
+        "fisher",
+        choice(HESSIAN_ESTIMATORS),
+        "Hessian diagonal: empirical `fisher` or `hutchinson`",
+    )
+    score_batches: int = setting(
+        "pruning.score-batches", 2, at_least(1), "local mini-batches the score is measured on"
+    )
+    reconstruction: str = setting(
+        "pruning.reconstruction",
+        "global",
+        choice(RECONSTRUCTIONS),
+        "`global` (pruned entries from the global model), `elementwise` (each entry averaged "
+        "over the devices that kept it; FedAvg/FedProx only), `zeros` (the paper's ablation)",
+    )
+    compact_download: bool = setting(
+        "pruning.compact-download",
+        False,
+        anything,
+        "send a pruned device only its slice of the model once its channels are known",
+    )
+    refresh_rounds: int = setting(
+        "pruning.refresh-rounds",
+        5,
+        at_least(1),
+        "with compact download: the full model (and a fresh score) every N rounds",
+    )
+
+    def ratio_for(self, partition_id: int) -> float:
+        if self.keep_ratios:
+            return self.keep_ratios[partition_id % len(self.keep_ratios)]
+        return self.keep_ratio
+
+
 class SubmodelReconstruction(LoopStrategy, RoundCallback):
     """Reconstruct CA-HFP submodel replies into the full parameter space for ``inner``.
 
     ``plan_factory`` builds the :class:`~edgefleet.pruning.submodel.PruningPlan` of the
     global model's architecture; it is called on first need only.
     """
+
+    @classmethod
+    def from_config(
+        cls, inner: Strategy, cfg: PruningConfig, plan_factory: Callable[[], PruningPlan]
+    ) -> SubmodelReconstruction:
+        """Reconstruction as ``pruning.*`` sets it (the keep ratios are the devices')."""
+        checked(cfg)
+        return cls(
+            inner, plan_factory, cfg.reconstruction, cfg.compact_download, cfg.refresh_rounds
+        )
 
     def __init__(
         self,

@@ -54,6 +54,7 @@ from edgefleet.arrays import to_numpy, to_record
 from edgefleet.loop.base import LoopStrategy
 from edgefleet.loop.context import RobustRow, current_round, round_or_none
 from edgefleet.loop.screening import RecordKeys, reply_arrays, reply_device, reply_metrics
+from edgefleet.settings import at_least, checked, choice, setting
 from edgefleet.strategies.equalweight import EqualWeightFedAvg
 
 
@@ -76,6 +77,41 @@ RULE_PARAMS: dict[RobustRule, tuple[str, ...]] = {
     RobustRule.MULTIKRUM: ("f", "m"),
     RobustRule.CENTERED_CLIP: ("tau", "iterations"),
 }
+
+
+def _trim(v: float) -> str | None:
+    return None if 0.0 <= v < 0.5 else "must be in [0, 0.5)"
+
+
+@dataclass(frozen=True)
+class RobustConfig:
+    """``robust.*``: a robust rule instead of the weighted mean (README "Attackers and
+    defences"; :mod:`edgefleet.strategies.robust`)."""
+
+    rule: str = setting(
+        "robust.rule",
+        "off",
+        choice(ROBUST_RULES),
+        "`off`, `median`, `trimmed-mean`, `multikrum`, `centered-clip`: in place of the "
+        "weighted mean (fedavg, fedprox; under CA-HFP over the devices that kept each "
+        "coordinate) or of FedSAG's memory and correction means",
+    )
+    beta: float = setting(
+        "robust.beta", 0.2, _trim, "`trimmed-mean`: share cut from each end per coordinate"
+    )
+    f: int = setting("robust.f", 1, at_least(0), "`multikrum`: attackers tolerated")
+    m: int = setting("robust.m", 0, at_least(0), "`multikrum`: replies averaged (0 = replies - f)")
+    tau: float = setting(
+        "robust.tau",
+        0.0,
+        at_least(0.0),
+        "`centered-clip`: clipping radius in update norm (0 = the median distance each iteration)",
+    )
+    iterations: int = setting("robust.iterations", 3, at_least(1), "`centered-clip`: iterations")
+
+    def params(self) -> dict[str, Any]:
+        """The parameters of the chosen rule, as RobustAggregation and FedSAG take them."""
+        return {p: getattr(self, p) for p in RULE_PARAMS[RobustRule(self.rule)]}
 
 
 @dataclass(frozen=True)
@@ -349,6 +385,18 @@ class RobustAggregation(LoopStrategy):
     FedSAG, give the rule to ``FedSAG(robust=...)``. ``params`` are the rule's
     (:data:`RULE_PARAMS`): ``beta``; ``f``, ``m``; ``tau``, ``iterations``.
     """
+
+    @classmethod
+    def from_config(cls, inner: Strategy, cfg: RobustConfig) -> RobustAggregation:
+        """The rule ``robust.*`` names, with its parameters."""
+        checked(
+            cfg,
+            "robust.rule",
+            cfg.rule,
+            tuple(r for r in RobustRule if r != RobustRule.OFF),
+            cls.__name__,
+        )
+        return cls(inner, cfg.rule, **cfg.params())
 
     def __init__(self, inner: Strategy, rule: str | RobustRule = "median", **params: Any) -> None:
         self.spec = rule_spec(rule, **params)

@@ -44,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -61,7 +61,12 @@ from edgefleet.loop.context import current_round
 from edgefleet.loop.hooks import StrategyHooks
 from edgefleet.loop.screening import reply_arrays, reply_device
 from edgefleet.loop.status import Declaration
+from edgefleet.settings import checked
 from edgefleet.wire import CONFIG_LR, SCAFFOLD_APPLIED, SCAFFOLD_CORRECTION
+
+if TYPE_CHECKING:
+    from edgefleet.strategies.fedsag import SagaConfig
+    from edgefleet.task.names import TrainConfig
 
 
 def effective_steps(local_steps: int, momentum: float) -> float:
@@ -95,6 +100,13 @@ class Scaffold(StrategyHooks, FedAvg):
     """SCAFFOLD (Karimireddy et al., ICML 2020), option II, with the devices' control
     variates held on the server (module docstring). ``local_steps``, ``lr`` and
     ``momentum`` are those the ClientApp trains with."""
+
+    @classmethod
+    def from_config(cls, train: TrainConfig, saga: SagaConfig, **fedavg_kwargs: Any) -> Scaffold:
+        """SCAFFOLD with the devices' local SGD (``local-steps``, ``lr``, ``momentum``: its
+        control variates' step) and ``server-lr``."""
+        train, saga = checked(train), checked(saga)
+        return cls(train.local_steps, train.lr, train.momentum, saga.server_lr, **fedavg_kwargs)
 
     def __init__(
         self,

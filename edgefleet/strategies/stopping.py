@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
 from logging import INFO
 from typing import Any
 
@@ -40,6 +42,7 @@ from flwr.serverapp.strategy import Strategy
 from edgefleet.algorithms.stopping import (
     FORMS,
     NORMS,
+    VALIDATION_RULES,
     PlateauCounter,
     StoppingForm,
     ValidationPatience,
@@ -51,6 +54,7 @@ from edgefleet.loop.base import LoopStrategy
 from edgefleet.loop.context import StoppingRow, ValidationRow
 from edgefleet.loop.roundloop import RoundCallback, RoundResult
 from edgefleet.loop.status import Ask
+from edgefleet.settings import at_least, checked, choice, open_fraction, setting
 
 STOP_PLATEAU = "task-vector-plateau"
 STOP_DIVERGED = "diverged"
@@ -91,6 +95,22 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
     ``enforce=False`` it only records (``task_vector_norm``, ``task_vector_growth`` and
     ``plateau_count`` in each metrics row) and never stops the run.
     """
+
+    @classmethod
+    def from_config(
+        cls, inner: Strategy, cfg: StoppingConfig, keys: list[str] | None = None
+    ) -> TaskVectorStopping:
+        """The data-free rule as ``stopping.*`` sets it: it stops the run under ``data-free``
+        and only records its signal under ``observe``."""
+        checked(
+            cfg,
+            "stopping.mode",
+            cfg.mode,
+            (StoppingMode.DATA_FREE, StoppingMode.OBSERVE),
+            cls.__name__,
+        )
+        enforce = cfg.mode == StoppingMode.DATA_FREE
+        return cls(inner, cfg.tau, cfg.patience, cfg.norm, keys, enforce, cfg.form)
 
     def __init__(
         self,
@@ -212,6 +232,85 @@ class TaskVectorStopping(LoopStrategy, RoundCallback):
         self.in_sessions, self.holding, self.resting = state.get("flags", [False] * 3)
 
 
+class StoppingMode(StrEnum):
+    """When training stops (``stopping.mode``); ``observe`` records both rules' signals every
+    round and never stops (for benchmarks)."""
+
+    OFF = "off"
+    DATA_FREE = "data-free"
+    VALIDATION = "validation"
+    OBSERVE = "observe"
+
+
+STOPPING_MODES: tuple[str, ...] = tuple(m.value for m in StoppingMode)
+
+
+class ValidationSplit(StrEnum):
+    """Where the validation rule's data comes from (``stopping.validation-split``)."""
+
+    OFFICIAL = "official"
+    TEST = "test"
+
+
+VALIDATION_SPLITS: tuple[str, ...] = tuple(m.value for m in ValidationSplit)
+
+
+@dataclass(frozen=True)
+class StoppingConfig:
+    """``stopping.*``: data-free early stopping (or the validation baseline)."""
+
+    mode: str = setting(
+        "stopping.mode",
+        "off",
+        choice(STOPPING_MODES),
+        "`off`, `data-free`, `validation` (baseline, needs server data), `observe` (record "
+        "both, never stop)",
+    )
+    tau: float = setting("stopping.tau", 0.005, at_least(0.0), "growth threshold")
+    patience: int = setting("stopping.patience", 10, at_least(1), "rounds in a row below it")
+    norm: str = setting(
+        "stopping.norm",
+        "l2",
+        choice(NORMS),
+        "`l2` or `squared` (then use tau' = (1+tau)^2 - 1, about 2 tau)",
+    )
+    form: str = setting(
+        "stopping.form",
+        "reference",
+        choice(FORMS),
+        "`reference` (the reference code's rule: patience counts rounds in a row, on "
+        "`stopping.norm`) or `seed` (the seed's: squared norm, a counter never reset)",
+    )
+    validation_rule: str = setting(
+        "stopping.validation-rule",
+        "reference",
+        choice(VALIDATION_RULES),
+        "the validation baseline's rule: `reference` (the paper's: patience on validation "
+        "loss and accuracy improving by more than `stopping.validation-min-delta`, ends with "
+        "the stop round's model) or `best` (patience after the best accuracy, keeps that model)",
+    )
+    validation_min_delta: float = setting(
+        "stopping.validation-min-delta",
+        0.005,
+        at_least(0.0),
+        "the `reference` rule's minimum improvement of validation loss or accuracy",
+    )
+    validation_split: str = setting(
+        "stopping.validation-split",
+        "official",
+        choice(VALIDATION_SPLITS),
+        "the baselines' validation data: `official` (the data set's own validation split where "
+        "it has one, PneumoniaMNIST; else as `test`) or `test` (a held-out share of the "
+        "central test set, `stopping.validation-fraction`)",
+    )
+    validation_fraction: float = setting(
+        "stopping.validation-fraction",
+        0.5,
+        open_fraction,
+        "share of the central test set held out for `validation`/`observe`",
+    )
+
+
 class ValidationStopping(LoopStrategy, RoundCallback):
     """Baseline for comparison only: stop when validation figures stop improving
     (:class:`ValidationPatience`; ``rule="best"`` also remembers the best model in
@@ -222,6 +321,21 @@ class ValidationStopping(LoopStrategy, RoundCallback):
     should not have; EdgeFleet uses it to measure the data-free rule. Each row records
     ``validation_accuracy`` (and ``validation_loss``). With ``enforce=False`` it never stops.
     """
+
+    @classmethod
+    def from_config(cls, inner: Strategy, cfg: StoppingConfig, validate: Any) -> ValidationStopping:
+        """The validation baseline as ``stopping.*`` sets it: it stops the run under
+        ``validation`` and only records its signal under ``observe``."""
+        checked(
+            cfg,
+            "stopping.mode",
+            cfg.mode,
+            (StoppingMode.VALIDATION, StoppingMode.OBSERVE),
+            cls.__name__,
+        )
+        enforce = cfg.mode == StoppingMode.VALIDATION
+        rule, delta = cfg.validation_rule, cfg.validation_min_delta
+        return cls(inner, validate, cfg.patience, enforce, rule, delta)
 
     def __init__(
         self,

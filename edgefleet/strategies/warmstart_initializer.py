@@ -71,8 +71,128 @@ from edgefleet.loop.context import ScreeningRow, SessionRow, current_round
 from edgefleet.loop.registry import DeviceStatus
 from edgefleet.loop.roundloop import RoundCallback, RoundResult
 from edgefleet.loop.status import Ask, Declaration
+from edgefleet.settings import (
+    anything,
+    at_least,
+    checked,
+    choice,
+    fraction,
+    half_open_fraction,
+    positive,
+    setting,
+    unit_interval,
+)
 from edgefleet.strategies.lrschedule import SessionLearningRate
 from edgefleet.strategies.teacher import ContinuousTeacher
+
+
+class SessionSchedule(StrEnum):
+    """Which devices are present in which session (``sessions.schedule``)."""
+
+    NONE = "none"
+    ALTERNATE = "alternate"
+
+
+SESSION_SCHEDULES: tuple[str, ...] = tuple(m.value for m in SessionSchedule)
+
+
+@dataclass(frozen=True)
+class SessionsConfig:
+    """``sessions.*``: device arrival and departure.
+
+    Sessions are on when ``schedule = "alternate"``, ``rounds > 0`` or ``warmstart.mode`` is
+    not ``"previous"``; otherwise every round belongs to one run-long stretch.
+    ``schedule = "alternate"`` (simulation): devices form ``groups`` groups (partition i is
+    in group ``i % groups``) with label sets overlapping by ``label_overlap``; group
+    ``s % groups`` is present in session s, each session lasting ``rounds`` rounds, for
+    ``count`` sessions. ``"none"``: every device is present whenever it is online, as in a
+    deployment; a new session starts when the present set changes by more than
+    ``change_threshold`` or after ``rounds`` rounds (0 = no length limit).
+    """
+
+    schedule: str = setting(
+        "sessions.schedule",
+        "none",
+        choice(SESSION_SCHEDULES),
+        "`none` (presence = online), `alternate` (simulation: groups take turns)",
+    )
+    count: int = setting("sessions.count", 1, at_least(1), "S sessions (`alternate`)")
+    rounds: int = setting(
+        "sessions.rounds",
+        0,
+        at_least(0),
+        "T rounds a session (`alternate`: num-server-rounds must be S x T); 0 = no limit",
+    )
+    groups: int = setting(
+        "sessions.groups", 2, at_least(1), "device groups (partition i in group i mod groups)"
+    )
+    label_overlap: float = setting(
+        "sessions.label-overlap",
+        0.0,
+        unit_interval,
+        "the share of the other groups' classes each group also holds",
+    )
+    change_threshold: float = setting(
+        "sessions.change-threshold",
+        0.2,
+        half_open_fraction,
+        "a new session when the present set differs from the founding set by more than this "
+        "(Jaccard distance)",
+    )
+    target_accuracy: float = setting(
+        "sessions.target-accuracy",
+        0.8,
+        fraction,
+        "per-session time to this accuracy on the session's classes",
+    )
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """``warmstart.*``: how each new session's initial model is built (arXiv 2410.05662)."""
+
+    mode: str = setting(
+        "warmstart.mode",
+        "previous",
+        choice(WARMSTART_MODES),
+        "`pilot` (the paper), `previous`, `average`, `fresh`, `continuous` (the paper's "
+        "baseline: `previous` + a KL term to the last session's model; EdgeFleet's ClientApp)",
+    )
+    pilot_sessions: int = setting("warmstart.pilot-sessions", 1, at_least(1), "P pilot sessions")
+    aux_rounds: int = setting(
+        "warmstart.aux-rounds", 1, at_least(1), "V auxiliary rounds per later session"
+    )
+    temperature: float = setting("warmstart.temperature", 10.0, positive, "softmin R")
+    aux_lr_scale: float = setting(
+        "warmstart.aux-lr-scale",
+        0.5,
+        fraction,
+        "`pilot`: auxiliary rounds train at `lr` x this, constant (the reference: half)",
+    )
+    kl_lambda: float = setting(
+        "warmstart.kl-lambda",
+        0.5,
+        at_least(0.0),
+        "`continuous`: weight of KL(last session's model || local model) in the local loss",
+    )
+    reset_after_pilot: bool = setting(
+        "warmstart.reset-after-pilot",
+        False,
+        anything,
+        "the first post-pilot session starts from the initial model in every mode, as the "
+        "reference's experiments do (false: from the last model)",
+    )
+    pilot_candidates: bool = setting(
+        "warmstart.pilot-candidates",
+        True,
+        anything,
+        "`pilot`: the pilot sessions' own models are candidates too (fingerprint: final "
+        "minus pilot model; needs P >= 2); false: only averaged into the pilot model, as "
+        "the reference does",
+    )
+    max_stored: int = setting(
+        "warmstart.max-stored", 10, at_least(1), "stored session models kept (oldest evicted)"
+    )
 
 
 class Phase(StrEnum):
@@ -94,6 +214,44 @@ class _Round:
 
 class WarmStartInitializer(LoopStrategy, RoundCallback):
     """Sessions over a changing device set, each started from a warm model."""
+
+    @classmethod
+    def from_config(
+        cls,
+        inner: Strategy,
+        warmstart: WarmStartConfig,
+        sessions: SessionsConfig,
+        *,
+        store: SessionStore | str | os.PathLike[str],
+        initial: ArrayRecord,
+        param_keys: list[str] | None = None,
+        lr: float | None = None,
+        lr_min_ratio: float = 1.0,
+        **fleet: Any,
+    ) -> WarmStartInitializer:
+        """Sessions as ``sessions.*`` and ``warmstart.*`` set them; ``lr`` and ``lr_min_ratio``
+        from the run's learning-rate schedule, ``fleet`` (``slots_per_round``,
+        ``query_timeout``, ``first_answer_timeout``) from the fleet's clock and waits."""
+        w, s = checked(warmstart), checked(sessions)
+        return cls(
+            inner,
+            store=store,
+            tracker=SessionTracker(s.change_threshold, s.rounds),
+            initial=initial,
+            param_keys=param_keys,
+            max_stored=w.max_stored,
+            mode=w.mode,
+            pilot_sessions=w.pilot_sessions,
+            aux_rounds=w.aux_rounds,
+            temperature=w.temperature,
+            lr=lr,
+            lr_min_ratio=lr_min_ratio,
+            aux_lr_scale=w.aux_lr_scale,
+            kl_lambda=w.kl_lambda,
+            reset_after_pilot=w.reset_after_pilot,
+            pilot_candidates=w.pilot_candidates,
+            **fleet,
+        )
 
     def __init__(
         self,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edgefleet.errors import SettingError
-from edgefleet.task.names import ACCELERATORS
+from edgefleet.task.names import ACCELERATORS, Accelerator
 
 if TYPE_CHECKING:
     import torch
@@ -54,16 +54,16 @@ def resolve_accelerator(name: str) -> torch.device:
 
     if name not in ACCELERATORS:
         raise AcceleratorError(f"accelerator {name!r}: valid choices are {', '.join(ACCELERATORS)}")
-    if name == "cpu":
+    if name == Accelerator.CPU:
         return torch.device("cpu")
     have = available_accelerators()
-    if name == "auto":
+    if name == Accelerator.AUTO:
         return torch.device("cuda" if "cuda" in have else "mps" if "mps" in have else "cpu")
     if name not in have:
         build = f"torch {torch.__version__}"
-        if name == "cuda" and torch.version.cuda is None:
+        if name == Accelerator.CUDA and torch.version.cuda is None:
             build += ", a build without CUDA"
-        elif name == "cuda" and os.environ.get("CUDA_VISIBLE_DEVICES") == "":
+        elif name == Accelerator.CUDA and os.environ.get("CUDA_VISIBLE_DEVICES") == "":
             build += "; CUDA_VISIBLE_DEVICES is empty (a Ray actor given no GPU?)"
         raise AcceleratorError(
             f"accelerator {name!r} requested but this machine has none ({build}); "
@@ -84,15 +84,15 @@ def simulation_gpu_share(accelerator: str, client_cpus: float) -> float | None:
     gets an equal share of the GPUs: ``gpus * client_cpus / cpus``, at most 1.
 
     Raises :class:`AcceleratorError` when ``cuda`` is asked for and none is present."""
-    if accelerator in ("cpu", "mps"):
+    if accelerator in (Accelerator.CPU, Accelerator.MPS):
         return None
-    if accelerator == "auto" and not _nvidia_gpus_present():
+    if accelerator == Accelerator.AUTO and not _nvidia_gpus_present():
         return None  # a CPU-only machine: exactly as before, and torch stays unimported
     import torch
 
     gpus = torch.cuda.device_count()
     if gpus == 0:
-        if accelerator == "cuda":
+        if accelerator == Accelerator.CUDA:
             resolve_accelerator("cuda")  # raises, naming what there is
         return None
     cpus = os.cpu_count() or 1

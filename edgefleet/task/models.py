@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from edgefleet.task.names import MODELS
+from edgefleet.task.names import MODELS, ModelName
 
 
 class LinearClassifier(nn.Module):
@@ -113,14 +113,14 @@ class ResNet(nn.Module):
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
     """Build model ``name`` for inputs of ``input_shape`` (C, H, W) and ``num_classes``."""
-    if name == "linear":
+    if name == ModelName.LINEAR:
         return LinearClassifier(input_shape, num_classes)
-    if name == "mlp":
+    if name == ModelName.MLP:
         return MLP(input_shape, num_classes)
-    if name == "smallcnn":
+    if name == ModelName.SMALLCNN:
         return SmallCNN(input_shape, num_classes)
-    if name == "resnet8":
+    if name == ModelName.RESNET8:
         return ResNet(input_shape, num_classes, blocks_per_stage=1)
-    if name == "resnet20":
+    if name == ModelName.RESNET20:
         return ResNet(input_shape, num_classes, blocks_per_stage=3)
     raise ValueError(f"unknown model {name!r}; valid choices: {', '.join(MODELS)}")

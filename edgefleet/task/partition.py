@@ -21,6 +21,7 @@ import logging
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import StrEnum
 from functools import cache
 from importlib import metadata
@@ -29,8 +30,16 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
+from edgefleet.settings import (
+    anything,
+    at_least,
+    choice,
+    half_open_fraction,
+    positive,
+    setting,
+)
 from edgefleet.task.cache import CachedFile, cache_dir, key_digest, load_or_build
-from edgefleet.task.datasets import ArrayDataset, check_choice
+from edgefleet.task.datasets import DATASETS, ArrayDataset, check_choice
 
 if TYPE_CHECKING:
     from flwr_datasets.partitioner import Partitioner
@@ -47,6 +56,33 @@ class Partition(StrEnum):
 
 
 PARTITIONS: tuple[str, ...] = tuple(m.value for m in Partition)
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    dataset: str = setting(
+        "dataset", "mnist-5k", choice(DATASETS), " ".join(f"`{d}`" for d in DATASETS)
+    )
+    data_dir: str = setting(
+        "data-dir", "", anything, "where local copies are looked for (see Data)"
+    )
+    partition: str = setting(
+        "partition",
+        "dirichlet",
+        choice(PARTITIONS),
+        "`iid`, `dirichlet` (with `alpha`), `shards` (with `shards-per-device`)",
+    )
+    alpha: float = setting("alpha", 0.5, positive, "Dirichlet concentration (small = skewed)")
+    shards_per_device: int = setting(
+        "shards-per-device", 2, at_least(1), "label shards per device for `shards`"
+    )
+    local_test_fraction: float = setting(
+        "local-test-fraction",
+        0.2,
+        half_open_fraction,
+        "share of each device's data kept for local evaluation",
+    )
+
 
 PARTITION_CACHE_FOLDER = "partitions"
 _FORMAT = 1
@@ -146,9 +182,9 @@ def _check_partition_args(
         )
     if num_partitions > n:
         raise ValueError(f"more devices than samples: num_partitions={num_partitions} > {n}")
-    if scheme == "dirichlet" and not (np.isfinite(alpha) and alpha > 0):
+    if scheme == Partition.DIRICHLET and not (np.isfinite(alpha) and alpha > 0):
         raise ValueError(f"alpha must be a finite number > 0, got {alpha}")
-    if scheme == "shards":
+    if scheme == Partition.SHARDS:
         if shards < 1:
             raise ValueError(f"shards_per_partition must be >= 1, got {shards}")
         if num_partitions * shards > n:
@@ -252,9 +288,9 @@ def _fit(
     order = np.random.default_rng(seed).permutation(len(labels))
     ds = Dataset.from_dict({"idx": order, "label": labels[order].astype(np.int64)})
     partitioner: Partitioner
-    if scheme == "dirichlet":
+    if scheme == Partition.DIRICHLET:
         return _fit_dirichlet(ds, num_partitions, alpha, seed)
-    if scheme == "iid":
+    if scheme == Partition.IID:
         partitioner = IidPartitioner(num_partitions=num_partitions)
     else:
         partitioner = ShardPartitioner(
