@@ -45,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -178,10 +179,18 @@ def run_one(
         "--run-config", config_arg({**run_config, "run-name": name}), name="flwr-run",
     )  # fmt: skip
     t0 = time.monotonic()
+    ended: float | None = None
     while not (run_dir / "summary.json").exists():
         fleet.check_alive()
-        if run.popen.poll() not in (None, 0):
+        code = run.popen.poll()
+        if code not in (None, 0):
             raise FleetError(f"`flwr run` for {name} failed:\n{run.tail()}")
+        if code == 0:
+            # `flwr run --stream` ends with 0 when its ServerApp raised (e.g. FleetSilent):
+            # without a summary soon after, the run failed, and waiting on is pointless.
+            ended = ended or time.monotonic()
+            if time.monotonic() - ended > 30:
+                raise FleetError(f"`flwr run` for {name} ended without a summary:\n{run.tail()}")
         if time.monotonic() - t0 > deadline_s:
             raise FleetError(f"{name}: no summary within {deadline_s:.0f} s")
         if len(_rows(run_dir / "metrics.jsonl")) >= len(samples):
@@ -349,16 +358,20 @@ def declare_links(
         print(f"link_fleet: nodes {changed} restarted to declare their links", file=sys.stderr)
 
 
-def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def ratios(
+    results: dict[str, dict[str, Any]], baseline: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """Per run, against the all-fast synchronous run of its download mode (``all-fast-MODE``:
     no deadline, the first strategy): seconds to the target over that run's (the 1.5x target);
     the accuracy of its last evaluated row within that run's wall time (the *budget*, the
     same for every run) minus that run's final accuracy (the 1-point target); and its final
-    accuracy minus that of the same mix without a deadline (issue 26's comparison)."""
+    accuracy minus that of the same mix without a deadline (issue 26's comparison).
+    ``baseline``: the runs of another results file whose ``all-fast-MODE`` stands in where
+    ``results`` has none (a sweep of one variant against an earlier line's baseline)."""
     out: dict[str, Any] = {}
     for name, res in results.items():
         mix, mode, *_ = _parts(name)
-        base = results.get(f"all-fast-{mode}")
+        base = results.get(f"all-fast-{mode}") or (baseline or {}).get(f"all-fast-{mode}")
         same_mix = results.get(f"{mix}-{mode}")
         t, t0 = res["seconds_to_target"], base and base["seconds_to_target"]
         acc = res["accuracy"][-1] if res["accuracy"] else None
@@ -432,6 +445,11 @@ def main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="a run-config key for every run (as `edgefleet run --set`); repeatable",
     )  # fmt: skip
+    ap.add_argument(
+        "--baseline", type=Path, default=None, metavar="RESULTS.json",
+        help="a results file whose all-fast-MODE run is the ratios' baseline where this "
+        "invocation runs none (e.g. a sweep of --variants async on the mixed fleets)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="4 nodes, 3 rounds, 3 local steps")
     args = ap.parse_args(argv)
@@ -457,6 +475,12 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         ap.error(str(e))
     sets = parse_overrides(ap, args.set)
+    baseline = None
+    if args.baseline is not None:
+        try:
+            baseline = json.loads(args.baseline.read_text().strip().splitlines()[-1])["runs"]
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            ap.error(f"--baseline {args.baseline}: not a link_fleet results file ({e})")
     try:  # a bad key or value fails here, before a fleet starts
         parse_run_config({**sets, **deadline_config(args.nodes, args.deadline, 0)})
     except ValueError as e:
@@ -497,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
         **sets,
     }
     results: dict[str, dict[str, Any]] = {}
+    failed: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
     configs = node_configs(args.nodes, keep_ratios)
     fast = float(PROFILES["fast"].rate_kbit)
@@ -522,8 +547,17 @@ def main(argv: list[str] | None = None) -> int:
                         **variant_config(v, args, versions),
                     }
                     limit = args.round_timeout * (int(cfg["num-server-rounds"]) + 2)
-                    res = run_one(fleet, work, name, cfg, limit)
+                    load = os.getloadavg()[0]
+                    try:
+                        res = run_one(fleet, work, name, cfg, limit)
+                    except FleetError as e:  # one run's failure is a result, not the end
+                        failed[name] = {**asdict(v), "profiles": profiles, "error": str(e)[-3000:]}
+                        print(f"link_fleet: {name} FAILED: {str(e)[-500:]}", file=sys.stderr)
+                        continue
                     results[name] = {
+                        # the 1-minute load average at the run's start and end (2 cores,
+                        # shared: wall times move with it)
+                        "load_1m": [round(load, 2), round(os.getloadavg()[0], 2)],
                         "profiles": profiles,
                         **asdict(v),
                         "num_server_rounds": cfg["num-server-rounds"],
@@ -570,12 +604,14 @@ def main(argv: list[str] | None = None) -> int:
         },
         "fleet_up_s": fleet_up_s,
         "runs": results,
-        "ratios": ratios(results),
+        "failed_runs": failed,
+        "ratios": ratios(results, baseline),
+        "baseline_file": str(args.baseline) if args.baseline else None,
         "leftovers": leftovers,
         "wall_s": round(time.monotonic() - t0, 1),
     }
     print(dumps(line))
-    return 0 if not leftovers else 1
+    return 0 if not leftovers and not failed else 1
 
 
 if __name__ == "__main__":

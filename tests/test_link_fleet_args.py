@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
         (["--variants", "async,async"], "'async' is given twice"),
         (["--variants", "deadline+async"], "does not yet support selection.mode = 'energy-age'"),
         (["--set", "async.buffer-size=0"], "'async.buffer-size' = 0: must be >= 1"),
+        (["--baseline", "/nonexistent.json"], "--baseline /nonexistent.json: not a link_fleet"),
     ],
 )
 def test_a_bad_setting_is_refused_before_any_fleet(args: list[str], says: str) -> None:
@@ -139,6 +140,13 @@ def test_ratios_compare_every_run_with_the_all_fast_sync_run_at_its_wall_time() 
     alone = lf.ratios({"half-wifi-full-async": results["half-wifi-full-async"]})
     assert alone["half-wifi-full-async"]["time_to_target_vs_all_fast"] is None
     assert alone["half-wifi-full-async"]["meets_accuracy"] is False
+    # ... unless another file's all-fast sync run is given as the baseline
+    swept = lf.ratios(
+        {"half-wifi-full-async": results["half-wifi-full-async"]},
+        {"all-fast-full": results["all-fast-full"]},
+    )
+    no_same_mix = {**a, "final_accuracy_minus_no_deadline": None}  # half-wifi-full not run
+    assert swept["half-wifi-full-async"] == no_same_mix
 
 
 def test_staleness_and_idle_summaries() -> None:
