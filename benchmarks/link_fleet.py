@@ -19,6 +19,15 @@ warm) and one run per download mode is submitted:
   query). ``--declare-links`` restarts each node with its profile's rate as ``link-kbps`` in
   its node config, which the deadline uses for a device it has not timed yet.
 
+Runs per mix and mode: every combination of ``--selections`` x ``--strategy`` (comma lists;
+the first strategy is the baseline's and is left out of run names) x ``--aggregation``
+(``sync``, ``async``: FedBuff, its ``async.*`` keys through ``--set``), a combination the run
+config refuses (async with the deadline's energy-age selection) left out with its reason in
+``skipped_variants``; or ``--variants`` names them (``sync,deadline,fedsag+deadline,async``).
+An async run makes ``ceil(rounds x nodes / async.buffer-size)`` versions (the device updates
+of ``rounds`` synchronous rounds). A run that fails is recorded in ``failed_runs`` and the
+line goes on.
+
 Nodes keep ``--keep-ratios`` (cycled over node index; the same in every run) and the slow
 links go to the nodes of the lowest keep ratio first (the weak boards on the weak links).
 
@@ -29,7 +38,11 @@ HTTP and polls included; sampled when each round's row appears), ``app_bytes`` (
 ``bytes_down`` / ``bytes_up``: the arrays alone), ``missing`` / participants per round (did a
 round lose a slow node to ``round-timeout``?), ``slow_link_s`` (the slowest link's bytes per
 round over its rate: the floor a round that waits for that node cannot beat) and rounds /
-seconds to ``--target`` accuracy (null when not reached).
+seconds to ``--target`` accuracy (null when not reached); whole-run byte totals, ``updates``,
+``device_idle`` (from fleet.json, an estimate) and, for async, ``staleness`` per version.
+``ratios`` compare every run with the all-fast synchronous run of its mode (or
+``--baseline``'s): time to the target, and the accuracy of its last evaluated row within that
+run's wall time (``budget_s``) against that run's final accuracy (issue 45's two targets).
 
 Prints one JSON line; progress on stderr. Root only (network namespaces)::
 
@@ -38,6 +51,9 @@ Prints one JSON line; progress on stderr. Root only (network namespaces)::
     python benchmarks/link_fleet.py --nodes 4 --rounds 8 --modes full --selections none,deadline
     python benchmarks/link_fleet.py --nodes 4 --rounds 8 --selections none,deadline \\
         --deadline 15 --status-max-age 1 --declare-links   # issue 26's fixes, see README
+    python benchmarks/link_fleet.py --nodes 4 --keep-ratios 1.0 --modes full \\
+        --variants sync,deadline,fedsag+deadline,async --deadline 7 --declare-links \\
+        --set async.buffer-size=2 --set async.concurrency=4   # issue 45
 """
 
 from __future__ import annotations
