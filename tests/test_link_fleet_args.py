@@ -21,12 +21,6 @@ ROOT = Path(__file__).resolve().parents[1]
         (["--set", "saga.correction=nope"], "must be one of channels, participants"),
         (["--set", "saga.correction"], "expected KEY=VALUE"),
         (["--strategy", "nope"], "--strategy: unknown ['nope']; valid: fedavg"),
-        (["--aggregation", "sync,later"], "--aggregation: unknown ['later']; valid: sync, async"),
-        (["--variants", "sync,fast"], "unknown word 'fast'; valid: none, deadline, sync, async"),
-        (["--variants", "async,async"], "'async' is given twice"),
-        (["--variants", "deadline+async"], "does not yet support selection.mode = 'energy-age'"),
-        (["--set", "async.buffer-size=0"], "'async.buffer-size' = 0: must be >= 1"),
-        (["--baseline", "/nonexistent.json"], "--baseline /nonexistent.json: not a link_fleet"),
     ],
 )
 def test_a_bad_setting_is_refused_before_any_fleet(args: list[str], says: str) -> None:
@@ -57,6 +51,28 @@ def _module() -> Any:
 
 
 lf = _module()
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--aggregation", "sync,later"], "--aggregation: unknown ['later']; valid: sync, async"),
+        (["--variants", "sync,fast"], "unknown word 'fast'; valid: none, deadline, sync, async"),
+        (["--variants", "async,async"], "'async' is given twice"),
+        (["--variants", "deadline+async"], "does not yet support selection.mode = 'energy-age'"),
+        (["--set", "async.buffer-size=0"], "'async.buffer-size' = 0: must be >= 1"),
+        (["--baseline", "/nonexistent.json"], "--baseline /nonexistent.json: not a link_fleet"),
+    ],
+)
+def test_a_bad_async_setting_is_refused_in_process(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        lf.main(args)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert says in err
+    assert "link_fleet:" not in err.replace("link_fleet.py:", "")
 
 
 def test_variants_are_the_axes_product_unless_named() -> None:
