@@ -25,7 +25,7 @@ from typing import Any
 from edgefleet import settings
 from edgefleet.algorithms.warmstart import WarmStartMode
 from edgefleet.attacks.mods import AttackConfig
-from edgefleet.client.battery import SourceKind
+from edgefleet.harvest import SourceKind
 from edgefleet.loop.asyncloop import AsyncConfig
 from edgefleet.loop.screening import ScreeningConfig
 from edgefleet.loop.timing import WAIT_MODES

@@ -58,26 +58,13 @@ import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgefleet.errors import SettingError
-
-
-class SourceKind(StrEnum):
-    """Where a battery's energy arrivals come from (``energy.source``)."""
-
-    BERNOULLI = "bernoulli"
-    TRACE = "trace"
-    ALWAYS_ON = "always-on"
-    SYSFS = "sysfs"
-    SOLAR = "solar"
-
-
-SOURCES: tuple[str, ...] = tuple(m.value for m in SourceKind)
+from edgefleet.harvest import SOURCES
 
 # Arrays built for one advance are at most this many slots long, so a device that was away
 # for a very long time catches up in bounded memory.

@@ -51,7 +51,7 @@ from edgefleet.algorithms.selection import (
     query_order,
     select_in_batches,
 )
-from edgefleet.client.battery import SOURCES
+from edgefleet.harvest import SOURCES
 from edgefleet.loop.base import LoopStrategy, SubsetGrid
 from edgefleet.loop.context import ScreeningRow, SelectionRow, current_round
 from edgefleet.loop.registry import DeviceStatus, EnergyState
