@@ -230,3 +230,38 @@ def test_warmstart_verdict_follows_the_figures() -> None:
             for s in line["settings"]:
                 s["ratios"]["continuous/pilot"]["lookalike"]["aux_counted"] = scale
         assert row.measure(changed).verdict == target
+
+
+RUN_COUNT = re.compile(r"\((\d+) runs\b")
+RESULTS_NAME = re.compile(r"benchmarks/results/([\w.-]+\.json)")
+
+
+def run_count_problems(text: str, where: str) -> list[str]:
+    """Each "(N runs" in ``text`` against the ``runs`` (new + reused) of the first results
+    file named in the 400 characters after it: the count the file recorded, not a recount."""
+    problems = []
+    for m in RUN_COUNT.finditer(text):
+        named = RESULTS_NAME.search(text, m.end(), m.end() + 400)
+        if named is None:
+            problems.append(f"{where}: '{m.group(0)}' names no results file after it")
+            continue
+        runs = claims.load(named.group(1)).get("runs")
+        if not isinstance(runs, dict):
+            problems.append(f"{where}: {named.group(1)} records no run count")
+            continue
+        total = sum(runs.values())
+        if int(m.group(1)) != total:
+            problems.append(f"{where}: '{m.group(0)}' but {named.group(1)} ran {total} ({runs})")
+    return problems
+
+
+def test_run_counts_in_the_docs_are_their_files() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    problems = [p for f in pages for p in run_count_problems(f.read_text(), f.name)]
+    assert problems == []
+    # A count that disagrees with its file is named (issue 46: "108 runs" for a file of 102).
+    wrong = "(108 runs, 31 min; `benchmarks/results/attack_grid-mlp-f0.2-3seeds-2026-12-04.json`"
+    assert run_count_problems(wrong, "x.md") == [
+        "x.md: '(108 runs' but attack_grid-mlp-f0.2-3seeds-2026-12-04.json ran 102 "
+        "({'new': 102, 'reused': 0})"
+    ]
