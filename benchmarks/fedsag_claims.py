@@ -14,7 +14,9 @@ one overlay plot per (alpha, P_h) with ``edgefleet report``.
 
 Variants (``--variants``): ``fedavg`` (EH-FedAvg), ``fedsag`` (EH-FedSAG with the run
 config's defaults), ``fedsag-seed`` (the seed's exact estimator: SAGA direction, the memory
-mean over the stored memories, corrections at 1/|S|), ``fedsag-sag`` (SAG/MIFA direction), and
+mean over the stored memories, corrections at 1/|S|), ``fedsag-stored`` (EdgeFleet's correction
+weight with the seed's memory mean: with ``fedvarp``, the seed's weight with EdgeFleet's mean,
+it separates the two changes), ``fedsag-sag`` (SAG/MIFA direction), and
 the field's baselines ``mifa``, ``fedvarp`` and ``scaffold`` (docs/explanation/field-baselines.md).
 ``--set KEY=VALUE`` applies a run-config key to every run (e.g. ``lr=0.01``).
 
@@ -64,6 +66,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "saga.correction": "participants",
     },
     "fedsag-sag": {"strategy": "fedsag", "saga.estimator": "sag"},
+    # The fourth corner of (correction weight) x (memory mean): EdgeFleet's 1/max(|S|, M) with
+    # the seed's mean over stored memories (fedvarp is the seed's 1/|S| with the fleet mean).
+    "fedsag-stored": {"strategy": "fedsag", "saga.memory-mean": "stored"},
     # The field's baselines (docs/explanation/field-baselines.md).
     "mifa": {"strategy": "mifa"},
     "fedvarp": {"strategy": "fedvarp"},
