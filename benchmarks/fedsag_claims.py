@@ -42,6 +42,7 @@ variance 0.94 -> 0.04 and the 50% target about 26% sooner.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
@@ -51,6 +52,7 @@ from typing import Any
 from _provenance import dumps
 from _runs import parse_with_smoke, run_once
 
+from edgefleet.simulation.engine import RunFailed
 from edgefleet.simulation.report import draw_plots, load_run
 from edgefleet.simulation.runner import parse_value
 
@@ -100,7 +102,8 @@ SMOKE: dict[str, Any] = {
 LAST = 5
 LR_RULE = (
     f"the learning rate with the highest mean test accuracy over the last {LAST} rounds "
-    "(mean over the seeds swept); on a tie the smaller"
+    "(mean over the seeds swept); on a tie the smaller; a learning rate whose run stopped "
+    "early in some seed (every reply rejected, e.g. non-finite) only if every one did"
 )
 
 
@@ -156,21 +159,28 @@ def choose_lrs(
     row: dict[str, Any], arm_list: list[tuple[str, str, float, bool]]
 ) -> dict[str, float]:
     """Each variant's learning rate by :data:`LR_RULE` from a sweep's summaries in ``row``."""
-    best: dict[str, tuple[float, float]] = {}
+    best: dict[str, tuple[bool, float, float]] = {}
     for label, variant, lr, _ in arm_list:
-        score = row[label]["last_accuracy"]
-        if (
-            variant not in best
-            or score > best[variant][0]
-            or (score == best[variant][0] and lr < best[variant][1])
-        ):
-            best[variant] = (score, lr)
-    return {v: lr for v, (_, lr) in best.items()}
+        # (ran every round, accuracy, -lr): the largest wins
+        key = (not row[label]["seeds_stopped"], row[label]["last_accuracy"], -lr)
+        if variant not in best or key > best[variant]:
+            best[variant] = key
+    return {v: -key[2] for v, key in best.items()}
+
+
+FAILED_FILE = "failed.json"  # a run stopped by a silent fleet: why, and its settings
 
 
 def _run(
     args: argparse.Namespace, name: str, extra: dict[str, Any], **overrides: Any
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A run's rows, and why it stopped early (None: it ran every round).
+
+    A learning rate too large for a method makes every reply non-finite; screening rejects
+    them, and after ``run.max-empty-rounds`` empty rounds the run stops (FleetSilent). In a
+    sweep that is a result, not a crash: the rows so far are kept, the reason is written to
+    the run folder's ``failed.json`` (so a later invocation reuses it, as run_once reuses a
+    finished run), and the sweep goes on."""
     run_config = {
         "num-server-rounds": args.rounds,
         "dataset": args.dataset,
@@ -189,12 +199,32 @@ def _run(
         **overrides,
     }
     federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
-    return run_once(
-        Path(args.out).resolve(), name, federation, run_config, 12 * 3600, engine=args.engine
-    )
+    run_dir = Path(args.out).resolve() / name
+    failed = run_dir / FAILED_FILE
+    settings = {k: v for k, v in run_config.items() if k != "data-dir"} | {"federation": federation}
+    if failed.is_file() and not (run_dir / "summary.json").exists():
+        stored = json.loads(failed.read_text())
+        if stored["settings"] == json.loads(json.dumps(settings)):
+            return _rows(run_dir), stored["reason"]
+    try:
+        rows = run_once(
+            Path(args.out).resolve(), name, federation, run_config, 12 * 3600, engine=args.engine
+        )
+    except RunFailed as e:
+        if "FleetSilent" not in str(e):
+            raise
+        failed.write_text(json.dumps({"reason": str(e), "settings": settings}) + "\n")
+        return _rows(run_dir), str(e)
+    return rows, None
 
 
-def figures(rows: list[dict[str, Any]], target: float) -> dict[str, Any]:
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+
+
+def figures(
+    rows: list[dict[str, Any]], target: float, stopped: str | None = None
+) -> dict[str, Any]:
     acc = [r["test_accuracy"] for r in rows]
     tail = acc[-max(2, len(acc) // 5) :]
     reached = next((r["round"] for r in rows if r["test_accuracy"] >= target), None)
@@ -210,6 +240,8 @@ def figures(rows: list[dict[str, Any]], target: float) -> dict[str, Any]:
         "first_nonfinite_round": nonfinite[0] if nonfinite else None,
         "rejected_replies": sum(len(r["rejected"]) for r in rows),
         "participants_per_round": round(statistics.fmean(len(r["participants"]) for r in rows), 2),
+        # why the run ended before its last round (a silent fleet: every reply rejected)
+        "stopped": None if stopped is None else f"after round {len(rows)}: {stopped[-300:]}",
     }
 
 
@@ -241,6 +273,7 @@ def summarise(per_seed: list[dict[str, Any]], lr: float) -> dict[str, Any]:
         "rounds_to_target": round(statistics.fmean(reached), 1) if reached else None,
         "seeds_reaching_target": len(reached),
         "seeds_finite": sum(s["finite"] for s in per_seed),
+        "seeds_stopped": sum(s.get("stopped") is not None for s in per_seed),
         "seeds": per_seed,
     }
 
@@ -320,12 +353,12 @@ def main() -> None:
                     name = f"a{alpha:g}-ph{ph:g}-{variant}-s{seed}" + (
                         f"-lr{lr:g}" if tagged else ""
                     )
-                    rows = _run(
+                    rows, stopped = _run(
                         args, name, extra, alpha=alpha, seed=seed, lr=lr,
                         **{"energy.harvest-prob": ph}, **VARIANTS[variant],
                     )  # fmt: skip
                     rows_of[label] = rows
-                    per_arm[label].append(figures(rows, args.target))
+                    per_arm[label].append(figures(rows, args.target, stopped))
                     dirs.append(Path(args.out) / name)
                 labels = [a[0] for a in arm_list]
                 first = rows_of[labels[0]]

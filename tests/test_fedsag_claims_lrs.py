@@ -90,8 +90,15 @@ def test_the_sweep_picks_the_best_last_rounds_mean_and_the_smaller_lr_on_a_tie()
         "mifa@lr0.03": 0.6,
         "mifa@lr0.1": 0.8,
     }
-    row = {label: {"last_accuracy": x} for label, x in last.items()}
+    row = {label: {"last_accuracy": x, "seeds_stopped": 0} for label, x in last.items()}
     assert fc.choose_lrs(row, arm_list) == {"fedavg": 0.03, "mifa": 0.01}
+    # A run that stopped early (every reply rejected) is not picked, however its last rounds
+    # before the stop read; when every lr stopped, the rule falls back to the accuracy.
+    row["fedavg@lr0.03"]["seeds_stopped"] = 1
+    assert fc.choose_lrs(row, arm_list)["fedavg"] == 0.01
+    for lr in ("0.01", "0.1"):
+        row[f"fedavg@lr{lr}"]["seeds_stopped"] = 1
+    assert fc.choose_lrs(row, arm_list)["fedavg"] == 0.03
 
 
 def test_figures_report_the_last_rounds_mean_the_rule_reads() -> None:
@@ -102,3 +109,38 @@ def test_figures_report_the_last_rounds_mean_the_rule_reads() -> None:
     fig = fc.figures(rows, 0.5)
     assert fig["final_accuracy"] == 0.7
     assert fig["last_accuracy"] == pytest.approx(0.5)  # rounds 3-7
+
+
+def test_a_run_stopped_by_a_silent_fleet_is_a_result_and_is_reused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edgefleet.simulation.engine import RunFailed
+
+    args = fc.argparse.Namespace(
+        rounds=60, dataset="mnist-5k", data_dir="", local_steps=2, lr=0.05, max_devices=2,
+        batch_size=3, capacity=8.0, train_slots=3, eval_samples=200, devices=3,
+        engine="inprocess", out=str(tmp_path),
+    )  # fmt: skip
+    calls = []
+
+    def diverges(out: Path, name: str, *a: Any, **k: Any) -> Any:
+        calls.append(name)
+        (out / name).mkdir(parents=True, exist_ok=True)
+        rows = [{"round": r, "test_accuracy": 0.1} for r in (1, 2)]
+        (out / name / "metrics.jsonl").write_text("".join(fc.json.dumps(r) + "\n" for r in rows))
+        raise RunFailed(f"run {name} failed: ...FleetSilent: no device took part in 3 rounds")
+
+    monkeypatch.setattr(fc, "run_once", diverges)
+    rows, stopped = fc._run(args, "x-lr0.1", {}, lr=0.1)
+    assert [r["round"] for r in rows] == [1, 2] and "FleetSilent" in stopped
+    again = fc._run(args, "x-lr0.1", {}, lr=0.1)
+    assert again == (rows, stopped) and calls == ["x-lr0.1"]  # reused, not run again
+    fc._run(args, "x-lr0.1", {}, lr=0.2)  # other settings: run again
+    assert calls == ["x-lr0.1", "x-lr0.1"]
+
+    def crashes(out: Path, name: str, *a: Any, **k: Any) -> Any:
+        raise RunFailed(f"run {name} failed: ValueError: a bug")
+
+    monkeypatch.setattr(fc, "run_once", crashes)  # any other failure is not a result
+    with pytest.raises(RunFailed, match="a bug"):
+        fc._run(args, "y", {}, lr=0.1)
