@@ -372,19 +372,30 @@ def fedsag_field(lines: Sequence[Line]) -> Measured:
     picked = {v: float(x) for v, x in runs["sizes"]["variant_lr"].items()}
     if picked != {v: chosen[v] for v in variants}:
         raise ValueError(f"the seeds file ran the lrs {picked}, the sweep picked {chosen}")
-    for v in variants:  # the pick follows the sweep's stated rule from its own figures
-        by = {lr: sw[f"{v}@lr{lr:g}"]["last_accuracy"] for lr in lrs}
-        top = max(by.values())
-        if min(lr for lr, x in by.items() if x == top) != chosen[v]:
+    for v in variants:  # the pick follows the sweep's stated rule (its lr_rule) from its figures
+        arm = {lr: sw[f"{v}@lr{lr:g}"] for lr in lrs}
+        by = {lr: (not a.get("seeds_stopped", 0), a["last_accuracy"]) for lr, a in arm.items()}
+        if max(lrs, key=lambda lr: (*by[lr], -lr)) != chosen[v]:
             raise ValueError(f"{v}: the sweep's pick {chosen[v]} does not follow its rule {by}")
     seeds = seeds_of(runs)
     per = {v: st[v]["seeds"] for v in variants}
-    best = max(FIELD_BASELINES, key=lambda v: mean(_finals(per[v])))
+    baselines = [v for v in FIELD_BASELINES if v in per]
+    best = max(baselines, key=lambda v: mean(_finals(per[v])))
+    # A baseline run on the sweep's seed only: the verdict against the best baseline stands
+    # only if, on that seed, it ended below the best one at their picks.
+    at_pick = {v: sw[f"{v}@lr{chosen[v]:g}"]["last_accuracy"] for v in chosen}
+    unseeded = [v for v in FIELD_BASELINES if v not in per]
+    open_question = [v for v in unseeded if at_pick[v] >= at_pick[best]]
     sweep_text = "; ".join(
         f"{FIELD_NAMES[v]} "
-        + " / ".join(f3(sw[f"{v}@lr{lr:g}"]["last_accuracy"]) for lr in lrs)
+        + " / ".join(
+            f3(sw[f"{v}@lr{lr:g}"]["last_accuracy"])
+            + (" (stopped)" if sw[f"{v}@lr{lr:g}"].get("seeds_stopped") else "")
+            for lr in lrs
+        )
         + f" (picked {chosen[v]:g})"
-        for v in variants
+        for v in FIELD_NAMES
+        if v in chosen
     )
     seed_text = "; ".join(
         f"{FIELD_NAMES[v]} "
@@ -406,8 +417,20 @@ def fedsag_field(lines: Sequence[Line]) -> Measured:
         f"mean): {seed_text}; best baseline: {FIELD_NAMES[best]}"
     )
     verdicts = {f: field_verdict(per[f], per["fedavg"], per[best]) for f in FIELD_FORMS}
+    if open_question:
+        verdicts = {
+            f: v.split(",")[0] + ", the best baseline not judged" for f, v in verdicts.items()
+        }
     verdict = "; ".join(f"{FIELD_NAMES[f]}: {verdicts[f]}" for f in FIELD_FORMS)
     why = []
+    if unseeded:
+        why.append(
+            f"{', '.join(FIELD_NAMES[v] for v in unseeded)} run on the sweep's seed only: at "
+            "their picks their last-5 means "
+            + ", ".join(f3(at_pick[v]) for v in unseeded)
+            + f" against {FIELD_NAMES[best]}'s {f3(at_pick[best])}"
+            + (" (above it: the best baseline is not judged)" if open_question else "")
+        )
     for f in FIELD_FORMS:
         ahead = sum(a > b for a, b in zip(_finals(per[f]), _finals(per[best]), strict=True))
         why.append(

@@ -359,3 +359,18 @@ def test_field_row_refuses_picks_that_are_not_the_sweeps() -> None:
     lines[1]["sizes"]["variant_lr"]["fedavg"] = 0.1
     with pytest.raises(ValueError, match="does not follow its rule"):
         claims.fedsag_field(lines)
+
+
+def test_field_row_with_a_baseline_run_on_the_sweeps_seed_only() -> None:
+    lines = _field_lines()
+    del lines[1]["settings"][0]["scaffold"], lines[1]["sizes"]["variant_lr"]["scaffold"]
+    got = claims.fedsag_field(lines)
+    assert got.verdict.startswith("EdgeFleet's form: direction holds, does not beat")
+    assert "SCAFFOLD run on the sweep's seed only" in got.why
+    # Above the best seeded baseline on the sweep's seed: no verdict against the field.
+    lines[0]["settings"][0]["scaffold@lr0.01"]["last_accuracy"] = 0.9
+    got = claims.fedsag_field(lines)
+    assert got.verdict == (
+        "EdgeFleet's form: direction holds, the best baseline not judged; "
+        "seed's form: direction does not, the best baseline not judged"
+    )
