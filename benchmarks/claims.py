@@ -414,13 +414,21 @@ def fedsag_field(lines: Sequence[Line]) -> Measured:
         f"seed {sweep['sizes']['seeds']}, client lr {' / '.join(f'{x:g}' for x in lrs)}, mean "
         f"accuracy of the last 5 rounds: {sweep_text}. At each pick, seeds "
         f"{', '.join(map(str, seeds))}: final accuracy per seed (mean) / late variance (pp^2, "
-        f"mean): {seed_text}; best baseline: {FIELD_NAMES[best]}"
+        f"mean): {seed_text}; best baseline"
+        + (" of those run at every seed" if unseeded else "")
+        + f": {FIELD_NAMES[best]}"
     )
-    verdicts = {f: field_verdict(per[f], per["fedavg"], per[best]) for f in FIELD_FORMS}
+    forms = [f for f in FIELD_FORMS if f in per]
+    verdicts = {f: field_verdict(per[f], per["fedavg"], per[best]) for f in forms}
     if open_question:
         verdicts = {
             f: v.split(",")[0] + ", the best baseline not judged" for f, v in verdicts.items()
         }
+    verdicts |= {
+        f: f"run on the sweep's seed only (last-5 mean {f3(at_pick[f])} at its pick)"
+        for f in FIELD_FORMS
+        if f not in per
+    }
     verdict = "; ".join(f"{FIELD_NAMES[f]}: {verdicts[f]}" for f in FIELD_FORMS)
     why = []
     if unseeded:
@@ -431,7 +439,7 @@ def fedsag_field(lines: Sequence[Line]) -> Measured:
             + f" against {FIELD_NAMES[best]}'s {f3(at_pick[best])}"
             + (" (above it: the best baseline is not judged)" if open_question else "")
         )
-    for f in FIELD_FORMS:
+    for f in forms:
         ahead = sum(a > b for a, b in zip(_finals(per[f]), _finals(per[best]), strict=True))
         why.append(
             f"{FIELD_NAMES[f]} {pts(mean(_finals(per[f])) - mean(_finals(per['fedavg'])))} "

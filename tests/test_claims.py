@@ -374,3 +374,13 @@ def test_field_row_with_a_baseline_run_on_the_sweeps_seed_only() -> None:
         "EdgeFleet's form: direction holds, the best baseline not judged; "
         "seed's form: direction does not, the best baseline not judged"
     )
+
+
+def test_field_row_with_a_form_run_on_the_sweeps_seed_only() -> None:
+    lines = _field_lines()
+    del lines[1]["settings"][0]["fedsag-seed"], lines[1]["sizes"]["variant_lr"]["fedsag-seed"]
+    got = claims.fedsag_field(lines)
+    assert got.verdict.endswith(
+        "seed's form: run on the sweep's seed only (last-5 mean 0.300 at its pick)"
+    )
+    assert "seed's form" not in got.why.split("against EH-FedAvg")[-1]
