@@ -805,6 +805,25 @@ ROWS: tuple[Row, ...] = (
         "holds: the seed's form ends above EH-FedAvg in every run; does not: below in every run",
     ),
     Row(
+        "EH-FedSAG against the field, Fashion-MNIST on CPU (arXiv 2606.18758)",
+        "the same claim, asked as a user asks it: do FedSAG's two forms beat what one would "
+        "otherwise use (EH-FedAvg, MIFA, FedVARP, SCAFFOLD) under the same batteries and "
+        "energy-age selection, each method at its own learning rate from the same sweep?",
+        (
+            "fedsag_claims-field-fmnist-a0.1-ph0.05-sweep-2026-12-06.json",
+            "fedsag_claims-field-fmnist-a0.1-ph0.05-seeds-2026-12-06.json",
+        ),
+        fedsag_field,
+        "each method at the client lr its seed-0 sweep picks (the highest mean accuracy over the "
+        "last 5 rounds; a tie to the smaller), then seeds 0-2 at that lr. For each form of "
+        "FedSAG: the paper's direction holds when its mean final accuracy is above EH-FedAvg's "
+        "and its mean late variance below (the variance not compared where EH-FedAvg's mean "
+        f"final stays under {CHANCE_PLUS}), partly when one of the two, does not when neither; it "
+        "beats the best baseline (of EH-FedAvg, MIFA, FedVARP and SCAFFOLD, the highest mean "
+        "final accuracy) when its mean final accuracy is above that baseline's and its final is "
+        "above in every seed",
+    ),
+    Row(
         "CA-HFP on CIFAR-10 (arXiv 2603.12591)",
         "curvature-aware structured pruning stays near the full model and beats magnitude and "
         "random pruning; without server reconstruction accuracy drops; resnet8, the paper's "
