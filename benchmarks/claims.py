@@ -126,6 +126,7 @@ class Unmeasured:
     claim: str
     command: str
     note: str = ""
+    pending: str = ""  # why a regime the claims table needs has not been run yet
 
 
 # -- EH-FedSAG in the paper's CIFAR-10 regime ------------------------------------------------
@@ -310,6 +311,163 @@ def _selection_note(
             "`fedsag_claims.py` writes `same_selection`)"
         )
     return text
+
+
+# -- EH-FedSAG against the field's baselines --------------------------------------------------
+
+FIELD_NAMES = {
+    "fedsag": "EdgeFleet's form",
+    "fedsag-seed": "seed's form",
+    "fedavg": "EH-FedAvg",
+    "mifa": "MIFA",
+    "fedvarp": "FedVARP",
+    "scaffold": "SCAFFOLD",
+}
+FIELD_FORMS = ("fedsag", "fedsag-seed")  # FedSAG's two forms; the other variants are baselines
+FIELD_BASELINES = ("fedavg", "mifa", "fedvarp", "scaffold")
+FIELD_PAPER = (
+    "the paper (as the seed gives it): CIFAR-10, 1,000 rounds, EH-FedSAG about 3 points above "
+    "EH-FedAvg at scarce energy, late-stage variance 0.94 -> 0.04, the 50% target about 26% "
+    "sooner; it compares with EH-FedAvg only"
+)
+
+
+def _finals(seeds: Sequence[Mapping[str, Any]]) -> list[float]:
+    return [s["final_accuracy"] for s in seeds]
+
+
+def field_verdict(
+    form: Sequence[Mapping[str, Any]],
+    fedavg: Sequence[Mapping[str, Any]],
+    best: Sequence[Mapping[str, Any]],
+) -> str:
+    """One form's verdict from its per-seed figures, EH-FedAvg's and the best baseline's (the
+    same seeds, in order). The paper's direction: a higher mean final accuracy than EH-FedAvg
+    and a lower mean late variance, the variance not compared where EH-FedAvg stays at chance
+    (mean final below CHANCE_PLUS) ("holds": both, "partly": one, "does not": neither). Beats
+    the best baseline: a higher mean final accuracy and a higher final in every seed."""
+    acc = mean(_finals(form)) > mean(_finals(fedavg))
+    # A model at chance barely moves: its low variance is no stability (as fedsag_cifar).
+    var = mean(_finals(fedavg)) < CHANCE_PLUS or mean(
+        [s["late_variance_pp2"] for s in form]
+    ) < mean([s["late_variance_pp2"] for s in fedavg])
+    direction = "holds" if acc and var else ("partly" if acc or var else "does not")
+    beats = mean(_finals(form)) > mean(_finals(best)) and all(
+        a > b for a, b in zip(_finals(form), _finals(best), strict=True)
+    )
+    return f"direction {direction}, {'beats' if beats else 'does not beat'} the best baseline"
+
+
+def fedsag_field(lines: Sequence[Line]) -> Measured:
+    """FedSAG's two forms against EH-FedAvg, MIFA, FedVARP and SCAFFOLD, each at the client
+    learning rate its own seed-0 sweep picked: the sweep's file (``--lrs``) first, then the
+    file of every seed at the picks (``--variant-lr``), whose picks must be the sweep's."""
+    sweep, runs = lines
+    sizes = same_sizes(lines, ("seeds", "lrs", "variant_lr", "set", "variants"))
+    (sw,) = sweep["settings"]
+    (st,) = runs["settings"]
+    variants = [v for v in FIELD_NAMES if v in st]
+    lrs = [float(x) for x in sweep["sizes"]["lrs"].split(",")]
+    chosen = {v: float(x) for v, x in sw["chosen_lr"].items()}
+    picked = {v: float(x) for v, x in runs["sizes"]["variant_lr"].items()}
+    if picked != {v: chosen[v] for v in variants}:
+        raise ValueError(f"the seeds file ran the lrs {picked}, the sweep picked {chosen}")
+    for v in variants:  # the pick follows the sweep's stated rule (its lr_rule) from its figures
+        arm = {lr: sw[f"{v}@lr{lr:g}"] for lr in lrs}
+        by = {lr: (not a.get("seeds_stopped", 0), a["last_accuracy"]) for lr, a in arm.items()}
+        if max(lrs, key=lambda lr: (*by[lr], -lr)) != chosen[v]:
+            raise ValueError(f"{v}: the sweep's pick {chosen[v]} does not follow its rule {by}")
+    seeds = seeds_of(runs)
+    per = {v: st[v]["seeds"] for v in variants}
+    baselines = [v for v in FIELD_BASELINES if v in per]
+    best = max(baselines, key=lambda v: mean(_finals(per[v])))
+    # A baseline run on the sweep's seed only: the verdict against the best baseline stands
+    # only if, on that seed, it ended below the best one at their picks.
+    at_pick = {v: sw[f"{v}@lr{chosen[v]:g}"]["last_accuracy"] for v in chosen}
+    unseeded = [v for v in FIELD_BASELINES if v not in per]
+    open_question = [v for v in unseeded if at_pick[v] >= at_pick[best]]
+    sweep_text = "; ".join(
+        f"{FIELD_NAMES[v]} "
+        + " / ".join(
+            f3(sw[f"{v}@lr{lr:g}"]["last_accuracy"])
+            + (" (stopped)" if sw[f"{v}@lr{lr:g}"].get("seeds_stopped") else "")
+            for lr in lrs
+        )
+        + f" (picked {chosen[v]:g})"
+        for v in FIELD_NAMES
+        if v in chosen
+    )
+    seed_text = "; ".join(
+        f"{FIELD_NAMES[v]} "
+        + ", ".join(f3(x) for x in _finals(per[v]))
+        + f" (mean {f3(mean(_finals(per[v])))}) / "
+        + f"{mean([s['late_variance_pp2'] for s in per[v]]):.2f}"
+        for v in variants
+    )
+    part = mean([s["participants_per_round"] for s in per["fedsag"]])
+    measured = (
+        f"{FIELD_PAPER}. Here: {sizes['dataset']}, SmallCNN, K {sizes['devices']}, M "
+        f"{sizes['max_devices']}, {sizes['rounds']} rounds, alpha {sizes['alphas']}, P_h "
+        f"{sizes['harvest_probs']}, capacity {sizes['capacity']:g}, {sizes['local_steps']} local "
+        f"steps, eval on {sizes['eval_samples']} test images, {part:.1f} devices aggregated a "
+        f"round, the same batteries and energy-age selection for all. Learning-rate sweep on "
+        f"seed {sweep['sizes']['seeds']}, client lr {' / '.join(f'{x:g}' for x in lrs)}, mean "
+        f"accuracy of the last 5 rounds: {sweep_text}. At each pick, seeds "
+        f"{', '.join(map(str, seeds))}: final accuracy per seed (mean) / late variance (pp^2, "
+        f"mean): {seed_text}; best baseline"
+        + (" of those run at every seed" if unseeded else "")
+        + f": {FIELD_NAMES[best]}"
+    )
+    forms = [f for f in FIELD_FORMS if f in per]
+    verdicts = {f: field_verdict(per[f], per["fedavg"], per[best]) for f in forms}
+    if open_question:
+        verdicts = {
+            f: v.split(",")[0] + ", the best baseline not judged" for f, v in verdicts.items()
+        }
+    verdicts |= {
+        f: f"run on the sweep's seed only (last-5 mean {f3(at_pick[f])} at its pick)"
+        for f in FIELD_FORMS
+        if f not in per
+    }
+    verdict = "; ".join(f"{FIELD_NAMES[f]}: {verdicts[f]}" for f in FIELD_FORMS)
+    why = []
+    if unseeded:
+        why.append(
+            f"{', '.join(FIELD_NAMES[v] for v in unseeded)} run on the sweep's seed only: at "
+            "their picks their last-5 means "
+            + ", ".join(f3(at_pick[v]) for v in unseeded)
+            + f" against {FIELD_NAMES[best]}'s {f3(at_pick[best])}"
+            + (" (above it: the best baseline is not judged)" if open_question else "")
+        )
+    for f in forms:
+        ahead = sum(a > b for a, b in zip(_finals(per[f]), _finals(per[best]), strict=True))
+        why.append(
+            f"{FIELD_NAMES[f]} {pts(mean(_finals(per[f])) - mean(_finals(per['fedavg'])))} "
+            f"points against EH-FedAvg, "
+            f"{pts(mean(_finals(per[f])) - mean(_finals(per[best])))} against "
+            f"{FIELD_NAMES[best]} (above it in {ahead} of {len(seeds)} seeds)"
+        )
+    rejected = {
+        v: sum(s["rejected_replies"] for s in per[v])
+        for v in variants
+        if any(s["rejected_replies"] for s in per[v])
+    }
+    if rejected:
+        why.append(
+            "replies rejected by the norm screen over the seeds: "
+            + ", ".join(f"{FIELD_NAMES[v]} {n}" for v, n in rejected.items())
+        )
+    same = runs["settings"][0]["same_selection"]
+    why.append(
+        "every method selected the same devices round by round in every seed (`same_selection`)"
+        if same
+        else "the methods' selections differ in some seed (`participants_check`)"
+    )
+    why.append(
+        f"{sizes['rounds']} rounds of {sizes['devices']} devices on Fashion-MNIST, not the paper's "
+        "CIFAR-10 regime (pending: no GPU machine was lent)"
+    )
+    return Measured(measured, verdict, "; ".join(why))
 
 
 # -- CA-HFP on CIFAR-10 ---------------------------------------------------------------------
@@ -619,8 +777,8 @@ ROWS: tuple[Row, ...] = (
     Row(
         "EH-FedSAG, paper's regime (arXiv 2606.18758)",
         "SAGA memory makes EH-FedAvg stable when energy is scarce and data non-IID: late-stage "
-        "variance about 20x lower, about +3 points; CIFAR-10, SmallCNN, K 100, M 25, P_h 0.02 "
-        "and 0.06, alpha 0.1 and 1.0, 300 rounds",
+        "variance 0.94 -> 0.04, about +3 points; CIFAR-10, SmallCNN, K 100, M 25, P_h 0.02 "
+        "and 0.06, alpha 0.1 and 1.0, 1,000 rounds (the seed's figure; run here for 300)",
         (
             "fedsag_claims-cifar10-a0.1-2026-12-01.json",
             "fedsag_claims-cifar10-a1.0-s0-2026-12-01.json",
@@ -645,6 +803,25 @@ ROWS: tuple[Row, ...] = (
         ),
         fedsag_seed_form,
         "holds: the seed's form ends above EH-FedAvg in every run; does not: below in every run",
+    ),
+    Row(
+        "EH-FedSAG against the field, Fashion-MNIST on CPU (arXiv 2606.18758)",
+        "the same claim, asked as a user asks it: do FedSAG's two forms beat what one would "
+        "otherwise use (EH-FedAvg, MIFA, FedVARP, SCAFFOLD) under the same batteries and "
+        "energy-age selection, each method at its own learning rate from the same sweep?",
+        (
+            "fedsag_claims-field-fmnist-a0.1-ph0.05-sweep-2026-12-06.json",
+            "fedsag_claims-field-fmnist-a0.1-ph0.05-seeds-2026-12-06.json",
+        ),
+        fedsag_field,
+        "each method at the client lr its seed-0 sweep picks (the highest mean accuracy over the "
+        "last 5 rounds; a tie to the smaller), then seeds 0-2 at that lr. For each form of "
+        "FedSAG: the paper's direction holds when its mean final accuracy is above EH-FedAvg's "
+        "and its mean late variance below (the variance not compared where EH-FedAvg's mean "
+        f"final stays under {CHANCE_PLUS}), partly when one of the two, does not when neither; it "
+        "beats the best baseline (of EH-FedAvg, MIFA, FedVARP and SCAFFOLD, the highest mean "
+        "final accuracy) when its mean final accuracy is above that baseline's and its final is "
+        "above in every seed",
     ),
     Row(
         "CA-HFP on CIFAR-10 (arXiv 2603.12591)",
@@ -691,7 +868,67 @@ FEDSAG_MNIST_SETS = (
     "seed=11",
 )
 
+FIELD_VARIANTS = "fedavg,fedsag,fedsag-seed,mifa,fedvarp,scaffold"
+NO_DEVICE = "no GPU machine was lent to this work"
+
 UNMEASURED: tuple[Unmeasured, ...] = (
+    Unmeasured(
+        "EH-FedSAG against the field, the paper's regime (arXiv 2606.18758)",
+        "the seed's 1,000 CIFAR-10 rounds (K 100, M 25, P_h 0.02 and 0.06, alpha 0.1 and 1.0): "
+        "FedSAG's two forms against EH-FedAvg, MIFA, FedVARP and SCAFFOLD, each at its own "
+        "learning rate from the same sweep",
+        "python benchmarks/fedsag_claims.py --dataset cifar10 --data-dir ../shared/data "
+        "--devices 100 --max-devices 25 --rounds 1000 --alphas 0.1,1.0 --harvest-probs 0.02,0.06 "
+        f"--seeds 0 --lrs 0.01,0.03,0.1 --variants {FIELD_VARIANTS} --eval-samples 1000 "
+        "--engine inprocess",
+        "then `--seeds 0,1,2` with one `--variant-lr VARIANT=LR` per variant, the sweep's "
+        "`chosen_lr`, on the same `--out`",
+        NO_DEVICE,
+    ),
+    Unmeasured(
+        "EH-FedSAG against the field, CIFAR-10 on CPU (arXiv 2606.18758)",
+        "the Fashion-MNIST row's comparison on CIFAR-10 SmallCNN, sized to about an hour on 2 "
+        "cores, 3 seeds",
+        "python benchmarks/fedsag_claims.py --dataset cifar10 --data-dir ../shared/data "
+        "--devices 20 --max-devices 5 --rounds 60 --alphas 0.1 --harvest-probs 0.05 --seeds 0 "
+        f"--lrs 0.01,0.03,0.1 --variants {FIELD_VARIANTS} --eval-samples 1000 "
+        "--engine inprocess --workers 1",
+        "then the seeds at each pick, as for Fashion-MNIST",
+        "the CPU hours went to the Fashion-MNIST regime first",
+    ),
+    Unmeasured(
+        "CA-HFP against the field, the paper's regime (arXiv 2603.12591)",
+        "CIFAR-10 with the full model past 60 %: CA-HFP and the seed's signed Hutchinson score "
+        "against HeteroFL, FedRolex and FjORD at the same keep ratios",
+        "python benchmarks/pruning_claims.py --dataset cifar10 --model resnet8 --alphas 0.1 "
+        "--seeds 0,1,2 --devices 4 --local-steps 25 --batch-size 64 --rounds 124 "
+        "--variants full,curvature,curvature-signed,curvature-hutchinson,magnitude,random,"
+        "no-reconstruction --engine inprocess --data-dir ../shared/data",
+        "HeteroFL, FedRolex and FjORD are `pruning.criterion` prefix, rolling and "
+        "ordered-dropout; `pruning_claims.py` has no variant for them yet",
+        NO_DEVICE + "; the width-slice baselines have no benchmark variant",
+    ),
+    Unmeasured(
+        "Warm start against its own baselines (arXiv 2410.05662)",
+        "the pilot warm start against the `average` and `fresh` modes (uniform average of the "
+        "stored models; the initial model) beside Continuous, CIFAR-10 SmallCNN, 3 seeds",
+        "python benchmarks/warmstart_claims.py --datasets cifar10 --model smallcnn --devices 8 "
+        "--alpha 0.7 --overlaps 0 --strategies fedavg --modes pilot,previous,continuous,average,"
+        "fresh --sessions 5 --rounds-per-session 30 --pilot-sessions 1 --local-steps 5 "
+        "--batch-size 128 --lr 0.05 --lr-schedule session-poly --lr-min-ratio 0.5 "
+        "--reset-after-pilot --eval-samples 1000 --seeds 0,1,2 --target 0.6 --engine inprocess "
+        "--data-dir ../shared/data",
+        "",
+        "not run yet",
+    ),
+    Unmeasured(
+        "Data-free stopping, the seed's form (arXiv 2601.22669)",
+        "the rule as the seed writes it (squared-norm delta, no patience reset, "
+        "`stopping.form = seed`) beside the reference rule",
+        "edgefleet run scenarios/default.toml --set stopping.form=seed",
+        "`earlystop_claims.py` has no option for the form yet",
+        "not run yet",
+    ),
     Unmeasured(
         "EH-FedSAG (arXiv 2606.18758)",
         "SAGA memory makes EH-FedAvg stable when energy is scarce and data non-IID (late-stage "
@@ -754,7 +991,8 @@ def markdown() -> str:
     )
     for u in UNMEASURED:
         note = f" ({u.note})" if u.note else ""
-        out.append(f"- **{u.paper}**: {u.claim}. Run `{u.command}`{note}.\n")
+        pending = f" (pending: {u.pending})" if u.pending else ""
+        out.append(f"- **{u.paper}**{pending}: {u.claim}. Run `{u.command}`{note}.\n")
     out.append(END)
     return "".join(out)
 

@@ -14,9 +14,17 @@ one overlay plot per (alpha, P_h) with ``edgefleet report``.
 
 Variants (``--variants``): ``fedavg`` (EH-FedAvg), ``fedsag`` (EH-FedSAG with the run
 config's defaults), ``fedsag-seed`` (the seed's exact estimator: SAGA direction, the memory
-mean over the stored memories, corrections at 1/|S|), ``fedsag-sag`` (SAG/MIFA direction), and
+mean over the stored memories, corrections at 1/|S|), ``fedsag-stored`` (EdgeFleet's correction
+weight with the seed's memory mean: with ``fedvarp``, the seed's weight with EdgeFleet's mean,
+it separates the two changes), ``fedsag-sag`` (SAG/MIFA direction), and
 the field's baselines ``mifa``, ``fedvarp`` and ``scaffold`` (docs/explanation/field-baselines.md).
 ``--set KEY=VALUE`` applies a run-config key to every run (e.g. ``lr=0.01``).
+
+Learning rates, so that no variant stands against an untuned baseline: ``--lrs 0.01,0.03,0.1``
+runs every variant at each client learning rate (reported as ``<variant>@lr<lr>``), and writes
+each variant's pick by :data:`LR_RULE` (``chosen_lr``); ``--variant-lr VARIANT=LR`` then runs
+a variant at its pick (the others at ``--lr``). With either, run names end in ``-lr<lr>``, so a
+seed the sweep already ran in the same ``--out`` is reused, not run again.
 
 The paper reports, on CIFAR-10, about 3 points higher accuracy at scarce energy, late-stage
 variance 0.94 -> 0.04 and the 50% target about 26% sooner.
@@ -26,11 +34,15 @@ variance 0.94 -> 0.04 and the 50% target about 26% sooner.
     python benchmarks/fedsag_claims.py --dataset cifar10 --data-dir ../shared/data \\
         --harvest-probs 0.02,0.06 --rounds 300 --seeds 0,1 --engine inprocess
     python benchmarks/fedsag_claims.py --smoke --out /tmp/fs   # every variant, seconds
+    python benchmarks/fedsag_claims.py --dataset fashion-mnist --devices 20 --max-devices 5 \\
+        --rounds 60 --alphas 0.1 --harvest-probs 0.05 --seeds 0 --lrs 0.01,0.03,0.1 \\
+        --variants fedavg,fedsag,fedsag-seed,mifa,fedvarp,scaffold --engine inprocess
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import statistics
 import time
@@ -40,6 +52,7 @@ from typing import Any
 from _provenance import dumps
 from _runs import parse_with_smoke, run_once
 
+from edgefleet.simulation.engine import RunFailed
 from edgefleet.simulation.report import draw_plots, load_run
 from edgefleet.simulation.runner import parse_value
 
@@ -55,6 +68,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "saga.correction": "participants",
     },
     "fedsag-sag": {"strategy": "fedsag", "saga.estimator": "sag"},
+    # The fourth corner of (correction weight) x (memory mean): EdgeFleet's 1/max(|S|, M) with
+    # the seed's mean over stored memories (fedvarp is the seed's 1/|S| with the fleet mean).
+    "fedsag-stored": {"strategy": "fedsag", "saga.memory-mean": "stored"},
     # The field's baselines (docs/explanation/field-baselines.md).
     "mifa": {"strategy": "mifa"},
     "fedvarp": {"strategy": "fedvarp"},
@@ -80,9 +96,91 @@ SMOKE: dict[str, Any] = {
 }
 
 
+# How --lrs picks a variant's learning rate: the highest mean test accuracy over the last 5
+# evaluated rounds (less noisy than the final round alone), mean over the seeds swept; on a
+# tie, the smaller learning rate.
+LAST = 5
+LR_RULE = (
+    f"the learning rate with the highest mean test accuracy over the last {LAST} rounds "
+    "(mean over the seeds swept); on a tie the smaller; a learning rate whose run stopped "
+    "early in some seed (every reply rejected, e.g. non-finite) only if every one did"
+)
+
+
+def parse_lrs(text: str) -> list[float]:
+    """``--lrs``: comma-separated learning rates, each a finite number > 0, none twice."""
+    lrs = []
+    for item in (x.strip() for x in text.split(",")):
+        try:
+            lr = float(item)
+        except ValueError:
+            raise ValueError(f"--lrs: {item!r} is not a number") from None
+        if not (math.isfinite(lr) and lr > 0):
+            raise ValueError(f"--lrs: {item!r} must be a finite number > 0")
+        if lr in lrs:
+            raise ValueError(f"--lrs: {item!r} given twice")
+        lrs.append(lr)
+    return lrs
+
+
+def parse_variant_lrs(items: list[str], variants: list[str]) -> dict[str, float]:
+    """``--variant-lr VARIANT=LR`` (repeatable): each named variant runs at its own lr."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = (x.strip() for x in item.partition("="))
+        if not sep:
+            raise ValueError(f"--variant-lr {item!r}: expected VARIANT=LR")
+        if name not in variants:
+            raise ValueError(
+                f"--variant-lr {item!r}: {name!r} is not among --variants ({', '.join(variants)})"
+            )
+        if name in out:
+            raise ValueError(f"--variant-lr {item!r}: {name} given twice")
+        lrs = parse_lrs(value)
+        if len(lrs) != 1:
+            raise ValueError(f"--variant-lr {item!r}: one lr per variant")
+        out[name] = lrs[0]
+    return out
+
+
+def arms(
+    variants: list[str], lrs: list[float], variant_lrs: dict[str, float], lr: float
+) -> list[tuple[str, str, float, bool]]:
+    """(label, variant, lr, tagged) for each run of a seed; ``tagged``: the run name and
+    the label carry the lr (a sweep or a variant's own lr)."""
+    if lrs and variant_lrs:
+        raise ValueError("--lrs and --variant-lr: give one (the sweep, or each variant's pick)")
+    if lrs:
+        return [(f"{v}@lr{x:g}", v, x, True) for v in variants for x in lrs]
+    return [(v, v, variant_lrs.get(v, lr), bool(variant_lrs)) for v in variants]
+
+
+def choose_lrs(
+    row: dict[str, Any], arm_list: list[tuple[str, str, float, bool]]
+) -> dict[str, float]:
+    """Each variant's learning rate by :data:`LR_RULE` from a sweep's summaries in ``row``."""
+    best: dict[str, tuple[bool, float, float]] = {}
+    for label, variant, lr, _ in arm_list:
+        # (ran every round, accuracy, -lr): the largest wins
+        key = (not row[label]["seeds_stopped"], row[label]["last_accuracy"], -lr)
+        if variant not in best or key > best[variant]:
+            best[variant] = key
+    return {v: -key[2] for v, key in best.items()}
+
+
+FAILED_FILE = "failed.json"  # a run stopped by a silent fleet: why, and its settings
+
+
 def _run(
     args: argparse.Namespace, name: str, extra: dict[str, Any], **overrides: Any
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A run's rows, and why it stopped early (None: it ran every round).
+
+    A learning rate too large for a method makes every reply non-finite; screening rejects
+    them, and after ``run.max-empty-rounds`` empty rounds the run stops (FleetSilent). In a
+    sweep that is a result, not a crash: the rows so far are kept, the reason is written to
+    the run folder's ``failed.json`` (so a later invocation reuses it, as run_once reuses a
+    finished run), and the sweep goes on."""
     run_config = {
         "num-server-rounds": args.rounds,
         "dataset": args.dataset,
@@ -101,18 +199,39 @@ def _run(
         **overrides,
     }
     federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
-    return run_once(
-        Path(args.out).resolve(), name, federation, run_config, 12 * 3600, engine=args.engine
-    )
+    run_dir = Path(args.out).resolve() / name
+    failed = run_dir / FAILED_FILE
+    settings = {k: v for k, v in run_config.items() if k != "data-dir"} | {"federation": federation}
+    if failed.is_file() and not (run_dir / "summary.json").exists():
+        stored = json.loads(failed.read_text())
+        if stored["settings"] == json.loads(json.dumps(settings)):
+            return _rows(run_dir), stored["reason"]
+    try:
+        rows = run_once(
+            Path(args.out).resolve(), name, federation, run_config, 12 * 3600, engine=args.engine
+        )
+    except RunFailed as e:
+        if "FleetSilent" not in str(e):
+            raise
+        failed.write_text(json.dumps({"reason": str(e), "settings": settings}) + "\n")
+        return _rows(run_dir), str(e)
+    return rows, None
 
 
-def figures(rows: list[dict[str, Any]], target: float) -> dict[str, Any]:
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+
+
+def figures(
+    rows: list[dict[str, Any]], target: float, stopped: str | None = None
+) -> dict[str, Any]:
     acc = [r["test_accuracy"] for r in rows]
     tail = acc[-max(2, len(acc) // 5) :]
     reached = next((r["round"] for r in rows if r["test_accuracy"] >= target), None)
     nonfinite = [r["round"] for r in rows if not _finite(r["test_loss"])]
     return {
         "final_accuracy": round(acc[-1], 4),
+        "last_accuracy": round(statistics.fmean(acc[-LAST:]), 4),  # LR_RULE's figure
         # in percentage points squared, the unit of the paper's 0.94 -> 0.04
         "late_variance_pp2": round(statistics.pvariance([100 * a for a in tail]), 4),
         "rounds_to_target": reached,
@@ -121,6 +240,8 @@ def figures(rows: list[dict[str, Any]], target: float) -> dict[str, Any]:
         "first_nonfinite_round": nonfinite[0] if nonfinite else None,
         "rejected_replies": sum(len(r["rejected"]) for r in rows),
         "participants_per_round": round(statistics.fmean(len(r["participants"]) for r in rows), 2),
+        # why the run ended before its last round (a silent fleet: every reply rejected)
+        "stopped": None if stopped is None else f"after round {len(rows)}: {stopped[-300:]}",
     }
 
 
@@ -142,14 +263,17 @@ def first_difference(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> int | 
     return None if len(a) == len(b) else min(len(a), len(b)) + 1
 
 
-def summarise(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+def summarise(per_seed: list[dict[str, Any]], lr: float) -> dict[str, Any]:
     reached = [s["rounds_to_target"] for s in per_seed if s["rounds_to_target"]]
     return {
+        "lr": lr,
         "final_accuracy": round(statistics.fmean(s["final_accuracy"] for s in per_seed), 4),
+        "last_accuracy": round(statistics.fmean(s["last_accuracy"] for s in per_seed), 4),
         "late_variance_pp2": round(statistics.fmean(s["late_variance_pp2"] for s in per_seed), 4),
         "rounds_to_target": round(statistics.fmean(reached), 1) if reached else None,
         "seeds_reaching_target": len(reached),
         "seeds_finite": sum(s["finite"] for s in per_seed),
+        "seeds_stopped": sum(s.get("stopped") is not None for s in per_seed),
         "seeds": per_seed,
     }
 
@@ -169,6 +293,14 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lrs", default="", help="sweep: every variant at each lr (e.g. 0.01,0.03,0.1)")
+    p.add_argument(
+        "--variant-lr",
+        action="append",
+        default=[],
+        metavar="VARIANT=LR",
+        help="a variant's own lr (a sweep's pick); the others run at --lr",
+    )
     p.add_argument("--capacity", type=float, default=8.0)
     p.add_argument("--train-slots", type=int, default=3)
     p.add_argument("--dataset", default="mnist")
@@ -195,6 +327,17 @@ def main() -> None:
         if not sep:
             p.error(f"--set {item!r}: expected KEY=VALUE")
         extra[key.strip()] = parse_value(value.strip())
+    try:
+        arm_list = arms(
+            variants,
+            parse_lrs(args.lrs) if args.lrs.strip() else [],
+            parse_variant_lrs(args.variant_lr, variants),
+            args.lr,
+        )
+    except ValueError as e:
+        p.error(str(e))
+    if "lr" in extra and (args.lrs.strip() or args.variant_lr):
+        p.error("--set lr=... with --lrs or --variant-lr: the lr would be set twice")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     settings = []
@@ -202,30 +345,36 @@ def main() -> None:
         for ph in (float(x) for x in args.harvest_probs.split(",")):
             row: dict[str, Any] = {"alpha": alpha, "harvest_prob": ph}
             dirs = []
-            per_variant: dict[str, list[dict[str, Any]]] = {v: [] for v in variants}
+            per_arm: dict[str, list[dict[str, Any]]] = {a[0]: [] for a in arm_list}
             same: dict[str, Any] = {}
             for seed in (int(s) for s in args.seeds.split(",")):
                 rows_of = {}
-                for variant in variants:
-                    name = f"a{alpha:g}-ph{ph:g}-{variant}-s{seed}"
-                    rows = _run(
-                        args, name, extra, alpha=alpha, seed=seed,
+                for label, variant, lr, tagged in arm_list:
+                    name = f"a{alpha:g}-ph{ph:g}-{variant}-s{seed}" + (
+                        f"-lr{lr:g}" if tagged else ""
+                    )
+                    rows, stopped = _run(
+                        args, name, extra, alpha=alpha, seed=seed, lr=lr,
                         **{"energy.harvest-prob": ph}, **VARIANTS[variant],
                     )  # fmt: skip
-                    rows_of[variant] = rows
-                    per_variant[variant].append(figures(rows, args.target))
+                    rows_of[label] = rows
+                    per_arm[label].append(figures(rows, args.target, stopped))
                     dirs.append(Path(args.out) / name)
-                first = rows_of[variants[0]]
-                diffs = {v: first_difference(first, rows_of[v]) for v in variants[1:]}
+                labels = [a[0] for a in arm_list]
+                first = rows_of[labels[0]]
+                diffs = {v: first_difference(first, rows_of[v]) for v in labels[1:]}
                 same[str(seed)] = {
                     # None: one variant, nothing to compare it with
                     "same_selection": all(d is None for d in diffs.values()) if diffs else None,
                     "first_differing_round": {v: d for v, d in diffs.items() if d is not None},
                 }
-            for variant in variants:
-                row[variant] = summarise(per_variant[variant])
+            for label, _, lr, _ in arm_list:
+                row[label] = summarise(per_arm[label], lr)
+            if args.lrs.strip():
+                row["chosen_lr"] = choose_lrs(row, arm_list)
+                row["lr_rule"] = LR_RULE
             row["same_selection"] = (
-                all(s["same_selection"] for s in same.values()) if len(variants) > 1 else None
+                all(s["same_selection"] for s in same.values()) if len(arm_list) > 1 else None
             )
             row["participants_check"] = same
             plot_dir = Path(args.out) / f"plots-a{alpha:g}-ph{ph:g}"
@@ -241,8 +390,9 @@ def main() -> None:
                     for k in ("devices", "max_devices", "rounds", "local_steps", "lr")
                     + ("capacity", "train_slots", "dataset", "target", "seeds", "batch_size")
                     + ("alphas", "harvest_probs", "eval_samples", "variants", "engine", "smoke")
+                    + ("lrs",)
                 }
-                | {"set": extra},
+                | {"set": extra, "variant_lr": {a[1]: a[2] for a in arm_list if args.variant_lr}},
                 "settings": settings,
                 "wall_s": round(time.monotonic() - t0, 1),
             }

@@ -230,3 +230,157 @@ def test_warmstart_verdict_follows_the_figures() -> None:
             for s in line["settings"]:
                 s["ratios"]["continuous/pilot"]["lookalike"]["aux_counted"] = scale
         assert row.measure(changed).verdict == target
+
+
+RUN_COUNT = re.compile(r"\((\d+) runs\b")
+RESULTS_NAME = re.compile(r"benchmarks/results/([\w.-]+\.json)")
+
+
+def run_count_problems(text: str, where: str) -> list[str]:
+    """Each "(N runs" in ``text`` against the ``runs`` (new + reused) of the first results
+    file named in the 400 characters after it: the count the file recorded, not a recount."""
+    problems = []
+    for m in RUN_COUNT.finditer(text):
+        named = RESULTS_NAME.search(text, m.end(), m.end() + 400)
+        if named is None:
+            problems.append(f"{where}: '{m.group(0)}' names no results file after it")
+            continue
+        runs = claims.load(named.group(1)).get("runs")
+        if not isinstance(runs, dict):
+            problems.append(f"{where}: {named.group(1)} records no run count")
+            continue
+        total = sum(runs.values())
+        if int(m.group(1)) != total:
+            problems.append(f"{where}: '{m.group(0)}' but {named.group(1)} ran {total} ({runs})")
+    return problems
+
+
+def test_run_counts_in_the_docs_are_their_files() -> None:
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    problems = [p for f in pages for p in run_count_problems(f.read_text(), f.name)]
+    assert problems == []
+    # A count that disagrees with its file is named (issue 46: "108 runs" for a file of 102).
+    wrong = "(108 runs, 31 min; `benchmarks/results/attack_grid-mlp-f0.2-3seeds-2026-12-04.json`"
+    assert run_count_problems(wrong, "x.md") == [
+        "x.md: '(108 runs' but attack_grid-mlp-f0.2-3seeds-2026-12-04.json ran 102 "
+        "({'new': 102, 'reused': 0})"
+    ]
+
+
+def _seeds(*finals: float, var: float = 1.0) -> list[dict[str, Any]]:
+    return [
+        {"final_accuracy": f, "late_variance_pp2": var, "rejected_replies": 0}
+        | {"participants_per_round": 1.5}
+        for f in finals
+    ]
+
+
+def test_field_verdict_has_the_papers_direction_and_the_best_baseline() -> None:
+    fedavg = _seeds(0.60, 0.62, 0.64, var=20.0)
+    best = _seeds(0.80, 0.81, 0.82, var=2.0)
+    verdict = claims.field_verdict
+    assert verdict(_seeds(0.85, 0.86, 0.87), fedavg, best) == (
+        "direction holds, beats the best baseline"
+    )
+    # Above the best baseline on the mean but not in every seed: does not beat it.
+    assert verdict(_seeds(0.95, 0.80, 0.87), fedavg, best) == (
+        "direction holds, does not beat the best baseline"
+    )
+    # Above EH-FedAvg but with a higher late variance: half the paper's direction.
+    assert verdict(_seeds(0.70, 0.70, 0.70, var=30.0), fedavg, best) == (
+        "direction partly, does not beat the best baseline"
+    )
+    assert verdict(_seeds(0.1, 0.1, 0.1, var=30.0), fedavg, best) == (
+        "direction does not, does not beat the best baseline"
+    )
+    # EH-FedAvg at chance is flat, not stable: its variance is not compared.
+    chance = _seeds(0.10, 0.10, 0.11, var=0.01)
+    assert verdict(_seeds(0.5, 0.5, 0.5), chance, best).startswith("direction holds")
+
+
+def _field_lines() -> list[dict[str, Any]]:
+    """A sweep line and a seeds line as fedsag_claims.py writes them (--lrs, --variant-lr)."""
+    sizes = {
+        "devices": 20, "max_devices": 5, "rounds": 60, "local_steps": 10, "lr": 0.05,
+        "capacity": 8.0, "train_slots": 3, "dataset": "fashion-mnist", "target": 0.5,
+        "batch_size": 40, "alphas": "0.1", "harvest_probs": "0.05", "eval_samples": 1000,
+        "engine": "inprocess", "smoke": False, "set": {},
+    }  # fmt: skip
+    lrs = (0.01, 0.03, 0.1)
+    last = {"fedsag": (0.7, 0.8, 0.6), "fedsag-seed": (0.3, 0.2, 0.1), "fedavg": (0.5, 0.6, 0.6)}
+    last |= {"mifa": (0.7, 0.75, 0.5), "fedvarp": (0.2, 0.3, 0.1), "scaffold": (0.5, 0.5, 0.4)}
+    sweep: dict[str, Any] = {"alpha": 0.1, "harvest_prob": 0.05, "same_selection": True}
+    for v, xs in last.items():
+        for lr, x in zip(lrs, xs, strict=True):
+            sweep[f"{v}@lr{lr:g}"] = {"lr": lr, "last_accuracy": x, "seeds": _seeds(x)}
+    chosen = {"fedsag": 0.03, "fedsag-seed": 0.01, "fedavg": 0.03}
+    chosen |= {"mifa": 0.03, "fedvarp": 0.03, "scaffold": 0.01}
+    sweep["chosen_lr"] = chosen
+    finals = {"fedsag": (0.8, 0.82, 0.84), "fedsag-seed": (0.2, 0.25, 0.3)}
+    finals |= {"fedavg": (0.6, 0.6, 0.6), "mifa": (0.75, 0.83, 0.8)}
+    finals |= {"fedvarp": (0.3, 0.3, 0.3), "scaffold": (0.5, 0.5, 0.5)}
+    runs: dict[str, Any] = {"alpha": 0.1, "harvest_prob": 0.05, "same_selection": True}
+    runs |= {v: {"seeds": _seeds(*f, var=1.0 if v == "fedsag" else 5.0)} for v, f in finals.items()}
+    variants = ",".join(last)
+    return [
+        {"sizes": sizes | {"seeds": "0", "lrs": "0.01,0.03,0.1", "variants": variants},
+         "settings": [sweep]},
+        {"sizes": sizes | {"seeds": "0,1,2", "lrs": "", "variants": variants,
+                           "variant_lr": dict(chosen)}, "settings": [runs]},
+    ]  # fmt: skip
+
+
+def test_field_row_reads_the_sweep_and_the_seeds_at_each_pick() -> None:
+    got = claims.fedsag_field(_field_lines())
+    # MIFA (mean 0.793) is the best baseline; EdgeFleet's form is above it in 2 of 3 seeds.
+    assert got.verdict == (
+        "EdgeFleet's form: direction holds, does not beat the best baseline; "
+        "seed's form: direction does not, does not beat the best baseline"
+    )
+    assert "best baseline: MIFA" in got.measured
+    assert "MIFA 0.700 / 0.750 / 0.500 (picked 0.03)" in got.measured
+    assert "EdgeFleet's form 0.800, 0.820, 0.840 (mean 0.820) / 1.00" in got.measured
+    assert "above it in 2 of 3 seeds" in got.why
+    lines = _field_lines()
+    lines[1]["settings"][0]["fedsag"]["seeds"][1]["final_accuracy"] = 0.9
+    assert claims.fedsag_field(lines).verdict.startswith(
+        "EdgeFleet's form: direction holds, beats the best baseline"
+    )
+
+
+def test_field_row_refuses_picks_that_are_not_the_sweeps() -> None:
+    lines = _field_lines()
+    lines[1]["sizes"]["variant_lr"]["fedavg"] = 0.1  # the seeds ran another lr than the pick
+    with pytest.raises(ValueError, match="the sweep picked"):
+        claims.fedsag_field(lines)
+    lines = _field_lines()
+    # EH-FedAvg ties at 0.03 and 0.1 (0.6): the rule takes the smaller, so 0.1 is refused.
+    lines[0]["settings"][0]["chosen_lr"]["fedavg"] = 0.1
+    lines[1]["sizes"]["variant_lr"]["fedavg"] = 0.1
+    with pytest.raises(ValueError, match="does not follow its rule"):
+        claims.fedsag_field(lines)
+
+
+def test_field_row_with_a_baseline_run_on_the_sweeps_seed_only() -> None:
+    lines = _field_lines()
+    del lines[1]["settings"][0]["scaffold"], lines[1]["sizes"]["variant_lr"]["scaffold"]
+    got = claims.fedsag_field(lines)
+    assert got.verdict.startswith("EdgeFleet's form: direction holds, does not beat")
+    assert "SCAFFOLD run on the sweep's seed only" in got.why
+    # Above the best seeded baseline on the sweep's seed: no verdict against the field.
+    lines[0]["settings"][0]["scaffold@lr0.01"]["last_accuracy"] = 0.9
+    got = claims.fedsag_field(lines)
+    assert got.verdict == (
+        "EdgeFleet's form: direction holds, the best baseline not judged; "
+        "seed's form: direction does not, the best baseline not judged"
+    )
+
+
+def test_field_row_with_a_form_run_on_the_sweeps_seed_only() -> None:
+    lines = _field_lines()
+    del lines[1]["settings"][0]["fedsag-seed"], lines[1]["sizes"]["variant_lr"]["fedsag-seed"]
+    got = claims.fedsag_field(lines)
+    assert got.verdict.endswith(
+        "seed's form: run on the sweep's seed only (last-5 mean 0.300 at its pick)"
+    )
+    assert "seed's form" not in got.why.split("against EH-FedAvg")[-1]
