@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from flwr.app import ArrayRecord, Context, Error, Message, MessageType, RecordDict
 
-from edgefleet.loop.context import RoundContext, ScreeningRow, StoppingRow
+from edgefleet.loop.context import RoundContext, ScreeningRow, SelectionRow, StoppingRow
 from edgefleet.loop.registry import DeviceRegistry
 from edgefleet.loop.roundloop import RoundResult
 from edgefleet.server.checkpoint import FILENAME, load_checkpoint
@@ -119,6 +119,30 @@ def test_rounds_that_stopping_rests_are_not_a_silent_fleet() -> None:
     assert stop.after_round(_result(6, "the strategy sent no train messages")) is None
     with pytest.raises(FleetSilent, match="rounds 6-7"):
         stop.after_round(_result(7, "the strategy sent no train messages"))
+
+
+def test_rounds_the_deadline_empties_are_neither_silent_nor_heard() -> None:
+    # Every board over selection.deadline: the server skips them until deadline-retry lets
+    # them back. Under load that outlasted run.max-empty-rounds and stopped a deadline run
+    # before any retry (benchmarks/link_fleet.py). Such rounds must not count...
+    def skipped(rnd: int) -> RoundResult:
+        result = _result(rnd, "energy-age selection: nobody left after selection.deadline")
+        result.context.section(SelectionRow).deadline_skipped = ["0", "1"]
+        return result
+
+    stop = EmptyRoundsStop(2, deadline_retry=3)
+    for rnd in range(1, 6):
+        assert stop.after_round(skipped(rnd)) is None
+    # ... nor hide a fleet that is gone: retried boards that never answer still end the run.
+    assert stop.after_round(_result(6, "nobody answered")) is None
+    assert stop.after_round(skipped(7)) is None
+    with pytest.raises(FleetSilent, match="rounds 6-8"):
+        stop.after_round(_result(8, "nobody answered"))
+    # Without a retry a skipped board is never asked again: those rounds are silent.
+    never = EmptyRoundsStop(2, deadline_retry=0)
+    assert never.after_round(skipped(1)) is None
+    with pytest.raises(FleetSilent, match="rounds 1-2"):
+        never.after_round(skipped(2))
 
 
 def test_unreachable_devices_are_named_from_their_column() -> None:

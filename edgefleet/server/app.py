@@ -449,7 +449,7 @@ def main(grid: Grid, context: Context) -> None:
             writer,
             FleetWriter(run_dir, tau),
             checkpointer,
-            EmptyRoundsStop(cfg.server.max_empty_rounds),
+            EmptyRoundsStop(cfg.server.max_empty_rounds, cfg.energy.deadline_retry),
         ],
         evaluate_fn=central.evaluate,
         evaluate_every=cfg.server.evaluate_every,

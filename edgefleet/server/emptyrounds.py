@@ -19,11 +19,18 @@ not silent either: the story counts it apart, and it ends a streak.
 A round in which energy-aware selection heard from the devices but none could afford a round
 is not silent: the devices are there and their batteries recharge (under scarce energy many
 rounds have nobody, by design). It ends a streak instead of adding to it.
+
+A round in which ``selection.deadline`` skipped every device while ``selection.deadline-retry``
+will let them back is the server's own choice, not the fleet's silence: it neither adds to a
+streak nor ends one, so a fleet that is really gone still stops once its retried devices
+fail to answer. Counting it made a deadline run stop with ``FleetSilent`` under load (every
+board's round over the deadline, ``deadline-retry`` >= ``max-empty-rounds``) before the retry
+let any board back in (``benchmarks/link_fleet.py``, docs/benchmarks/links.md).
 """
 
 from __future__ import annotations
 
-from edgefleet.loop.context import ScreeningRow, StoppingRow
+from edgefleet.loop.context import ScreeningRow, SelectionRow, StoppingRow
 from edgefleet.loop.roundloop import RoundCallback, RoundResult
 
 # What EnergyAgeSelection._why_nobody says when devices answered but none can afford a round
@@ -36,6 +43,13 @@ def waiting_for_energy(result: RoundResult) -> bool:
     recharging."""
     said = result.context.section(ScreeningRow).no_participants or ""
     return WAITING_FOR_ENERGY in said and not result.declined and not result.rejected
+
+
+def skipped_by_deadline(result: RoundResult) -> bool:
+    """Whether ``result``'s round was empty only because ``selection.deadline`` skipped every
+    device it would have asked."""
+    row = result.context.section(SelectionRow)
+    return bool(row.deadline_skipped) and not row.selected and not result.declined
 
 
 class FleetSilent(RuntimeError):
@@ -73,10 +87,13 @@ def empty_round_cause(result: RoundResult) -> str:
 
 class EmptyRoundsStop(RoundCallback):
     """Round callback (put it after the checkpoint): raise :class:`FleetSilent` once
-    ``limit`` rounds in a row had no participant (0: never)."""
+    ``limit`` rounds in a row had no participant (0: never). ``deadline_retry`` is
+    ``selection.deadline-retry``: when it is 0 a device the deadline skips is never tried
+    again, so a round it emptied counts like any other."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, deadline_retry: int = 0) -> None:
         self.limit = limit
+        self.deadline_retry = deadline_retry
         self.streak: list[tuple[int, str]] = []  # (round, cause) of the empty rounds in a row
 
     def after_round(self, result: RoundResult) -> str | None:
@@ -86,6 +103,8 @@ class EmptyRoundsStop(RoundCallback):
         if result.participants or not self.limit or resting or waiting_for_energy(result):
             self.streak = []
             return None
+        if self.deadline_retry and skipped_by_deadline(result):
+            return None  # the retry brings the skipped devices back: neither silent nor heard
         self.streak.append((result.round, empty_round_cause(result)))
         if len(self.streak) < self.limit:
             return None
