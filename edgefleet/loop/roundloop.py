@@ -73,7 +73,7 @@ from edgefleet.loop.screening import (
     parse_device_id,
     reply_metrics,
 )
-from edgefleet.loop.status import StatusPhase, bounded_reason, is_unreachable
+from edgefleet.loop.status import StatusPhase, StatusQuery, bounded_reason, is_unreachable
 from edgefleet.loop.timing import (
     Exchange,
     LinkEstimate,
@@ -313,6 +313,14 @@ class RoundLoop:
 
     def new_context(self, rnd: int) -> RoundContext:
         return RoundContext(rnd, self.registry, online=self.grid.online, fleet=self.fleet)
+
+    def census(self, first_round: int, timeout: float, first_timeout: float | None) -> None:
+        """One status query to every online node before ``first_round`` (the ServerApp's
+        fleet check, ``edgefleet.server.app.fleet_census``), on the fleet's clock: the
+        answers land in the registry. Sent here so that the loop stays the only sender."""
+        query = StatusQuery(self.fleet.slots_per_round, timeout, first_timeout)
+        with in_round(self.new_context(first_round)):
+            query.ask(self.grid, sorted(self.grid.online()), first_round)  # type: ignore[arg-type]
 
     def run_round(
         self, rnd: int, arrays: ArrayRecord, config: ConfigRecord, t0: float, last: bool = False

@@ -37,11 +37,10 @@ from edgefleet.config import (
 )
 from edgefleet.loop.asyncloop import AsyncLoop
 from edgefleet.loop.base import build_loop, find_wrapper
-from edgefleet.loop.context import ClassAccuracy, in_round
+from edgefleet.loop.context import ClassAccuracy
 from edgefleet.loop.roundloop import EvaluateFn, Evaluation, RoundLoop
 from edgefleet.loop.screening import Screening
 from edgefleet.loop.staleness import AsyncSettings
-from edgefleet.loop.status import StatusQuery
 from edgefleet.loop.timing import RoundWait, WaitMode
 from edgefleet.server.baselines import AGGREGATORS
 from edgefleet.server.checkpoint import (
@@ -282,11 +281,8 @@ def fleet_census(loop: RoundLoop, cfg: RunConfig, first_round: int) -> None:
     a fleet none of whose devices it has seen (``FleetMismatch``). Nodes whose ClientApp
     cannot answer are not checked. The query carries the first round's slot on the loop's
     fleet clock, so batteries advance to where that round finds them anyway. (Before round
-    1, not a round's status phase: the ServerApp sends it, as it waits for the nodes.)"""
-    slots = loop.fleet.slots_per_round
-    query = StatusQuery(slots, query_timeout(cfg), first_answer_timeout(cfg))
-    with in_round(loop.new_context(first_round)):
-        query.ask(loop.grid, sorted(loop.grid.online()), first_round)  # type: ignore[arg-type]
+    1, not a round's status phase; the loop sends it, as it sends every message.)"""
+    loop.census(first_round, query_timeout(cfg), first_answer_timeout(cfg))
 
 
 # A resumed run goes on once the fleet has stopped growing for this long: nodes reconnecting
