@@ -37,6 +37,7 @@ from edgefleet.server.checkpoint import (
     save_checkpoint,
 )
 from edgefleet.server.results import MetricsWriter, RunDirError, prepare_run_dir
+from edgefleet.simulation.inprocess import InProcessEngine
 from edgefleet.simulation.runner import load_scenario, run_scenario
 from edgefleet.strategies.energy_selection import EnergyAgeSelection
 from edgefleet.strategies.fedsag import FedSAG
@@ -289,7 +290,10 @@ def test_resumed_simulation_ends_with_the_same_model(tmp_path: Path, monkeypatch
             "resume-changes": "num-server-rounds" if resume else "",
         }
         scenario = load_scenario(ROOT / "scenarios" / "fedavg.toml", overrides)
-        return run_scenario(scenario, timeout=200, quiet=True)
+        # The in-process engine runs the same ServerApp and ClientApp: resuming is the
+        # ServerApp's work, not the engine's (tests/test_deployment_resume.py resumes on
+        # Flower's Deployment Engine), and it spares this test three Ray starts.
+        return run_scenario(scenario, timeout=200, quiet=True, engine=InProcessEngine(workers=1))
 
     whole = run("whole", 3)
     part = run("part", 2)
@@ -322,7 +326,7 @@ def test_a_resume_on_another_fleet_stops_with_the_reason(tmp_path: Path, monkeyp
             "resume-changes": "num-server-rounds" if resume else "",
         }
         scenario = load_scenario(ROOT / "scenarios" / "fedavg.toml", overrides)
-        return run_scenario(scenario, timeout=240, quiet=True)
+        return run_scenario(scenario, timeout=240, quiet=True, engine=InProcessEngine(workers=1))
 
     part = run(3, 2)
     (part / "summary.json").unlink()  # as if the ServerApp had died after round 2

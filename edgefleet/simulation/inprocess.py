@@ -628,10 +628,16 @@ def _child(spec: dict[str, Any], log_path: str) -> None:
             serve(spec["run_config"], spec["nodes"], app=spec["app"], pool=spec["pool"])
             code = 0
         except BaseException:  # noqa: BLE001 - the log says why; the parent sees the status
-            traceback.print_exc()
+            # Into the log file itself, not sys.stderr: a parent that had replaced sys.stderr
+            # (pytest's capture, a notebook) leaves the child's sys.stderr off fd 2, and the
+            # parent's error then said only "exited with code 1" without the cause.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            traceback.print_exc(file=out)
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
+            out.flush()
     # The parent's exit handlers (and its buffers, flushed before the fork) are not the
     # child's to run.
     os._exit(code)
