@@ -33,9 +33,9 @@ docs: $(VENV)/.installed-test ## regenerate the generated pages and build the si
 	$(BIN)/mkdocs build --strict
 
 lint: install ## ruff and mypy
-	$(BIN)/ruff format --check edgefleet tests benchmarks
-	$(BIN)/ruff check edgefleet tests benchmarks
-	$(BIN)/mypy edgefleet
+	$(BIN)/ruff format --check edgefleet fleetharness tests benchmarks
+	$(BIN)/ruff check edgefleet fleetharness tests benchmarks
+	$(BIN)/mypy edgefleet fleetharness
 
 # --durations: the slowest tests in the log, for keeping CI's run within its budget.
 # The site in strict mode (a broken link, a missing page or symbol fails; about 10 s; not

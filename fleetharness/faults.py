@@ -14,6 +14,9 @@ a ClientApp of their own (:func:`faulty_clientapp`, or the component
   deployment cannot ask for faults, and a SuperNode's ``test-corrupt`` does nothing under
   EdgeFleet's own ClientApp.
 
+A node whose node config holds ``test-slow-s=SECONDS`` answers every train message that
+much later (a straggler on a slow link or a slow board; ``tests/test_deployment_async.py``).
+
 The server must drop each such reply with its reason (or, for ``bad-metrics``, leave the
 odd metrics out of the average) and finish the run with the honest devices.
 
@@ -36,6 +39,7 @@ Kinds, in ``cycle`` order:
 from __future__ import annotations
 
 import os
+import time
 import zlib
 from collections.abc import Iterable
 from typing import Any
@@ -67,6 +71,7 @@ KINDS: tuple[str, ...] = (
     "bad-energy",
 )
 NODE_CONFIG_KEY = "test-corrupt"
+SLOW_KEY = "test-slow-s"  # node config: seconds a train reply is held back
 FAULTS_ENV = "EDGEFLEET_TEST_FAULTS"
 FAULTY_APP = "fleetharness.faults:faulty_app"  # the component string of faulty_app
 HUGE_BYTES = 64 * 2**20  # big enough to hurt a server that trusts sizes, small enough for gRPC
@@ -95,7 +100,10 @@ def fault_mod(kind: str = "", partitions: Iterable[int] = ()) -> Mod:
 
     def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         reply = call_next(msg, context)
-        if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN or reply.has_error():
+        if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
+            return reply
+        time.sleep(max(0.0, float(context.node_config.get(SLOW_KEY, 0.0))))
+        if reply.has_error():
             return reply
         fault = context.node_config.get(NODE_CONFIG_KEY)
         if not fault and int(context.node_config.get("partition-id", -1)) in liars:
