@@ -155,24 +155,52 @@ def test_unreachable_devices_are_named_from_their_column() -> None:
 
 @pytest.mark.timeout(300)
 def test_edgefleet_run_exits_non_zero_when_no_device_takes_part(tmp_path: Path) -> None:
-    # Three device groups take turns on a fleet of 2 devices: no device of the third group,
-    # and today none answers at all (their ClientApps fail on this split). Either way rounds
-    # go by without a participant: the run must stop, not finish "done".
+    # Batteries smaller than a round's cost and no harvest: every device declines every
+    # round. Rounds go by without a participant: the run must stop, not finish "done".
     # A process of its own, as a user runs it (the run's log is its file descriptors').
     proc = subprocess.run(
         [sys.executable, "-m", "edgefleet.cli", "run", str(ROOT / "scenarios" / "fedavg.toml"),
          "--quiet", "--engine", "inprocess",
          "--workers", "1", "--set", "federation.num-supernodes=2",
          "--set", "num-server-rounds=12", "--set", "local-steps=1", "--set", "eval-samples=50",
-         "--set", "sessions.schedule='alternate'", "--set", "sessions.groups=3",
-         "--set", "sessions.count=4", "--set", "sessions.rounds=3",
+         "--set", "energy.capacity=0.5", "--set", "energy.harvest-prob=0.0",
          "--set", f"output-dir={tmp_path}", "--set", "run-name=drained", "--timeout", "240"],
         capture_output=True, text=True, timeout=280,
     )  # fmt: skip
     err = proc.stderr
     assert proc.returncode == 1, err
-    assert "FleetSilent: no device took part in 3 rounds in a row (rounds " in err, err
-    assert "sessions: no device present" in err and "--resume" in err, err
+    assert "FleetSilent: no device took part in 3 rounds in a row (rounds 1-3" in err, err
+    assert "every device asked declined (2: " in err and "--resume" in err, err
     rounds = _rounds(tmp_path / "drained")
     assert load_checkpoint(tmp_path / "drained" / FILENAME).round == rounds[-1] < 12
     assert not (tmp_path / "drained" / "summary.json").exists()
+
+
+def test_more_session_groups_than_devices_is_refused_before_the_run() -> None:
+    # Each device refused to build its data ("2 partitions cannot form 3 groups") on every
+    # message, and the run went by with nobody until run.max-empty-rounds stopped it,
+    # misreading the devices as unreachable.
+    from edgefleet.config import ConfigError
+    from edgefleet.simulation.runner import load_scenario, resolve_run_config
+
+    scenario = load_scenario(
+        ROOT / "scenarios" / "fedavg.toml",
+        {
+            "federation.num-supernodes": 2,
+            "sessions.schedule": "alternate",
+            "sessions.groups": 3,
+            "sessions.rounds": 3,
+            "sessions.count": 2,
+            "num-server-rounds": 6,
+        },
+    )
+    with pytest.raises(ConfigError, match=r"'sessions.groups' = 3 .*num-supernodes = 2"):
+        resolve_run_config(scenario)
+
+
+def test_status_errors_are_named_not_taken_for_unreachable_devices() -> None:
+    stop = EmptyRoundsStop(1)
+    failing = _result(1, "sessions: no device present (0 of 2 nodes answered)")
+    failing.context.status_errors.update({1: "code 10: 2 partitions cannot form 3 groups"})
+    with pytest.raises(FleetSilent, match="answered the status query with an error .*3 groups"):
+        stop.after_round(failing)

@@ -57,25 +57,43 @@ class FleetSilent(RuntimeError):
     and how to go on."""
 
 
+def _listed(devices: list[str]) -> str:
+    """The first five of ``devices`` in a stable order (a streak's causes are deduplicated)."""
+    return ", ".join(sorted(devices)[:5]) + (", ..." if len(devices) > 5 else "")
+
+
 def empty_round_cause(result: RoundResult) -> str:
     """Why ``result``'s round aggregated nobody, as one line."""
     row = result.context.section(ScreeningRow)
     said = row.no_participants or "nobody was selected"
     if result.unreachable and not result.declined and not result.rejected:
-        names = ", ".join(result.unreachable[:5]) + (", ..." if len(result.unreachable) > 5 else "")
+        names = ", ".join(sorted(result.unreachable)[:5]) + (
+            ", ..." if len(result.unreachable) > 5 else ""
+        )
         return (
             f"the devices asked are unreachable ({len(result.unreachable)}: {names}); on the "
             "Simulation Engine the engine's workers may have been killed (e.g. out of memory): "
             "see flower.log"
         )
     if result.declined and not result.rejected:
-        names = ", ".join(result.declined[:5]) + (", ..." if len(result.declined) > 5 else "")
+        names = ", ".join(sorted(result.declined)[:5]) + (
+            ", ..." if len(result.declined) > 5 else ""
+        )
         return f"every device asked declined ({len(result.declined)}: {names})"
     if result.rejected:
         first = result.rejected[0]
         return (
             f"every reply was rejected by screening ({len(result.rejected)}; e.g. device "
             f"{str(first.get('device'))[:40]}: {str(first.get('reason'))[:120]})"
+        )
+    errors = result.context.status_errors
+    if errors and not result.context.status:
+        # They are there but cannot say their status: their ClientApp fails (a setting the
+        # fleet cannot meet, say). Their own reason, not "unreachable".
+        why = next(iter(errors.values()))
+        return (
+            f"every device that was asked answered the status query with an error "
+            f"({len(errors)}; e.g. {why[:160]}); see flower.log"
         )
     if row.missing or "answered" in said or "no reply" in said or "no node" in said:
         return (

@@ -45,6 +45,7 @@ from edgefleet.config import (
     DEFAULTS,
     ConfigError,
     RunConfig,
+    SessionSchedule,
     parse_run_config,
     shown,
     unknown_keys_message,
@@ -301,6 +302,15 @@ def resolve_run_config(scenario: Scenario) -> tuple[RunConfig, dict[str, Any]]:
     default = f"{stamp}-{cfg.server.strategy}-{cfg.data.dataset}-s{cfg.seed}"
     raw["run-name"] = cfg.server.run_name or f"{default}-{scenario.name}"
     n_devices = scenario.federation["num-supernodes"]
+    if cfg.sessions.schedule == SessionSchedule.ALTERNATE and cfg.sessions.groups > n_devices:
+        # Each device would refuse to build its data on every message: the run went by
+        # with nobody taking part until run.max-empty-rounds stopped it.
+        raise ConfigError(
+            f"run config 'sessions.groups' = {cfg.sessions.groups} with sessions.schedule = "
+            f"'alternate' needs at least that many devices (partition i is in group i mod "
+            f"groups); federation.num-supernodes = {n_devices}: set sessions.groups <= "
+            f"{n_devices} or more supernodes"
+        )
     if raw.get("min-nodes", DEFAULTS["min-nodes"]) > n_devices:
         raw["min-nodes"] = n_devices
     return parse_run_config(raw), raw
