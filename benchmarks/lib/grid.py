@@ -24,13 +24,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from _provenance import stamp
-
+from benchmarks.lib.provenance import stamp
 from edgefleet.simulation.report import load_run
 from edgefleet.simulation.runner import Scenario
 from edgefleet.simulation.sweep import Point, Sweep, parse_seeds
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 _T0 = time.monotonic()
 COMMON = ("devices", "local_steps", "lr", "model", "seeds", "data_dir")
 

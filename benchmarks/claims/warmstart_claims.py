@@ -54,17 +54,17 @@ SCAFFOLD, non-overlap, against Continuous) and matching energy savings.
 Prints one JSON line; writes per-run folders and ``edgefleet report`` plots (seed 0, every
 mode, session boundaries marked) under ``--out``.
 
-    python benchmarks/warmstart_claims.py   # 48 runs of 30 rounds, mnist-5k: ~1 h on 2 idle cores
-    python benchmarks/warmstart_claims.py --datasets fashion-mnist --overlaps 0 \\
+    python -m benchmarks.claims.warmstart_claims   # 48 runs of 30 rounds, mnist-5k: ~1 h, 2 cores
+    python -m benchmarks.claims.warmstart_claims --datasets fashion-mnist --overlaps 0 \\
         --modes pilot,previous --rounds-per-session 15 --target 0.85 --also-targets 0.8,0.9
     # the reference's MNIST regime (sizes as run for the README; see its figures)
-    python benchmarks/warmstart_claims.py --datasets mnist --data-dir ../shared/data \\
+    python -m benchmarks.claims.warmstart_claims --datasets mnist --data-dir ../shared/data \\
         --model linear --devices 20 --alpha 0.7 --overlaps 0 --strategies fedavg \\
         --modes pilot,previous,continuous --sessions 5 --rounds-per-session 40 \\
         --pilot-sessions 1 --local-steps 5 --batch-size 128 --lr 0.001 \\
         --lr-schedule session-poly --lr-min-ratio 0.6 --reset-after-pilot --seeds 0 \\
         --target 0.9 --also-targets 0.85,0.92
-    python benchmarks/warmstart_claims.py --smoke --out /tmp/ws   # seconds (SMOKE's sizes)
+    python -m benchmarks.claims.warmstart_claims --smoke --out /tmp/ws   # seconds (SMOKE's sizes)
 """
 
 from __future__ import annotations
@@ -76,12 +76,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _provenance import dumps
-from _runs import parse_with_smoke, run_once
-
+from benchmarks.lib.provenance import dumps
+from benchmarks.lib.runs import parse_with_smoke, run_once
 from edgefleet.simulation.report import draw_plots, load_run, session_spans
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODES = ("pilot", "pilot-candidates", "previous", "average", "fresh", "continuous")
 BASELINES = ("pilot-candidates", "previous", "continuous", "average", "fresh")
 # Benchmark modes as warm-start settings: ``pilot`` is the reference's rule (the pilot sessions

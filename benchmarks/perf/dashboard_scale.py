@@ -11,9 +11,9 @@ page of that git revision (its ``edgefleet/dashboard/static``) is timed in the s
 alternately with today's, against the same server, and the ratio is in the line. Target
 (issue 24): the page within 2 s at 1,000 devices.
 
-    python benchmarks/dashboard_scale.py                       # 1,000 devices, 200 rounds
-    python benchmarks/dashboard_scale.py --baseline 1f33bb8    # and the page as it was
-    python benchmarks/dashboard_scale.py --devices 50 --rounds 10 --repeats 3
+    python -m benchmarks.perf.dashboard_scale                       # 1,000 devices, 200 rounds
+    python -m benchmarks.perf.dashboard_scale --baseline 1f33bb8    # and the page as it was
+    python -m benchmarks.perf.dashboard_scale --devices 50 --rounds 10 --repeats 3
 """
 
 from __future__ import annotations
@@ -30,9 +30,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from _browser import browser
-from _common import ROOT, emit
-
+from benchmarks.lib.browser import browser
+from benchmarks.lib.grid import ROOT, emit
 from edgefleet.dashboard.app import Dashboard
 
 

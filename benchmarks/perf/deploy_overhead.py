@@ -45,7 +45,7 @@ battery pays.
 
 Instrumentation without touching the app: the node's processes get a ``sitecustomize.py`` on
 ``PYTHONPATH`` that timestamps process start and wraps Flower's and EdgeFleet's functions as
-they are imported (as ``benchmarks/sim_overhead.py`` does).
+they are imported (as ``benchmarks/perf/sim_overhead.py`` does).
 
 For an emulated board: point ``--node-bin`` at a folder holding the node's ``python`` and
 ``flower-supernode`` (and ``edgefleet`` where the project is installed there; else the worker
@@ -55,7 +55,7 @@ machine's Python, the node and the warm baseline run on the board.
 without the data set gets its own (``--node-set data-path=...``)::
 
     bash deploy/emulated-pi.sh node-bin /tmp/pi5-bin
-    .venv/bin/python benchmarks/deploy_overhead.py --node-bin /tmp/pi5-bin --modes worker \\
+    .venv/bin/python -m benchmarks.perf.deploy_overhead --node-bin /tmp/pi5-bin --modes worker \\
         --rounds 4 --local-steps 2 --batch-size 8 --node-set data-path=/tmp/board/data.npz
 
 Emulation slows everything: compare the ratios (``overhead_over_train``, ``speedup``), not
@@ -63,8 +63,8 @@ the seconds.
 
 Prints one JSON line on stdout; progress goes to stderr. Example::
 
-    .venv/bin/python benchmarks/deploy_overhead.py                 # 6 rounds, both modes
-    .venv/bin/python benchmarks/deploy_overhead.py --modes worker --rounds 10 --local-steps 50
+    .venv/bin/python -m benchmarks.perf.deploy_overhead                 # 6 rounds, both modes
+    .venv/bin/python -m benchmarks.perf.deploy_overhead --modes worker --rounds 10 --local-steps 50
 """
 
 from __future__ import annotations
@@ -84,18 +84,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from _provenance import stamp  # noqa: E402
-
+ROOT = Path(__file__).resolve().parents[2]
+from benchmarks.lib.provenance import stamp  # noqa: E402
 from edgefleet.processes import BIN_DIR, config_arg, free_port  # noqa: E402
 from fleetharness.fleet import DeploymentFleet  # noqa: E402
 
 MODES = ("subprocess", "worker")
 TRACE_VAR = "EDGEFLEET_DEPLOY_TRACE"
-TRACEHOOK = Path(__file__).resolve().parent / "_trace" / "tracehook.py"
+TRACEHOOK = Path(__file__).resolve().parents[1] / "_trace" / "tracehook.py"
 PHASES = (
     "network_in",
     "dispatch",
@@ -116,7 +112,7 @@ PHASES = (
 # Written into a temporary folder first on the node's PYTHONPATH; inert without TRACE_VAR.
 # Kept free of heavy imports: it runs at the start of every Python process of the fleet.
 SITECUSTOMIZE = r'''
-"""Timing hook of benchmarks/deploy_overhead.py; inert unless EDGEFLEET_DEPLOY_TRACE is set.
+"""Timing hook of benchmarks/perf/deploy_overhead.py; inert unless EDGEFLEET_DEPLOY_TRACE is set.
 The machinery is benchmarks/_trace/tracehook.py, copied beside this file."""
 import os
 

@@ -21,8 +21,8 @@ rule would stop them.
 Prints one JSON line; writes per-run folders and one PNG per data set (accuracy and growth
 g_r per round with both stops marked) under ``--out``.
 
-    python benchmarks/earlystop_claims.py --budget 300 --seeds 0,1,2     # the full claim
-    python benchmarks/earlystop_claims.py --smoke --out /tmp/es   # seconds
+    python -m benchmarks.claims.earlystop_claims --budget 300 --seeds 0,1,2     # the full claim
+    python -m benchmarks.claims.earlystop_claims --smoke --out /tmp/es   # seconds
 
 ``--engine inprocess`` runs the same ServerApp and ClientApp without Ray (``_runs.py``).
 """
@@ -36,12 +36,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from _provenance import dumps
-from _runs import ENGINES, parse_with_smoke, run_once
-
+from benchmarks.lib.provenance import dumps
+from benchmarks.lib.runs import ENGINES, parse_with_smoke, run_once
 from edgefleet.algorithms.stopping import PlateauCounter, ValidationPatience
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # --smoke: one observed run and one bad configuration, short patience so the rules can fire.
 SMOKE: dict[str, Any] = {
     "datasets": "mnist-5k",

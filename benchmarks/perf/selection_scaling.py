@@ -17,12 +17,12 @@ store once per node every 0.1 s (``vce_api.add_messages_to_queue`` calling
 ratio is the part of the growth that no selection rule can remove; ``selection_s`` is each
 mode's round time minus the engine floor at the same K.
 
-The runs are one sweep (``benchmarks/_common.py``): one engine for all of them, finished runs
+The runs are one sweep (``benchmarks/lib/grid.py``): one engine for all of them, finished runs
 reused from ``--out``, an interrupted one resumed. With several ``--seeds`` the figures are
 the mean over them.
 
-    python benchmarks/selection_scaling.py                      # mnist, 8 rounds: ~15 min
-    python benchmarks/selection_scaling.py --fleets 20,200 --dataset mnist-5k --rounds 4
+    python -m benchmarks.perf.selection_scaling                      # mnist, 8 rounds: ~15 min
+    python -m benchmarks.perf.selection_scaling --fleets 20,200 --dataset mnist-5k --rounds 4
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ import argparse
 import statistics
 from typing import Any
 
-from _common import add_common_args, emit, run_grid
-
+from benchmarks.lib.grid import add_common_args, emit, run_grid
 from edgefleet.simulation.sweep import Point
 
 MODES = ("batched", "all", "flower")

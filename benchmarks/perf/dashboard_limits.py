@@ -7,7 +7,7 @@
 2. ``/metrics`` of generated fleets of ``--fleets`` devices (each online, 4 telemetry fields,
    40-character ids): bytes and samples of one scrape.
 
-    python benchmarks/dashboard_limits.py
+    python -m benchmarks.perf.dashboard_limits
 """
 
 from __future__ import annotations
@@ -22,8 +22,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from _common import emit
-
+from benchmarks.lib.grid import emit
 from edgefleet.dashboard.metrics import render_data
 
 CHUNK = b"a" * 65536

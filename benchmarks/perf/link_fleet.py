@@ -46,12 +46,13 @@ run's wall time (``budget_s``) against that run's final accuracy (issue 45's two
 
 Prints one JSON line; progress on stderr. Root only (network namespaces)::
 
-    python benchmarks/link_fleet.py --smoke
-    python benchmarks/link_fleet.py --nodes 8 --rounds 10 --target 0.8
-    python benchmarks/link_fleet.py --nodes 4 --rounds 8 --modes full --selections none,deadline
-    python benchmarks/link_fleet.py --nodes 4 --rounds 8 --selections none,deadline \\
+    python -m benchmarks.perf.link_fleet --smoke
+    python -m benchmarks.perf.link_fleet --nodes 8 --rounds 10 --target 0.8
+    python -m benchmarks.perf.link_fleet --nodes 4 --rounds 8 --modes full \
+        --selections none,deadline
+    python -m benchmarks.perf.link_fleet --nodes 4 --rounds 8 --selections none,deadline \\
         --deadline 15 --status-max-age 1 --declare-links   # issue 26's fixes, see README
-    python benchmarks/link_fleet.py --nodes 4 --keep-ratios 1.0 --modes full \\
+    python -m benchmarks.perf.link_fleet --nodes 4 --keep-ratios 1.0 --modes full \\
         --variants sync,deadline,fedsag+deadline,async --deadline 7 --declare-links \\
         --set async.buffer-size=2 --set async.concurrency=4   # issue 45
 """
@@ -71,14 +72,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "deploy"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+ROOT = Path(__file__).resolve().parents[2]
+# deploy/ is a folder of scripts, not a package: its fleet helpers are imported from there.
+if str(ROOT / "deploy") not in sys.path:
+    sys.path.insert(0, str(ROOT / "deploy"))
 
-from _provenance import dumps  # noqa: E402
 from linkfleet import PROFILES, LinkFleet, node_configs, running_fleet, unavailable  # noqa: E402
 
+from benchmarks.lib.provenance import dumps  # noqa: E402
 from edgefleet.cli import parse_overrides  # noqa: E402
 from edgefleet.config import STRATEGIES, parse_run_config  # noqa: E402
 from edgefleet.processes import FleetError, config_arg  # noqa: E402

@@ -1,7 +1,7 @@
 """The soak on the docker-compose fleet: containers killed and restarted, the server host
 restarted, every container's memory sampled each round through the Docker SDK (issue 26).
 
-``benchmarks/soak.py`` soaks the link fleet (processes in network namespaces, psutil). This
+``benchmarks/soak/soak.py`` soaks the link fleet (processes in network namespaces, psutil). This
 is the same soak for the deployment a user starts with ``docker compose``: the root
 docker-compose.yml with the TLS, node-authentication and Prometheus overlays
 (``deploy/composefleet.py``: compose brings it up and down, the Docker SDK for Python does
@@ -31,8 +31,8 @@ process; Prometheus (the overlay's monitoring, not the fleet) is sampled and its
 reported as ``monitoring_growth``, not judged. One JSON line on stdout, progress on stderr;
 needs a Docker engine and the images (``deploy/build-images.sh``, built here if missing)::
 
-    python benchmarks/compose_soak.py                       # 3 boards, 40 rounds
-    python benchmarks/compose_soak.py --rounds 12 --node-kills 2 --warmup-rounds 2 --min-span 4
+    python -m benchmarks.soak.compose_soak                       # 3 boards, 40 rounds
+    python -m benchmarks.soak.compose_soak --rounds 12 --node-kills 2 --warmup-rounds 2 --min-span 4
 """
 
 from __future__ import annotations
@@ -45,14 +45,14 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "deploy", ROOT / "benchmarks"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+ROOT = Path(__file__).resolve().parents[2]
+# deploy/ is a folder of scripts, not a package: its fleet helpers are imported from there.
+if str(ROOT / "deploy") not in sys.path:
+    sys.path.insert(0, str(ROOT / "deploy"))
 
 import composefleet as cf  # noqa: E402
-from soak import Event, SoakRecord, growth, plan, process_kind, report  # noqa: E402
 
+from benchmarks.soak.soak import Event, SoakRecord, growth, plan, process_kind, report  # noqa: E402
 from edgefleet.simulation.runner import app_copy  # noqa: E402
 
 RUN_NAME = "soak"

@@ -21,9 +21,9 @@ curvature criterion (Fisher; the first call pays torch.func's set-up, the second
 ``extract``, and ``index_maps`` (first call and cached call). ``loadavg`` (start, end) shows
 how busy the machine was. Prints one JSON line on stdout; progress goes to stderr. Examples::
 
-    .venv/bin/python benchmarks/pruning_costs.py                        # smallcnn, 1x28x28
-    .venv/bin/python benchmarks/pruning_costs.py --model resnet8 --input 3,32,32
-    .venv/bin/python benchmarks/pruning_costs.py --budget channels   # the earlier meaning
+    .venv/bin/python -m benchmarks.perf.pruning_costs                        # smallcnn, 1x28x28
+    .venv/bin/python -m benchmarks.perf.pruning_costs --model resnet8 --input 3,32,32
+    .venv/bin/python -m benchmarks.perf.pruning_costs --budget channels   # the earlier meaning
 """
 
 from __future__ import annotations

@@ -59,11 +59,11 @@ ALIE and IPM colluders share their honest updates through a folder board of thei
 folder's own (EdgeFleet's ClientApp keys it by output-dir and run-name), so one run's
 colluders never read another run's posts.
 
-    nice -n 5 python benchmarks/attack_grid.py      # the issue's grid: days on 2 cores
-    nice -n 5 python benchmarks/attack_grid.py --fleets fedavg --fractions 0.2 \\
+    nice -n 5 python -m benchmarks.claims.attack_grid      # the issue's grid: days on 2 cores
+    nice -n 5 python -m benchmarks.claims.attack_grid --fleets fedavg --fractions 0.2 \\
         --attacks sign-flip,alie,ipm,label-flip --defences off,median,trimmed-mean \\
         --devices 10 --rounds 15 --seeds 0
-    python benchmarks/attack_grid.py --smoke --out /tmp/ag     # seconds
+    python -m benchmarks.claims.attack_grid --smoke --out /tmp/ag     # seconds
 """
 
 from __future__ import annotations
@@ -75,14 +75,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _provenance import dumps  # type: ignore[import-not-found]
-from _runs import ENGINES, parse_with_smoke, run_once  # type: ignore[import-not-found]
-
+from benchmarks.lib.provenance import dumps
+from benchmarks.lib.runs import ENGINES, parse_with_smoke, run_once
 from edgefleet.attacks import KINDS as ATTACKS
 from edgefleet.simulation.runner import parse_value
 from edgefleet.strategies.robust import ROBUST_RULES
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLEETS = ("fedavg", "fedsag-energy", "cahfp")
 TARGET_FRACTION = 0.2
 MAX_DROP = 0.05  # accuracy points (as a fraction) an attack may cost under the defence
@@ -275,7 +274,7 @@ def main() -> None:
     if args.engine == "inprocess":
         # The ServerApp imports it to refuse attack.* keys on the Deployment Engine
         # (edgefleet/server/app.py, refuse_attacks_outside_simulation): seconds in every
-        # forked run unless the parent holds it (benchmarks/_runs.py's _preload does not).
+        # forked run unless the parent holds it (benchmarks/lib/runs.py's _preload does not).
         import flwr.superlink.grid  # noqa: F401
     federation = {"num-supernodes": args.devices, "client-resources-num-cpus": 1}
 

@@ -31,8 +31,8 @@ Targets (issue 26): every round on record exactly once, no process or namespace 
 RSS growth under 5 % for every judged process. Prints one JSON line; progress on stderr. Root
 only (network namespaces)::
 
-    python benchmarks/soak.py                                   # 24 nodes, 300 rounds
-    python benchmarks/soak.py --nodes 4 --rounds 20 --node-kills 4 --warmup-rounds 2 \\
+    python -m benchmarks.soak.soak                                   # 24 nodes, 300 rounds
+    python -m benchmarks.soak.soak --nodes 4 --rounds 20 --node-kills 4 --warmup-rounds 2 \\
         --min-span 6                                            # smoke: 5 minutes
 """
 
@@ -55,14 +55,14 @@ from typing import Any
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "deploy"):
-    if str(p) not in sys.path:
-        sys.path.insert(0, str(p))
+ROOT = Path(__file__).resolve().parents[2]
+# deploy/ is a folder of scripts, not a package: its fleet helpers are imported from there.
+if str(ROOT / "deploy") not in sys.path:
+    sys.path.insert(0, str(ROOT / "deploy"))
 
-from _provenance import dumps  # noqa: E402
 from linkfleet import PROFILES, LinkFleet, node_configs, running_fleet, unavailable  # noqa: E402
 
+from benchmarks.lib.provenance import dumps  # noqa: E402
 from edgefleet.processes import FleetError, FlowerProcess, config_arg  # noqa: E402
 from edgefleet.server.checkpoint import checkpointed_round  # noqa: E402
 from edgefleet.server.results import read_rows  # noqa: E402
@@ -254,7 +254,7 @@ def growth(
 
 class SoakRecord:
     """What a soak keeps as it goes (``summarize`` and ``report`` read it): events, memory
-    samples, when each round was first seen. benchmarks/compose_soak.py shares it."""
+    samples, when each round was first seen. benchmarks/soak/compose_soak.py shares it."""
 
     NAME = "soak"
     # Kinds of process sampled and reported but not judged: the operator's monitoring, not
@@ -616,7 +616,7 @@ def report(
     t0: float,
     **extra: Any,
 ) -> int:
-    """Print a soak's JSON line (this one's and benchmarks/compose_soak.py's); its exit
+    """Print a soak's JSON line (this one's and benchmarks/soak/compose_soak.py's); its exit
     status: 0 when every target holds."""
     line = {
         "benchmark": name,

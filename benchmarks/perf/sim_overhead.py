@@ -47,8 +47,8 @@ EdgeFleet's setting before 2026-12-05), side by side with the default.
 
 One JSON line on stdout, progress on stderr::
 
-    python benchmarks/sim_overhead.py                                # 10 x 10 x 20, mnist-5k
-    python benchmarks/sim_overhead.py --devices 100 --participants 20  # the fleet line
+    python -m benchmarks.perf.sim_overhead                                # 10 x 10 x 20, mnist-5k
+    python -m benchmarks.perf.sim_overhead --devices 100 --participants 20  # the fleet line
 """
 
 from __future__ import annotations
@@ -74,10 +74,13 @@ from typing import Any
 import numpy as np
 import psutil
 import torch
-from _flower_app.flower_app import device_data, new_model  # the same task code as the app
-from _provenance import stamp
 from flwr.app import Array, ArrayRecord
 
+from benchmarks._flower_app.flower_app import (  # the same task code as the app
+    device_data,
+    new_model,
+)
+from benchmarks.lib.provenance import stamp
 from edgefleet.config import RunConfig, parse_run_config
 from edgefleet.processes import POLL_VAR, config_arg, toml_value
 from edgefleet.server.app import central_evaluation
@@ -85,9 +88,9 @@ from edgefleet.task.train import seed_for, train_local
 from fleetharness.fleet import processes_with_env
 
 log = logging.getLogger("sim_overhead")
-HOOK_DIR = Path(__file__).resolve().parent / "_trace"
+HOOK_DIR = Path(__file__).resolve().parents[1] / "_trace"
 ENGINE_KEYS = {"simulation": "edgefleet", "inprocess": "inprocess"}  # a repeat's figure keys
-FLOWER_APP = Path(__file__).resolve().parent / "_flower_app"
+FLOWER_APP = Path(__file__).resolve().parents[1] / "_flower_app"
 State = dict[str, np.ndarray]
 
 

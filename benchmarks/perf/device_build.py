@@ -19,7 +19,7 @@ see the same load on a shared machine. Reported per checkout and state: the medi
 (start, end) says how busy the machine was. Prints one JSON line on stdout; progress goes to
 stderr. Example::
 
-    .venv/bin/python benchmarks/device_build.py --repeats 5 --compare-root /tmp/base
+    .venv/bin/python -m benchmarks.perf.device_build --repeats 5 --compare-root /tmp/base
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 PROBE = r"""
 import json, sys, time

@@ -26,11 +26,11 @@ curvature >= magnitude >= random, near full-model accuracy, and a large drop wit
 reconstruction (73.1% -> 62.8% on CIFAR-10 at alpha 0.1).
 
     # full MNIST, as measured for the README (when a keep ratio meant channels)
-    python benchmarks/pruning_claims.py --data-dir ../shared/data --budget channels \
+    python -m benchmarks.claims.pruning_claims --data-dir ../shared/data --budget channels \
         --variants full,curvature,magnitude,random,no-reconstruction
-    python benchmarks/pruning_claims.py --dataset cifar10 --model resnet8 --alphas 0.1 \
+    python -m benchmarks.claims.pruning_claims --dataset cifar10 --model resnet8 --alphas 0.1 \
         --seeds 0,1 --data-dir ../shared/data                            # CIFAR-10 (JPEG copy)
-    python benchmarks/pruning_claims.py --smoke --out /tmp/pc                # seconds
+    python -m benchmarks.claims.pruning_claims --smoke --out /tmp/pc                # seconds
 
 ``--engine inprocess`` runs the same ServerApp and ClientApp without Ray (``_runs.py``).
 """
@@ -43,13 +43,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _provenance import dumps, machine
-from _runs import ENGINES, parse_with_smoke, run_cells, run_once
-
+from benchmarks.lib.provenance import dumps, machine
+from benchmarks.lib.runs import ENGINES, parse_with_smoke, run_cells, run_once
 from edgefleet.pruning.names import BUDGETS
 from edgefleet.simulation.report import draw_plots, load_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "full": {"pruning.keep-ratios": "1.0"},

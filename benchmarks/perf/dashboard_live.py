@@ -9,8 +9,8 @@ reloading it, beside ``metrics.jsonl`` on disk. Prints one JSON line: the rounds
 (rounds), whether its last state equals the files (last round's accuracy, every device's row
 and battery from ``fleet.json``), and two screenshots' paths (mid-run and after the end).
 
-    python benchmarks/dashboard_live.py                  # scenarios/default.toml, 30 rounds
-    python benchmarks/dashboard_live.py --scenario scenarios/fedavg.toml --engine inprocess
+    python -m benchmarks.perf.dashboard_live                  # scenarios/default.toml, 30 rounds
+    python -m benchmarks.perf.dashboard_live --scenario scenarios/fedavg.toml --engine inprocess
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _browser import browser
-from _common import ROOT, emit
-
+from benchmarks.lib.browser import browser
+from benchmarks.lib.grid import ROOT, emit
 from edgefleet.server.results import read_rows
 
 # What the page has drawn (the attributes the page's own code sets; tests/test_dashboard.py

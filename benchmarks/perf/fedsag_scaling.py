@@ -7,8 +7,8 @@ memory. Every device uploads once during warm-up so that the table is full (the 
 for memory); rounds are then timed. A round costs O(participants x parameters) thanks to the
 running sum, so the time should not grow with K; memory grows as K x parameters.
 
-    python benchmarks/fedsag_scaling.py                      # K = 100,1000,10000
-    python benchmarks/fedsag_scaling.py --fleet 100,1000 --rounds 5
+    python -m benchmarks.perf.fedsag_scaling                      # K = 100,1000,10000
+    python -m benchmarks.perf.fedsag_scaling --fleet 100,1000 --rounds 5
 """
 
 from __future__ import annotations

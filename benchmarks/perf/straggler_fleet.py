@@ -41,8 +41,8 @@ issue's goal: at most 0.5).
 
 One JSON line on stdout, progress on stderr::
 
-    python benchmarks/straggler_fleet.py                   # 100 devices, mnist, 3 seeds
-    python benchmarks/straggler_fleet.py --smoke --out /tmp/s
+    python -m benchmarks.perf.straggler_fleet                   # 100 devices, mnist, 3 seeds
+    python -m benchmarks.perf.straggler_fleet --smoke --out /tmp/s
 """
 
 from __future__ import annotations
@@ -59,9 +59,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _provenance import stamp
 from flwr.app import ConfigRecord, Message
 
+from benchmarks.lib.provenance import stamp
 from edgefleet.loop.roundloop import RoundCallback, RoundResult
 from edgefleet.simulation.inprocess import (
     ClientAppNode,

@@ -34,9 +34,9 @@ those devices' rounds come back as errors).
 
 Example (the issue's size)::
 
-    nice -n 15 .venv/bin/python benchmarks/fault_campaign.py --devices 10 --rounds 30
-    nice -n 15 .venv/bin/python benchmarks/fault_campaign.py --engine inprocess
-    .venv/bin/python benchmarks/fault_campaign.py --smoke --out /tmp/fc   # seconds
+    nice -n 15 .venv/bin/python -m benchmarks.soak.fault_campaign --devices 10 --rounds 30
+    nice -n 15 .venv/bin/python -m benchmarks.soak.fault_campaign --engine inprocess
+    .venv/bin/python -m benchmarks.soak.fault_campaign --smoke --out /tmp/fc   # seconds
 """
 
 from __future__ import annotations
@@ -49,12 +49,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _provenance import dumps  # type: ignore[import-not-found]
-from _runs import ENGINES, parse_with_smoke, run_once  # type: ignore[import-not-found]
-
+from benchmarks.lib.provenance import dumps
+from benchmarks.lib.runs import ENGINES, parse_with_smoke, run_once
 from edgefleet.simulation.runner import load_scenario, parse_value
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KINDS = ("inf-examples", "huge-examples", "scaled", "nan", "spoof-id", "bad-metrics", "noise")
 # --smoke: 3 devices, one hostile, a kind that is rejected and one that is accepted.
 SMOKE: dict[str, Any] = {

@@ -15,7 +15,7 @@ Two engines run a scenario:
 run config cannot ask for that, so the run folder records it in ``faults.json``.
 
 ``InProcessGrid`` here is the engine's :class:`~edgefleet.simulation.inprocess.ClientAppGrid`
-(``benchmarks/norm_ratios.py`` drives a round loop over it).
+(``benchmarks/claims/norm_ratios.py`` drives a round loop over it).
 """
 
 from __future__ import annotations

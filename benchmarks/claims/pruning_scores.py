@@ -17,7 +17,8 @@ ratio below 1 reports:
 
 Prints one JSON line. Example::
 
-    python benchmarks/pruning_scores.py --run runs/cifar/cifar10-a0.1-full-s0 --keep-ratio 0.25
+    python -m benchmarks.claims.pruning_scores --run runs/cifar/cifar10-a0.1-full-s0 \
+        --keep-ratio 0.25
 """
 
 from __future__ import annotations

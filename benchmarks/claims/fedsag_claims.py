@@ -29,13 +29,14 @@ seed the sweep already ran in the same ``--out`` is reused, not run again.
 The paper reports, on CIFAR-10, about 3 points higher accuracy at scarce energy, late-stage
 variance 0.94 -> 0.04 and the 50% target about 26% sooner.
 
-    python benchmarks/fedsag_claims.py     # K=100, M=25, mnist, 3 seeds: hours on 2 cores
-    python benchmarks/fedsag_claims.py --devices 20 --max-devices 5 --rounds 40 --seeds 0
-    python benchmarks/fedsag_claims.py --dataset cifar10 --data-dir ../shared/data \\
+    python -m benchmarks.claims.fedsag_claims     # K=100, M=25, mnist, 3 seeds: hours on 2 cores
+    python -m benchmarks.claims.fedsag_claims --devices 20 --max-devices 5 --rounds 40 --seeds 0
+    python -m benchmarks.claims.fedsag_claims --dataset cifar10 --data-dir ../shared/data \\
         --harvest-probs 0.02,0.06 --rounds 300 --seeds 0,1 --engine inprocess
-    python benchmarks/fedsag_claims.py --smoke --out /tmp/fs   # every variant, seconds
-    python benchmarks/fedsag_claims.py --dataset fashion-mnist --devices 20 --max-devices 5 \\
-        --rounds 60 --alphas 0.1 --harvest-probs 0.05 --seeds 0 --lrs 0.01,0.03,0.1 \\
+    python -m benchmarks.claims.fedsag_claims --smoke --out /tmp/fs   # every variant, seconds
+    python -m benchmarks.claims.fedsag_claims --dataset fashion-mnist --devices 20 \\
+        --max-devices 5 --rounds 60 --alphas 0.1 --harvest-probs 0.05 --seeds 0 \\
+        --lrs 0.01,0.03,0.1 \\
         --variants fedavg,fedsag,fedsag-seed,mifa,fedvarp,scaffold --engine inprocess
 """
 
@@ -49,14 +50,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _provenance import dumps
-from _runs import parse_with_smoke, run_once
-
+from benchmarks.lib.provenance import dumps
+from benchmarks.lib.runs import parse_with_smoke, run_once
 from edgefleet.simulation.engine import RunFailed
 from edgefleet.simulation.report import draw_plots, load_run
 from edgefleet.simulation.runner import parse_value
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 VARIANTS: dict[str, dict[str, Any]] = {
     "fedavg": {"strategy": "fedavg"},

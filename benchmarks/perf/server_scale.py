@@ -22,8 +22,8 @@ central evaluation a no-op, the devices' reply time excluded); ``phases`` splits
 round into the loop's parts and each writer (cProfile-free: ``time.perf_counter`` around
 them). Run it at two commits to compare before and after::
 
-    python benchmarks/server_scale.py --devices 10 100 1000 --participants 20
-    python benchmarks/server_scale.py --smoke
+    python -m benchmarks.perf.server_scale --devices 10 100 1000 --participants 20
+    python -m benchmarks.perf.server_scale --smoke
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ def _root() -> Path:
     ``--against`` runs another commit's code), else this file's."""
     if "--root" in sys.argv:
         return Path(sys.argv[sys.argv.index("--root") + 1]).resolve()
-    return Path(__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]
 
 
 sys.path.insert(0, str(_root()))

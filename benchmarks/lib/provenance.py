@@ -1,5 +1,6 @@
 """What every benchmark's JSON line records about how it was made, so that a line saved under
-``benchmarks/results/`` can be re-run and checked (the convention in ``benchmarks/claims.py``):
+``benchmarks/results/`` can be re-run and checked (the convention in
+``benchmarks/claims/table.py``):
 the command (``sys.argv``), the git commit the code was at when it started, whether the work
 tree had uncommitted changes to tracked files then, and the wall time.
 
@@ -19,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # Imported at a benchmark's start: the fallback wall time for a line that has none of its own.
 _T0 = time.monotonic()
 
@@ -57,13 +58,16 @@ def provenance() -> dict[str, Any]:
     and ``git_dirty`` at the benchmark's start (None, None when this is not a git checkout or
     git is missing)."""
     script = Path(sys.argv[0]).resolve() if sys.argv and sys.argv[0] else None
-    if script is not None and script.is_relative_to(ROOT):
-        first = str(script.relative_to(ROOT))
+    if script is not None and script.suffix == ".py" and script.is_relative_to(ROOT / "benchmarks"):
+        # A module of this package: the form it is run by (`python -m benchmarks.perf.x`).
+        first = ["-m", ".".join(script.relative_to(ROOT).with_suffix("").parts)]
+    elif script is not None and script.is_relative_to(ROOT):
+        first = [str(script.relative_to(ROOT))]
     else:
-        first = sys.argv[0] if sys.argv else ""
+        first = [sys.argv[0] if sys.argv else ""]
     commit, dirty = _VERSION
     return {
-        "command": shlex.join(["python", first, *sys.argv[1:]]),
+        "command": shlex.join(["python", *first, *sys.argv[1:]]),
         "git_commit": commit,
         "git_dirty": dirty,
     }

@@ -17,7 +17,7 @@ shared 2-core machine.
 Prints one JSON line: per configuration the number of ratios, their quantiles and maximum,
 and the largest ratio over all (``max_ratio``), with the sizes. Example::
 
-    .venv/bin/python benchmarks/norm_ratios.py --rounds 20 --devices 10
+    .venv/bin/python -m benchmarks.claims.norm_ratios --rounds 20 --devices 10
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import time
 from typing import Any
 
 import numpy as np
-from _runs import InProcessGrid  # type: ignore[import-not-found]
 
+from benchmarks.lib.runs import InProcessGrid
 from edgefleet.config import parse_run_config
 from edgefleet.loop.roundloop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.loop.screening import Screening
