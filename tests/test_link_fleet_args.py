@@ -173,3 +173,18 @@ def test_staleness_and_idle_summaries() -> None:
     assert idle["idle_s"] == {"0": 0.0, "1": 20.0}
     assert idle["idle_share"] == 0.25
     assert lf.device_idle({}, 40.0) == {"idle_s": {}, "idle_share": None}
+
+
+@pytest.mark.parametrize(
+    "module", ["benchmarks.claims.fedsag_claims", "benchmarks.claims.attack_grid"]
+)
+def test_the_shared_set_option_refuses_a_misspelt_key_before_any_run(module: str) -> None:
+    """``--set`` is benchmarks/lib/overrides.py's in every benchmark that takes it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--smoke", "--set", "saga.corection=channels"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "unknown run-config key 'saga.corection'; did you mean 'saga.correction'" in (
+        proc.stderr
+    )

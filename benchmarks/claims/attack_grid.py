@@ -75,10 +75,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.overrides import add_set_arg, parse_sets
 from benchmarks.lib.provenance import dumps
 from benchmarks.lib.runs import ENGINES, parse_with_smoke, run_once
 from edgefleet.attacks import KINDS as ATTACKS
-from edgefleet.simulation.runner import parse_value
 from edgefleet.strategies.robust import ROBUST_RULES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -233,9 +233,7 @@ def main() -> None:
     p.add_argument("--engine", choices=ENGINES, default="inprocess")
     p.add_argument("--timeout", type=float, default=4 * 3600, help="seconds per run")
     p.add_argument("--out", default=str(ROOT / "runs" / "attack_grid"))
-    p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="run-config key, all runs"
-    )
+    add_set_arg(p)
     args = parse_with_smoke(p, SMOKE)
 
     def names(flag: str, valid: tuple[str, ...]) -> list[str]:
@@ -258,12 +256,7 @@ def main() -> None:
         recommend = parse_recommend(args.recommend, fleets, defences)
     except ValueError as err:
         p.error(str(err))
-    extra = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--set {item!r}: expected KEY=VALUE")
-        extra[key.strip()] = parse_value(value.strip())
+    extra = parse_sets(p, args.set)
 
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)

@@ -50,11 +50,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.overrides import add_set_arg, parse_sets
 from benchmarks.lib.provenance import dumps
 from benchmarks.lib.runs import parse_with_smoke, run_once
 from edgefleet.simulation.engine import RunFailed
 from edgefleet.simulation.report import draw_plots, load_run
-from edgefleet.simulation.runner import parse_value
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -284,9 +284,7 @@ def main() -> None:
     p.add_argument("--harvest-probs", default="0.05,0.2", help="scarce, moderate P_h")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--variants", default="fedavg,fedsag", help=", ".join(VARIANTS))
-    p.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="run-config key, all runs"
-    )
+    add_set_arg(p)
     p.add_argument("--devices", type=int, default=100)
     p.add_argument("--max-devices", type=int, default=25)
     p.add_argument("--batch-size", type=int, default=40)
@@ -321,12 +319,7 @@ def main() -> None:
     unknown = [v for v in variants if v not in VARIANTS]
     if unknown or not variants:
         p.error(f"--variants: unknown {unknown}; valid: {', '.join(VARIANTS)}")
-    extra: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep:
-            p.error(f"--set {item!r}: expected KEY=VALUE")
-        extra[key.strip()] = parse_value(value.strip())
+    extra: dict[str, Any] = parse_sets(p, args.set)
     try:
         arm_list = arms(
             variants,

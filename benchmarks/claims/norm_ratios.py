@@ -30,12 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.lib.overrides import add_set_arg, parse_sets
 from benchmarks.lib.runs import InProcessGrid
 from edgefleet.config import parse_run_config
 from edgefleet.loop.roundloop import RoundCallback, RoundLoop, RoundResult
 from edgefleet.loop.screening import Screening
 from edgefleet.server.app import build_strategy, screening_for
-from edgefleet.simulation.runner import parse_value
 from edgefleet.task.datasets import dataset_info
 from edgefleet.task.models import build_model
 from edgefleet.task.train import get_arrays
@@ -103,11 +103,9 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names")
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="run config for all"
-    )
+    add_set_arg(parser)
     args = parser.parse_args()
-    common = {k: parse_value(v) for k, v in (s.split("=", 1) for s in args.set)}
+    common = parse_sets(parser, args.set)
     names = [n for n in args.configs.split(",") if n]
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:

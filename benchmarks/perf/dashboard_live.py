@@ -28,6 +28,7 @@ from typing import Any
 
 from benchmarks.lib.browser import browser
 from benchmarks.lib.grid import ROOT, emit
+from benchmarks.lib.overrides import add_set_arg, parse_sets
 from edgefleet.server.results import read_rows
 
 # What the page has drawn (the attributes the page's own code sets; tests/test_dashboard.py
@@ -52,8 +53,9 @@ def main() -> None:
     p.add_argument("--engine", default="simulation", choices=("simulation", "inprocess"))
     p.add_argument("--every", type=float, default=2.0, help="seconds between reads of the page")
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-dashboard-live"))
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    add_set_arg(p)
     args = p.parse_args()
+    parse_sets(p, args.set)  # a misspelt key stops here, not after the run has started
     out = Path(args.out)
     if out.exists():
         shutil.rmtree(out)

@@ -588,6 +588,9 @@ def _load() -> list[float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Here, not at the top: it imports edgefleet, which the traced processes must not pay for.
+    from benchmarks.lib.overrides import add_set_arg, parse_sets
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default=",".join(MODES), help="subprocess,worker")
     parser.add_argument("--rounds", type=int, default=6, help="rounds (round 1 reported apart)")
@@ -598,9 +601,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2, help="the node's num-partitions")
     parser.add_argument("--keep-ratio", type=float, default=1.0, help="the node's keep-ratio")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE", help="more run config"
-    )
+    add_set_arg(parser, help="more run config (run-config keys, as `edgefleet run --set`)")
     parser.add_argument(
         "--node-set",
         action="append",
@@ -651,7 +652,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             out[key.strip()] = parse_value(value.strip())
         return out
 
-    extra = key_values("--set", args.set)
+    extra = parse_sets(parser, args.set)
     run_config.update(extra)
     from edgefleet.config import parse_run_config
 

@@ -79,8 +79,8 @@ if str(ROOT / "deploy") not in sys.path:
 
 from linkfleet import PROFILES, LinkFleet, node_configs, running_fleet, unavailable  # noqa: E402
 
+from benchmarks.lib.overrides import add_set_arg, parse_sets  # noqa: E402
 from benchmarks.lib.provenance import dumps  # noqa: E402
-from edgefleet.cli import parse_overrides  # noqa: E402
 from edgefleet.config import STRATEGIES, parse_run_config  # noqa: E402
 from edgefleet.processes import FleetError, config_arg  # noqa: E402
 from edgefleet.simulation.runner import app_copy  # noqa: E402
@@ -458,10 +458,7 @@ def main(argv: list[str] | None = None) -> int:
         "--strategy x --aggregation: comma-separated, each +-joined words "
         "(e.g. sync,deadline,fedsag+deadline,async)",
     )  # fmt: skip
-    ap.add_argument(
-        "--set", action="append", default=[], metavar="KEY=VALUE",
-        help="a run-config key for every run (as `edgefleet run --set`); repeatable",
-    )  # fmt: skip
+    add_set_arg(ap)
     ap.add_argument(
         "--baseline", type=Path, default=None, metavar="RESULTS.json",
         help="a results file whose all-fast-MODE run is the ratios' baseline where this "
@@ -491,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
         variants = parse_variants(args.variants, strategies, selections, aggregations)
     except ValueError as e:
         ap.error(str(e))
-    sets = parse_overrides(ap, args.set)
+    sets = parse_sets(ap, args.set)
     baseline = None
     if args.baseline is not None:
         try:
