@@ -6,8 +6,8 @@ markers; ``tests/test_claims.py`` keeps the two equal, so every figure in the ta
 re-derived from a file under ``benchmarks/results/``.
 
 A results file (``benchmarks/results/<benchmark>-<what>-<date>.json``) is one benchmark's JSON
-line, saved as printed (``python benchmarks/x.py ... > benchmarks/results/x-....json``). It
-holds:
+line, saved as printed (``python -m benchmarks.<group>.x ... > benchmarks/results/x-....json``).
+It holds:
 
 - ``benchmark``, ``sizes`` and the benchmark's figures, per seed where it runs seeds
   (``settings[*].<variant>.seeds``) or per repeat (``repeats``);
