@@ -24,7 +24,7 @@ g_r per round with both stops marked) under ``--out``.
     python -m benchmarks.claims.earlystop_claims --budget 300 --seeds 0,1,2     # the full claim
     python -m benchmarks.claims.earlystop_claims --smoke --out /tmp/es   # seconds
 
-``--engine inprocess`` runs the same ServerApp and ClientApp without Ray (``_runs.py``).
+``--engine inprocess`` runs the same ServerApp and ClientApp without Ray (``lib/runs.py``).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ reconstruction (73.1% -> 62.8% on CIFAR-10 at alpha 0.1).
         --seeds 0,1 --data-dir ../shared/data                            # CIFAR-10 (JPEG copy)
     python -m benchmarks.claims.pruning_claims --smoke --out /tmp/pc                # seconds
 
-``--engine inprocess`` runs the same ServerApp and ClientApp without Ray (``_runs.py``).
+``--engine inprocess`` runs the same ServerApp and ClientApp without Ray (``lib/runs.py``).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ the command (``sys.argv``), the git commit the code was at when it started, whet
 tree had uncommitted changes to tracked files then, and the wall time.
 
 Standard library only: ``deploy_overhead`` and ``sim_overhead`` import it before anything
-heavy, and the claim benchmarks beside ``_runs``.
+heavy, and the claim benchmarks beside ``runs``.
 """
 
 from __future__ import annotations
