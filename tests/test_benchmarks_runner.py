@@ -52,3 +52,24 @@ def test_a_benchmark_runs_through_the_runner_with_its_own_arguments() -> None:
     proc = _run("perf.link_fleet", "--set", "nokey=1")
     assert proc.returncode == 2
     assert "unknown run-config key 'nokey'" in proc.stderr
+
+
+def test_key_flags_take_type_and_help_from_the_run_config_and_refuse_a_bad_value(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import argparse
+
+    from benchmarks.lib.overrides import add_key_args, key_values
+    from edgefleet.config import KEYS
+
+    p = argparse.ArgumentParser()
+    add_key_args(p, {"local-steps": 5, "model": "linear"})
+    assert key_values(p, p.parse_args([]), ["local-steps", "model"]) == {
+        "local-steps": 5,
+        "model": "linear",
+    }
+    assert KEYS["local-steps"].help in p.format_help()
+    with pytest.raises(SystemExit) as stop:
+        key_values(p, p.parse_args(["--model", "nope"]), ["local-steps", "model"])
+    assert stop.value.code == 2
+    assert "'model' = 'nope': must be one of linear" in capsys.readouterr().err

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.overrides import add_key_args
 from benchmarks.lib.provenance import stamp
 from edgefleet.simulation.report import load_run
 from edgefleet.simulation.runner import Scenario
@@ -48,11 +49,8 @@ def add_common_args(
     ``--data-dir`` and ``--timeout``, with this benchmark's defaults."""
     p.add_argument("--out", default=str(ROOT / "runs" / out), help="run folders go here")
     p.add_argument("--devices", type=int, default=devices, help="simulated devices (K)")
-    p.add_argument("--local-steps", type=int, default=local_steps)
-    p.add_argument("--lr", type=float, default=lr, help="local SGD learning rate")
-    p.add_argument("--model", default=model)
+    add_key_args(p, {"local-steps": local_steps, "lr": lr, "model": model, "data-dir": ""})
     p.add_argument("--seeds", default=seeds, help="comma-separated seeds")
-    p.add_argument("--data-dir", default="", help="default: EdgeFleet's data search")
     p.add_argument("--timeout", type=float, default=12 * 3600, help="seconds per run")
 
 

@@ -42,3 +42,30 @@ def parse_sets(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, A
     except ConfigError as err:
         parser.error(f"--set: {err}")
     return sets
+
+
+def add_key_args(parser: argparse.ArgumentParser, defaults: dict[str, Any]) -> None:
+    """``--KEY`` for each run-config key in ``defaults`` (the benchmark's default for it), its
+    type and help taken from the key's declaration rather than written again here; parsed
+    values are checked as the run config checks them (:func:`key_values`)."""
+    for name, default in defaults.items():
+        spec = KEYS[name]
+        kind = type(spec.default)
+        if kind not in (int, float, str):
+            raise TypeError(f"run-config key {name!r} ({kind.__name__}) has no flag form")
+        parser.add_argument(
+            f"--{name}", type=kind, default=default, help=f"{spec.help} (run-config key)"
+        )
+
+
+def key_values(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, keys: list[str]
+) -> dict[str, Any]:
+    """The run-config mapping of the ``--KEY`` flags ``keys`` that :func:`add_key_args`
+    declared; a value its key refuses is ``parser``'s usage error naming it."""
+    values = {name: getattr(args, name.replace("-", "_")) for name in keys}
+    try:
+        checked_values({k: KEYS[k] for k in values}, values)
+    except ConfigError as err:
+        parser.error(str(err))
+    return values

@@ -32,6 +32,7 @@ import statistics
 from typing import Any
 
 from benchmarks.lib.grid import add_common_args, emit, run_grid
+from benchmarks.lib.overrides import add_key_args, key_values
 from edgefleet.simulation.sweep import Point
 
 MODES = ("batched", "all", "flower")
@@ -57,11 +58,11 @@ def main() -> None:
     p.add_argument("--max-devices", type=int, default=25)
     p.add_argument("--query-batch", type=int, default=40)
     p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--batch-size", type=int, default=10)
-    p.add_argument("--dataset", default="mnist")
+    add_key_args(p, {"batch-size": 10, "dataset": "mnist"})
     p.add_argument("--harvest-prob", type=float, default=0.5)
     p.add_argument("--modes", default=",".join(MODES))
     args = p.parse_args()
+    key_values(p, args, ["local-steps", "lr", "model", "data-dir", "batch-size", "dataset"])
     small, large = (int(k) for k in args.fleets.split(","))
     modes = args.modes.split(",")
     if unknown := sorted(set(modes) - set(MODES)):
