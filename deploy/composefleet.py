@@ -1,5 +1,5 @@
 """The root docker-compose fleet, driven from Python: for tests/test_compose.py and
-benchmarks/compose_soak.py.
+benchmarks/soak/compose_soak.py.
 
 ``docker compose`` (or Debian's ``docker-compose`` 1.29) builds, brings the project up and
 takes it down: the Docker SDK for Python has no compose. Everything else goes through the

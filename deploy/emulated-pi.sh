@@ -25,7 +25,7 @@
 #            a path on the board, e.g. a fake /sys/class/power_supply.
 #   node-bin DIR [--board pi4|pi5]
 #            write DIR/python and DIR/flower-supernode that run the board's own (default
-#            pi5), for `benchmarks/deploy_overhead.py --node-bin DIR`: /tmp and /work are the
+#            pi5), for `benchmarks/perf/deploy_overhead.py --node-bin DIR`: /tmp and /work are the
 #            same paths on the board, the benchmark's variables are passed on, and the
 #            folders the benchmark (root) made for the node are opened to the board's user
 #   path     print the root's path;  stamp  print the hash the venv was built from

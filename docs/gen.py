@@ -5,7 +5,7 @@
 
 Generated: the run-config key table (from the config sections ``edgefleet/config.py``
 composes), the CLI reference (from the parsers in ``edgefleet/cli.py``), the claims table
-(``benchmarks/claims.py``) and the index of every results file under ``benchmarks/results/``
+(``benchmarks/claims/table.py``) and the index of every results file under ``benchmarks/results/``
 with the command, commit and wall time that made it; and ``pyproject.toml``'s
 ``[tool.flwr.app.config]`` table (every key at its default). ``tests/test_docs.py`` keeps the
 committed pages equal to a fresh generation, so a new key, option or results file shows up
@@ -34,7 +34,9 @@ NOTICE = (
 
 
 def _claims() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
+    spec = importlib.util.spec_from_file_location(
+        "claims", ROOT / "benchmarks" / "claims" / "table.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["claims"] = module  # its dataclasses look their module up by name
@@ -95,8 +97,8 @@ def claims_page() -> str:
     return (
         NOTICE + "# Claims: what the papers say and what we measured\n\n"
         "Each row's figures are re-derived from the results files it names\n"
-        "(`benchmarks/claims.py` reads them; [every results file](results-files.md) with its\n"
-        "command and commit). What\n"
+        "(`benchmarks/claims/table.py` reads them; [every results file](results-files.md)\n"
+        "with its command and commit). What\n"
         "each benchmark measures: [benchmarks](../benchmarks.md).\n\n" + _claims().markdown()
     )
 

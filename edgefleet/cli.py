@@ -120,7 +120,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 def parse_overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict[str, Any]:
     """``--set KEY=VALUE`` items as a run-config mapping (values parsed as TOML values, see
     ``parse_value``); a malformed item is ``parser``'s usage error. Shared with the benchmarks
-    that take ``--set`` (``benchmarks/link_fleet.py``)."""
+    that take ``--set`` (``benchmarks/lib/overrides.py``)."""
     from edgefleet.config import ConfigError, shown
     from edgefleet.simulation.runner import parse_value
 

@@ -321,7 +321,7 @@ def test_emulated_pis_join_a_live_superlink(tmp_path: Path) -> None:
 
 
 def test_node_bin_writes_the_boards_commands_for_the_overhead_benchmark(tmp_path: Path) -> None:
-    """``emulated-pi.sh node-bin`` (benchmarks/deploy_overhead.py --node-bin) needs no board:
+    """``emulated-pi.sh node-bin`` (benchmarks/perf/deploy_overhead.py --node-bin) needs no board:
     it writes wrappers that run the board's own python and flower-supernode, and refuses a
     board it does not know, naming the valid ones."""
     out = subprocess.run(

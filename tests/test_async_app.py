@@ -1,23 +1,19 @@
 """``aggregation.mode = "async"`` through EdgeFleet's own apps on the in-process engine
-(benchmarks/_runs.py's one-run helper, as `edgefleet run --engine inprocess` runs it)."""
+(benchmarks/lib/runs.py's one-run helper, as `edgefleet run --engine inprocess` runs it)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _runs():  # type: ignore[no-untyped-def]
-    """benchmarks/_runs.py (the in-process engine's run helpers)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import _runs
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return _runs
+    """benchmarks/lib/runs.py (the in-process engine's run helpers)."""
+    from benchmarks.lib import runs
+
+    return runs
 
 
 def test_edgefleet_app_runs_async_versions(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ composition tests), on in-process grids (seconds, no Ray):
   FedTrimmedAvg(...))`` and ``TaskVectorStopping(RobustAggregation(FedAvg(),
   rule="median"))``, its ClientApp with EdgeFleet's sign-flip attack mod on 2 of 10 nodes;
 - EdgeFleet's own ServerApp and ClientApp with energy-age selection + FedSAG + CA-HFP pruning
-  + ``robust.rule`` + ``attack.kind`` (benchmarks/_runs.py's in-process engine).
+  + ``robust.rule`` + ``attack.kind`` (benchmarks/lib/runs.py's in-process engine).
 """
 
 from __future__ import annotations
@@ -81,12 +81,9 @@ def test_users_robust_strategies_under_stopping_learn_with_sign_flippers(
 
 
 def _run_once() -> Any:
-    """benchmarks/_runs.py's ``run_once`` (the in-process engine's one-run helper)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from _runs import run_once
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    """benchmarks/lib/runs.py's ``run_once`` (the in-process engine's one-run helper)."""
+    from benchmarks.lib.runs import run_once
+
     return run_once
 
 

@@ -1,11 +1,11 @@
-"""``benchmarks/attack_grid.py``'s judging, on hand-made grids (no runs): the verdicts are per
+"""``benchmarks/claims/attack_grid.py``'s judging, on hand-made grids (no runs): the verdicts
+are per
 fleet (one fleet's figures never judge another's rule), a target with nothing measured to
 judge it is null, ``--recommend`` is checked before any run, and the committed results file
 is judged the same way (its ``fleets`` reads as a new line's does)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -25,17 +25,9 @@ ATTACKS, BACKDOOR, COST = (
 
 
 def _attack_grid() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "attack_grid", ROOT / "benchmarks" / "attack_grid.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
+    from benchmarks.claims import attack_grid
+
+    return attack_grid
 
 
 ag = _attack_grid()
@@ -189,7 +181,7 @@ def test_parse_recommend() -> None:
 def test_a_bad_recommend_stops_before_any_run(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "attack_grid.py"), "--smoke"]
+        [sys.executable, "-m", "benchmarks.claims.attack_grid", "--smoke"]
         + ["--out", str(tmp_path / "out"), "--recommend", "cahfp=median"],
         cwd=ROOT,
         env=env,

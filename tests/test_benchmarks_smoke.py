@@ -10,7 +10,6 @@ that must configure what their rows say (FedSAG's harvest probability, CA-HFP's 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shlex
@@ -31,11 +30,13 @@ README = (ROOT / "docs" / "benchmarks" / "claims.md").read_text()
 
 
 def smoke(script: str, out: Path, *extra: str) -> dict[str, Any]:
-    """Run ``benchmarks/<script>.py --smoke --out out *extra``; its one JSON line."""
+    """Run ``python -m benchmarks.<group>.<script> --smoke --out out *extra``; its one JSON
+    line."""
+    (path,) = (ROOT / "benchmarks").glob(f"*/{script}.py")
+    module = f"benchmarks.{path.parent.name}.{script}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / f"{script}.py"), "--smoke", "--out", str(out)]
-        + list(extra),
+        [sys.executable, "-m", module, "--smoke", "--out", str(out)] + list(extra),
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -49,8 +50,8 @@ def smoke(script: str, out: Path, *extra: str) -> dict[str, Any]:
     assert line["benchmark"] == script
     assert line["sizes"]["smoke"] is True
     assert isinstance(line["wall_s"], float)
-    # benchmarks/_provenance.py: how the line was made, as benchmarks/results/ files need.
-    assert line["command"].startswith(f"python benchmarks/{script}.py --smoke")
+    # benchmarks/lib/provenance.py: how the line was made, as benchmarks/results/ files need.
+    assert line["command"].startswith(f"python -m {module} --smoke")
     if (ROOT / ".git").exists():
         assert isinstance(line["git_commit"], str) and isinstance(line["git_dirty"], bool)
     return line
@@ -263,12 +264,9 @@ def test_straggler_fleet_smoke(tmp_path: Path) -> None:
 
 
 def _command(paper: str) -> str:
-    """The claims page's command for a claim (benchmarks/claims.py renders it there)."""
-    spec = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
-    assert spec is not None and spec.loader is not None
-    claims = importlib.util.module_from_spec(spec)
-    sys.modules["claims"] = claims
-    spec.loader.exec_module(claims)
+    """The claims page's command for a claim (benchmarks/claims/table.py renders it there)."""
+    from benchmarks.claims import table as claims
+
     (command,) = [u.command for u in claims.UNMEASURED if u.paper == paper]
     assert f"`{command}`" in README, paper
     return str(command)
@@ -313,7 +311,7 @@ def test_readme_ca_hfp_mnist_command_uses_the_budget_it_was_measured_with() -> N
     # The MNIST figures were measured before pruning.budget existed, when a keep ratio meant
     # a share of channels, with five variants (commit 594822c made parameters the default).
     args = shlex.split(_command("CA-HFP (arXiv 2603.12591)"))
-    assert args[:2] == ["python", "benchmarks/pruning_claims.py"]
+    assert args[:3] == ["python", "-m", "benchmarks.claims.pruning_claims"]
     assert args[args.index("--budget") + 1] == "channels"
     variants = args[args.index("--variants") + 1].split(",")
     assert variants == ["full", "curvature", "magnitude", "random", "no-reconstruction"]

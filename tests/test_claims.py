@@ -1,4 +1,4 @@
-"""The docs' claims table (docs/benchmarks/claims.md) is ``benchmarks/claims.py``'s output
+"""The docs' claims table (docs/benchmarks/claims.md) is ``benchmarks/claims/table.py``'s output
 from the committed results
 files: every figure in it can be re-derived from a file under ``benchmarks/results/``, every
 results file says how it was made, and a verdict follows from the numbers (reading JSON only,
@@ -12,24 +12,13 @@ import json
 import re
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from benchmarks.claims import table as claims
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _load_claims() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("claims", ROOT / "benchmarks" / "claims.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["claims"] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-claims = _load_claims()
 
 
 def _readme_table() -> str:
@@ -41,7 +30,7 @@ def _readme_table() -> str:
 
 def test_readme_claims_table_is_the_generated_one() -> None:
     assert _readme_table() == claims.markdown(), (
-        "run `python docs/gen.py` (it writes benchmarks/claims.py's table into the docs)"
+        "run `python docs/gen.py` (it writes benchmarks/claims/table.py's table into the docs)"
     )
 
 
@@ -169,16 +158,16 @@ def test_rows_of_one_claim_must_share_their_sizes() -> None:
 
 def test_a_benchmark_line_records_how_it_was_made(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = importlib.util.spec_from_file_location(
-        "_provenance", ROOT / "benchmarks" / "_provenance.py"
+        "_provenance", ROOT / "benchmarks" / "lib" / "provenance.py"
     )
     assert spec is not None and spec.loader is not None
     prov = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(prov)
-    script = str(ROOT / "benchmarks" / "x_claims.py")
+    script = str(ROOT / "benchmarks" / "claims" / "x_claims.py")
     monkeypatch.setattr(sys, "argv", [script, "--seeds", "0,1", "--bad-lrs", ""])
     line = json.loads(prov.dumps({"benchmark": "x_claims", "sizes": {"seeds": "0,1"}}))
     assert list(line)[:4] == ["benchmark", "command", "git_commit", "git_dirty"]
-    assert line["command"] == "python benchmarks/x_claims.py --seeds 0,1 --bad-lrs ''"
+    assert line["command"] == "python -m benchmarks.claims.x_claims --seeds 0,1 --bad-lrs ''"
     if (ROOT / ".git").exists():  # a checkout; an unpacked copy records None, None
         assert len(line["git_commit"]) == 40 and isinstance(line["git_dirty"], bool)
     assert isinstance(line["wall_s"], float)
@@ -191,7 +180,7 @@ def test_a_line_records_the_code_version_of_its_start(monkeypatch: pytest.Monkey
     """A commit made while a long benchmark runs is not the code it ran."""
     monkeypatch.setenv("BENCHMARK_GIT_COMMIT", "a" * 40)
     spec = importlib.util.spec_from_file_location(
-        "_provenance_start", ROOT / "benchmarks" / "_provenance.py"
+        "_provenance_start", ROOT / "benchmarks" / "lib" / "provenance.py"
     )
     assert spec is not None and spec.loader is not None
     prov = importlib.util.module_from_spec(spec)

@@ -124,7 +124,7 @@ def test_rounds_that_stopping_rests_are_not_a_silent_fleet() -> None:
 def test_rounds_the_deadline_empties_are_neither_silent_nor_heard() -> None:
     # Every board over selection.deadline: the server skips them until deadline-retry lets
     # them back. Under load that outlasted run.max-empty-rounds and stopped a deadline run
-    # before any retry (benchmarks/link_fleet.py). Such rounds must not count...
+    # before any retry (benchmarks/perf/link_fleet.py). Such rounds must not count...
     def skipped(rnd: int) -> RoundResult:
         result = _result(rnd, "energy-age selection: nobody left after selection.deadline")
         result.context.section(SelectionRow).deadline_skipped = ["0", "1"]

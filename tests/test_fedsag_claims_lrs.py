@@ -1,11 +1,9 @@
-"""``benchmarks/fedsag_claims.py``'s learning-rate options: ``--lrs`` (every variant at each
+"""``benchmarks/claims/fedsag_claims.py``'s learning-rate options: ``--lrs`` (every variant at each
 lr), ``--variant-lr VARIANT=LR`` (each variant at its pick) and the rule that picks (no runs:
 the parsing and the choice are pure functions)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _fedsag_claims() -> Any:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "fedsag_claims", ROOT / "benchmarks" / "fedsag_claims.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return module
+    from benchmarks.claims import fedsag_claims
+
+    return fedsag_claims
 
 
 fc = _fedsag_claims()

@@ -1,9 +1,8 @@
-"""``benchmarks/link_fleet.py`` refuses a bad setting before it starts a fleet, and its
+"""``benchmarks/perf/link_fleet.py`` refuses a bad setting before it starts a fleet, and its
 variants and summary figures (no root needed, no processes but the refusals')."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 )
 def test_a_bad_setting_is_refused_before_any_fleet(args: list[str], says: str) -> None:
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "link_fleet.py"), *args],
+        [sys.executable, "-m", "benchmarks.perf.link_fleet", *args],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr[-2000:]
@@ -34,20 +33,9 @@ def test_a_bad_setting_is_refused_before_any_fleet(args: list[str], says: str) -
 
 
 def _module() -> Any:
-    paths = [str(ROOT / "benchmarks"), str(ROOT / "deploy")]
-    sys.path[:0] = paths
-    try:
-        spec = importlib.util.spec_from_file_location(
-            "link_fleet", ROOT / "benchmarks" / "link_fleet.py"
-        )
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["link_fleet"] = module  # its dataclasses look their module up by name
-        spec.loader.exec_module(module)
-    finally:
-        for p in paths:
-            sys.path.remove(p)
-    return module
+    from benchmarks.perf import link_fleet
+
+    return link_fleet
 
 
 lf = _module()
@@ -185,3 +173,18 @@ def test_staleness_and_idle_summaries() -> None:
     assert idle["idle_s"] == {"0": 0.0, "1": 20.0}
     assert idle["idle_share"] == 0.25
     assert lf.device_idle({}, 40.0) == {"idle_s": {}, "idle_share": None}
+
+
+@pytest.mark.parametrize(
+    "module", ["benchmarks.claims.fedsag_claims", "benchmarks.claims.attack_grid"]
+)
+def test_the_shared_set_option_refuses_a_misspelt_key_before_any_run(module: str) -> None:
+    """``--set`` is benchmarks/lib/overrides.py's in every benchmark that takes it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", module, "--smoke", "--set", "saga.corection=channels"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "unknown run-config key 'saga.corection'; did you mean 'saga.correction'" in (
+        proc.stderr
+    )

@@ -1,4 +1,4 @@
-"""The soak's CI profile (issue 26): ``benchmarks/soak.py`` on a small link fleet, through
+"""The soak's CI profile (issue 26): ``benchmarks/soak/soak.py`` on a small link fleet, through
 every kind of restart it plans, judged on what a deployed fleet must never do.
 
 Four ``edgefleet supernode`` nodes on mixed links (TLS, node auth, the SuperLink with
@@ -44,7 +44,7 @@ TIMEOUT_S = 900  # upper bounds for a loaded machine; it returns when the soak d
 def test_a_short_soak_loses_and_repeats_no_round_and_leaves_nothing() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "soak.py"), *PROFILE],
+        [sys.executable, "-m", "benchmarks.soak.soak", *PROFILE],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -82,20 +82,9 @@ def test_a_short_soak_loses_and_repeats_no_round_and_leaves_nothing() -> None:
 
 
 def _soak_module() -> Any:
-    import importlib.util
+    from benchmarks.soak import soak
 
-    paths = [str(ROOT / "benchmarks"), str(ROOT / "deploy")]
-    sys.path[:0] = paths
-    try:
-        spec = importlib.util.spec_from_file_location("soak", ROOT / "benchmarks" / "soak.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["soak"] = module  # its dataclasses look their module up by name
-        spec.loader.exec_module(module)
-    finally:
-        for p in paths:
-            sys.path.remove(p)
-    return module
+    return soak
 
 
 STATUS = """Name:\tflower-superli

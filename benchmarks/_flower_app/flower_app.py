@@ -1,4 +1,4 @@
-"""The work of ``benchmarks/sim_overhead.py`` as a plain Flower app, without EdgeFleet.
+"""The work of ``benchmarks/perf/sim_overhead.py`` as a plain Flower app, without EdgeFleet.
 
 What a Flower user would write for the same experiment: Flower's FedAvg in a ServerApp,
 a ClientApp that trains the device's partition, central evaluation every round. It reuses

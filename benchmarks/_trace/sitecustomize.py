@@ -1,4 +1,4 @@
-"""Timing hook of benchmarks/sim_overhead.py, inert unless EDGEFLEET_BENCH_TRACE names a file.
+"""Timing hook of benchmarks/perf/sim_overhead.py, inert unless EDGEFLEET_BENCH_TRACE names a file.
 
 sim_overhead.py puts this folder first on the run's PYTHONPATH, which every process of the run
 inherits (Ray passes it on to its actors), so EdgeFleet's code is timed without changing it.

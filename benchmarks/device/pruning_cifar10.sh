@@ -47,7 +47,7 @@ ARGS=(--dataset cifar10 --model resnet8 --alphas 0.1 --seeds 0,1 --devices 4
       --local-steps 25 --batch-size 64 --engine inprocess --data-dir .gpujob/data
       --workers 1 --jobs ${JOBS:-12} ${EXTRA:-})
 echo "calibration at $SECONDS s"
-timeout 240 $PY benchmarks/pruning_claims.py "${ARGS[@]}" --rounds 3 --out $TMPD/calib > "$OUT/calib.json"
+timeout 240 $PY -m benchmarks.claims.pruning_claims "${ARGS[@]}" --rounds 3 --out $TMPD/calib > "$OUT/calib.json"
 rc=$?
 echo "calibration rc $rc at $SECONDS s"
 if [ $rc != 0 ]; then
@@ -69,7 +69,7 @@ print(f"per round {t:.2f} s (slowest of {len(per_round)}), round 1 {f0:.1f} s ->
 PY
 )
 echo "rounds $R at $SECONDS s"
-timeout $((DEADLINE + 30 - SECONDS)) $PY benchmarks/pruning_claims.py "${ARGS[@]}" --rounds "$R" --out $TMPD/main > "$OUT/pruning_claims.json"
+timeout $((DEADLINE + 30 - SECONDS)) $PY -m benchmarks.claims.pruning_claims "${ARGS[@]}" --rounds "$R" --out $TMPD/main > "$OUT/pruning_claims.json"
 echo "main rc $? at $SECONDS s"
 tail -c 600 "$OUT/pruning_claims.json"
 tar -czf "$OUT/runs.tgz" -C $TMPD main/cells $(cd $TMPD && ls -d main/cifar10-*/ 2>/dev/null | sed 's|$|metrics.jsonl|') 2>/dev/null

@@ -5,7 +5,7 @@ start a fresh ``flwr-clientapp`` process for every message it receives. That pro
 Python, imports flwr, pulls the message, the Context and the app bundle (FAB) from the
 SuperNode, unpacks the FAB into ``$FLWR_HOME/apps``, imports the ClientApp (torch with it),
 rebuilds the device's data and model, trains, pushes the reply and the Context back, and
-exits. ``benchmarks/deploy_overhead.py`` measures every step; on this machine everything but
+exits. ``benchmarks/perf/deploy_overhead.py`` measures every step; on this machine everything but
 the training is several seconds a message, and a device on harvested energy pays for it.
 A ClientApp process that only forwards to a warm worker still imports flwr and does Flower's
 bookkeeping per message, which alone measured more than a second: too much.
@@ -84,7 +84,7 @@ MIN_POLL_S = 0.02
 MAX_POLL_S = 0.25
 # Flower pulls a message's objects with its first retry after 1 s (PULL_INITIAL_BACKOFF), and
 # a worker that claims within 20 ms often asks before the SuperNode holds all of them: it lost
-# 0.74 s a round waiting out that backoff (benchmarks/deploy_overhead.py, "task_input"). Same
+# 0.74 s a round waiting out that backoff (benchmarks/perf/deploy_overhead.py, "task_input"). Same
 # pull, first retry after 20 ms, doubling to at most 1 s (500 tries, Flower's limit: ~8 min).
 PULL_FIRST_RETRY_S = 0.02
 PULL_RETRY_CAP_S = 1.0

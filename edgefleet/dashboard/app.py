@@ -131,7 +131,7 @@ def create_app(
     written to last (:func:`~edgefleet.dashboard.data.latest_run`), looked up on every
     request. ``events_max_s`` ends each event stream after that long (the browser reconnects
     by itself), so that a stopping server never waits on it long. ``static``: the page's
-    files (``benchmarks/dashboard_scale.py --baseline`` serves an older page's).
+    files (``benchmarks/perf/dashboard_scale.py --baseline`` serves an older page's).
     ``metrics_max_devices``, ``metrics_offline_rounds``: which devices ``/metrics`` exports
     (:func:`~edgefleet.dashboard.metrics.exported_devices`)."""
     base = Path(run_dir)

@@ -214,7 +214,7 @@ class RoundContext:
     # by the sessions wrapper every round: the continuous mode's teacher
     last_session_model: ArrayRecord | None = None
     # the update norms of the replies that reached the norm bound, by device (not a column:
-    # benchmarks/norm_ratios.py reads them from the round's result)
+    # benchmarks/claims/norm_ratios.py reads them from the round's result)
     update_norms: dict[str, float] = field(default_factory=dict)
     _sections: dict[type, Any] = field(default_factory=dict)
     _own: dict[int, Any] = field(default_factory=dict)

@@ -90,7 +90,7 @@ from edgefleet.wire import DEVICE_ID, ENERGY_SPENT, NUM_EXAMPLES
 # and a sum of thousands of them cannot overflow.
 MAX_WEIGHT = 2.0**53
 # The update-norm bound: a reply's update may be at most this many times the round's median
-# update norm. Honest devices measured up to 9.7x (benchmarks/norm_ratios.py: 10 devices,
+# update norm. Honest devices measured up to 9.7x (benchmarks/claims/norm_ratios.py: 10 devices,
 # 10 rounds, 8 configurations; 99th percentiles 1.4x to 9.2x, the largest with few-sample
 # devices under Dirichlet splits and FedProx; 5 rejected 3 of 270 honest replies of a
 # 30-round run). With equal weights an accepted update moves the model by at most k/N

@@ -25,7 +25,7 @@ will let them back is the server's own choice, not the fleet's silence: it neith
 streak nor ends one, so a fleet that is really gone still stops once its retried devices
 fail to answer. Counting it made a deadline run stop with ``FleetSilent`` under load (every
 board's round over the deadline, ``deadline-retry`` >= ``max-empty-rounds``) before the retry
-let any board back in (``benchmarks/link_fleet.py``, docs/benchmarks/links.md).
+let any board back in (``benchmarks/perf/link_fleet.py``, docs/benchmarks/links.md).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ known: a device whose last answer said "feasible" at most that many rounds ago (
 answer, or its train reply, which the energy mod gives the battery after paying) is taken as
 feasible (:meth:`EnergyAgeSelection._reusable` says why that is exact for harvesting
 batteries). On a deployment each query is a round trip through the SuperNodes' polling and
-a ClientApp start: 4-5 s a round on ``benchmarks/link_fleet.py``'s fast links, as much as
+a ClientApp start: 4-5 s a round on ``benchmarks/perf/link_fleet.py``'s fast links, as much as
 the training round itself.
 """
 
@@ -483,7 +483,7 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         counted; the full model's bytes, so a CA-HFP device that will get only its slice is
         overestimated, never under. Without that, the first round of a board on a 512
         kbit/s modem held the whole fleet's first round (30 s against 8,
-        ``benchmarks/link_fleet.py``)."""
+        ``benchmarks/perf/link_fleet.py``)."""
         registry = current_round().registry
         fits: list[str] = []
         skipped: list[str] = []

@@ -1,0 +1,1 @@
+"""Benchmarks behind the docs' claims table (``benchmarks/claims/table.py``)."""

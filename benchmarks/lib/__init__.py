@@ -1,0 +1,1 @@
+"""What the benchmarks share: provenance stamps, run helpers, ``--set`` overrides."""

@@ -1,0 +1,1 @@
+"""Overhead and scaling benchmarks."""

@@ -1,0 +1,1 @@
+"""Long runs of a fleet under faults: soak, compose soak, fault campaign."""
