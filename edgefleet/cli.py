@@ -69,6 +69,7 @@ def top_parser() -> argparse.ArgumentParser:
 
 def command_parsers() -> dict[str, argparse.ArgumentParser]:
     """Each command's parser, by command (what docs/reference/cli.md lists)."""
+    # lazy: flwr/httpx (worker) and matplotlib (report), for the parser listing only
     from edgefleet.client.worker import supernode_parser, worker_parser
     from edgefleet.simulation.report import report_parser
 
@@ -121,6 +122,7 @@ def parse_overrides(parser: argparse.ArgumentParser, items: list[str]) -> dict[s
     """``--set KEY=VALUE`` items as a run-config mapping (values parsed as TOML values, see
     ``parse_value``); a malformed item is ``parser``'s usage error. Shared with the benchmarks
     that take ``--set`` (``benchmarks/lib/overrides.py``)."""
+    # lazy: config and runner pull in flwr and ~60 EdgeFleet modules (~1 s)
     from edgefleet.config import ConfigError, shown
     from edgefleet.simulation.runner import parse_value
 
@@ -140,6 +142,7 @@ def _early_engine(scenario: str, sets: list[str], ray_address: str | None) -> En
     """An engine whose Ray cluster is already starting, sized from the scenario file and the
     ``--set federation.init-args-*`` overrides; None when those cannot be read yet (the run
     then validates them and starts its engine itself)."""
+    # lazy: cli.py imports only the standard library (see the module comment)
     from edgefleet.simulation.engine import MAX_RAY_CPUS, MAX_RAY_GPUS, Engine
 
     try:  # anything odd is left to the run's own checks, which name it
@@ -218,6 +221,7 @@ def _sigterm(signum: int, frame: object) -> None:
 
 
 def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine: Any) -> int:
+    # lazy: flwr and the rest of EdgeFleet only after Ray's start (see the module comment)
     from edgefleet.config import ConfigError
     from edgefleet.simulation.runner import (
         Interrupted,
@@ -284,6 +288,7 @@ def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine:
         print(story(run_dir))
     print(f"results: {run_dir} (summary.json, metrics.jsonl)")
     if args.report:
+        # lazy: matplotlib (~0.5 s) only with --report
         from edgefleet.simulation.report import main as report_main
 
         return report_main([str(run_dir)])
@@ -294,6 +299,7 @@ def _run_with(parser: argparse.ArgumentParser, args: argparse.Namespace, engine:
 def _start_dashboard(path: str, overrides: dict[str, Any], scenario: Any) -> tuple[Any, Any]:
     """The scenario with its run folder's name fixed (the default one is dated), and a
     dashboard of that folder serving in a thread of this process until the run ends."""
+    # lazy: starlette/prometheus_client only with --dashboard; runner pulls in flwr
     from edgefleet.dashboard.app import DEFAULT_PORT, Dashboard, DashboardError, token_from
     from edgefleet.simulation.runner import load_scenario, resolve_run_config
 
@@ -315,6 +321,7 @@ def _start_dashboard(path: str, overrides: dict[str, Any], scenario: Any) -> tup
 
 
 def dashboard_parser() -> argparse.ArgumentParser:
+    # lazy: starlette and prometheus_client only for `edgefleet dashboard`
     from edgefleet.dashboard.app import DEFAULT_HOST, DEFAULT_PORT, TOKEN_ENV, TRUSTED_PROXIES
     from edgefleet.dashboard.metrics import MAX_DEVICES, OFFLINE_ROUNDS
 
@@ -382,6 +389,7 @@ def _positive_int(text: str) -> int:
 
 
 def _dashboard(argv: list[str]) -> int:
+    # lazy: starlette and prometheus_client only for `edgefleet dashboard`
     from edgefleet.dashboard.app import Dashboard, DashboardError, token_from
 
     args = dashboard_parser().parse_args(argv)
@@ -419,11 +427,13 @@ def _dashboard(argv: list[str]) -> int:
 def _inprocess_engine(args: argparse.Namespace) -> Any:
     """The in-process engine ``--engine inprocess`` asks for (None: Flower's); options of
     the other engine are refused."""
+    # lazy: runner pulls in flwr and ~60 EdgeFleet modules (~1 s)
     from edgefleet.simulation.runner import check_engine
 
     check_engine(args.engine, args.ray_address, args.workers)
     if args.engine != "inprocess":
         return None
+    # lazy: flwr; only for --engine inprocess
     from edgefleet.simulation.inprocess import InProcessEngine
 
     return InProcessEngine(workers=args.workers)
@@ -453,6 +463,7 @@ def sweep_parser() -> argparse.ArgumentParser:
 
 
 def _sweep(argv: list[str]) -> int:
+    # lazy: flwr and ~60 EdgeFleet modules (~1 s) only for `edgefleet sweep`
     from edgefleet.config import ConfigError
     from edgefleet.simulation.runner import load_scenario
     from edgefleet.simulation.sweep import Sweep, grid_points, parse_grid, parse_seeds
@@ -497,6 +508,7 @@ def _sweep(argv: list[str]) -> int:
         return 130 if signal_name == "SIGINT" else 143
     failed = [r for r in runs if r.status == "failed"]
     if not args.no_report:
+        # lazy: matplotlib (~0.5 s) only when the sweep reports
         from edgefleet.simulation.report import main as report_main
 
         report_main([str(sweep.out), "--out", str(sweep.out / "report")])
@@ -524,9 +536,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] == "dashboard":
         return _dashboard(argv[1:])
     if argv[0] in ("supernode", "worker"):
+        # lazy: flwr, httpx and starlette (~1 s) only for `supernode` and `worker`
         from edgefleet.client.worker import main as worker_main
 
         return worker_main(argv)
+    # lazy: matplotlib (~0.5 s) only for `edgefleet report`
     from edgefleet.simulation.report import main as report_main
 
     return report_main(argv[1:])

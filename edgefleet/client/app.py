@@ -40,6 +40,7 @@ from flwr.app import ConfigRecord, Context, Error, Message, MetricRecord, Record
 from flwr.clientapp import ClientApp
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
+from edgefleet.attacks import FolderBoard, attack_mod, backdoored, label_flipped
 from edgefleet.client.battery import (
     SOLAR_SITES,
     EnergySource,
@@ -55,7 +56,9 @@ from edgefleet.client.mods import (
     energy_mod,
 )
 from edgefleet.config import RunConfig
+from edgefleet.pruning.wire import KEPT, kept_record
 from edgefleet.task.cache import CacheUnwritableError
+from edgefleet.task.datasets import dataset_info
 from edgefleet.wire import (
     CONFIG_KL_LAMBDA,
     CONFIG_LR,
@@ -94,6 +97,7 @@ DEVICE_ERRORS = (ValueError, FileNotFoundError, SourceUnavailableError, CacheUnw
 
 @functools.cache  # sources hold no state; a trace file is read once per process, not per message
 def energy_source(p: DeviceProfile, cfg: RunConfig) -> EnergySource:
+    # lazy: torch (task.train); Flower imports this module at app load, the handlers need it
     from edgefleet.task.train import seed_for
 
     e = cfg.energy
@@ -125,6 +129,7 @@ def solar_site(device_id: int) -> str:
 def battery_settings(context: Context) -> BatterySettings:
     """The device's battery from the run config (``energy.*``) and its node config
     (``capacity``, ``harvest-prob``, ``energy-source``, ``trace-path``)."""
+    # lazy: torch (client.device) only when a device is built, not at app load
     from edgefleet.client.device import get_profile
 
     cfg, profile = get_profile(context.run_config, context.node_config)
@@ -135,6 +140,7 @@ def status(msg: Message, context: Context) -> Message:
     """The light status query (energy-aware selection, sessions): the device id, presence
     and, when asked (``labels`` in the config), the classes of the local data. The energy
     mod adds the battery level and whether it covers a round."""
+    # lazy: torch (client.device) only when a device is built, not at app load
     from edgefleet.client.device import get_device, get_profile, is_present
 
     config = msg.content.config_records["config"]
@@ -173,6 +179,7 @@ def continuous_teacher(device: Device, msg: Message, context: Context) -> nn.Mod
 
     Raises :class:`TeacherMissingError` when the named session's teacher is not held (the
     server sends it again), ValueError when the config or the teacher is malformed."""
+    # lazy: torch (task.train) only on the continuous warm start path
     from edgefleet.task.train import set_arrays
 
     config = msg.content.config_records["config"]
@@ -219,8 +226,6 @@ def attacker_partitions(num_partitions: int, fraction: float, seed: int) -> tupl
 
 @functools.cache
 def _attack(cfg: RunConfig, num_partitions: int) -> Mod:
-    from edgefleet.attacks import FolderBoard, attack_mod
-
     a = cfg.attack
     partitions = attacker_partitions(num_partitions, a.fraction, cfg.seed)
     params: dict[str, object] = {}
@@ -251,6 +256,7 @@ def _attack(cfg: RunConfig, num_partitions: int) -> Mod:
 
 
 def _pruning_plan(model: str, dataset: str) -> PruningPlan:
+    # lazy: torch_pruning (pruning.submodel) only for runs that prune
     from edgefleet.pruning.submodel import plan_for
 
     return plan_for(model, dataset)
@@ -261,6 +267,7 @@ def run_config_attacks(msg: Message, context: Context, call_next: ClientAppCalla
     (the reply of every other device, and of every device with ``attack.kind = "off"``,
     passes untouched). A kind that cannot be built for this fleet (ALIE with more attackers
     than half the devices) answers with an Error naming why."""
+    # lazy: torch (client.device) only when a device is built, not at app load
     from edgefleet.client.device import get_profile
 
     try:
@@ -291,8 +298,7 @@ def attacked_train_data(device: Device) -> ArrayDataset:
         return device.train_data
     key = id(device.train_data)
     if key not in _POISONED:
-        from edgefleet.attacks import backdoored, label_flipped
-        from edgefleet.task.datasets import dataset_info
+        # lazy: torch (task.train) only for poisoning attackers
         from edgefleet.task.train import seed_for
 
         if a.kind == "label-flip":
@@ -305,9 +311,9 @@ def attacked_train_data(device: Device) -> ArrayDataset:
 
 
 def train(msg: Message, context: Context) -> Message:
+    # lazy: torch (client.device, client.pruning, task.train) only in the handlers
     from edgefleet.client.device import get_device, is_present
     from edgefleet.client.pruning import ordered_dropout_round, parameter_fraction, round_model
-    from edgefleet.pruning.wire import KEPT, kept_record
     from edgefleet.task.train import get_arrays, seed_for, train_local
 
     try:
@@ -413,6 +419,7 @@ def scaffold_correction(msg: Message, model: Any) -> dict[str, Any] | None:
 
 
 def evaluate(msg: Message, context: Context) -> Message:
+    # lazy: torch (client.device, task.train) only in the handlers
     from edgefleet.client.device import get_device
     from edgefleet.task.train import evaluate as evaluate_model
     from edgefleet.task.train import set_arrays

@@ -140,6 +140,7 @@ class Device:
     def plan(self) -> PruningPlan:
         """CA-HFP's channel groups of this device's model: one per process and architecture
         (:func:`~edgefleet.pruning.submodel.plan_for`; imported only when pruning)."""
+        # lazy: torch_pruning (pruning.submodel) only for devices that prune
         from edgefleet.pruning.submodel import plan_for
 
         return plan_for(self.config.train.model, self.config.data.dataset)

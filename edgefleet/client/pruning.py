@@ -91,6 +91,7 @@ def ordered_dropout_round(
     """FjORD's round (``pruning.criterion = "ordered-dropout"``): ordered-dropout steps on the
     device's model from ``arrays``, widths the fleet's keep ratios up to the device's own;
     the p_max prefix to send and its kept channels (None: the full model)."""
+    # lazy: torch_pruning (via ordered_dropout's pruning.submodel) only for FjORD runs
     from edgefleet.pruning.ordered_dropout import train_ordered_dropout
 
     set_arrays(device.model, arrays)

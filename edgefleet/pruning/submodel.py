@@ -61,6 +61,8 @@ from torch import Tensor, nn
 from edgefleet.bounds import names
 from edgefleet.pruning.importance import evaluating
 from edgefleet.pruning.names import BUDGETS, Budget
+from edgefleet.task.datasets import dataset_info
+from edgefleet.task.models import build_model
 
 # Index maps are a pure function of the kept channels; clients that keep the same channels
 # (every keep-ratio-1 client, or a client whose scores did not change) share one entry.
@@ -451,8 +453,6 @@ def plan_for(model: str, dataset: str) -> PruningPlan:
     One per process and architecture: a plan is a template that holds no weights, and tracing
     it costs forward passes (42-122 ms for SmallCNN), which a Ray actor serving a fleet of
     devices would otherwise pay once per device."""
-    from edgefleet.task.datasets import dataset_info
-    from edgefleet.task.models import build_model
 
     info = dataset_info(dataset)
     return PruningPlan(

@@ -59,6 +59,9 @@ from edgefleet.strategies.reconstruction import SubmodelReconstruction
 from edgefleet.strategies.robust import RobustAggregation, RobustRule
 from edgefleet.strategies.stopping import TaskVectorStopping, ValidationStopping
 from edgefleet.strategies.warmstart_initializer import WarmStartInitializer
+from edgefleet.task.accelerator import resolve_accelerator
+from edgefleet.task.datasets import load_dataset, load_validation
+from edgefleet.task.partition import split_local
 
 if TYPE_CHECKING:
     from edgefleet.pruning.submodel import PruningPlan
@@ -349,10 +352,8 @@ class CentralEvaluation:
 def central_evaluation(cfg: RunConfig) -> CentralEvaluation:
     import torch
 
-    from edgefleet.task.accelerator import resolve_accelerator
-    from edgefleet.task.datasets import load_dataset, load_validation
+    # lazy: torch (task.models, task.train) only for the server's central evaluation
     from edgefleet.task.models import build_model
-    from edgefleet.task.partition import split_local
     from edgefleet.task.train import evaluate, get_arrays, set_arrays
 
     # Resolved before any data is loaded: an accelerator this machine lacks ends the run here.

@@ -215,6 +215,7 @@ class Engine:
         as it streams (None: only ``flower.log`` does). ``progress`` (``live`` or ``plain``,
         :mod:`edgefleet.simulation.progress`) shows the run's progress line on
         ``progress_stream`` (default stdout) from its rows as they land."""
+        # lazy: this module stays light (docstring); runner imports this module (cycle)
         from edgefleet.config import ConfigError
         from edgefleet.runlock import RunLocked, release_stopped
         from edgefleet.server.results import prepare_run_dir
@@ -243,6 +244,7 @@ class Engine:
         link = next((p for p in self.fleet.processes if p.name == "superlink"), None)
         link_offset = self._log_mark  # where this run's part of the SuperLink's log starts
         flwr: FlowerProcess | None = None
+        # lazy: tqdm, kept off this light module's import (see the docstring)
         from edgefleet.simulation.progress import start_progress
 
         stream = progress_stream if progress_stream is not None else sys.stdout

@@ -67,6 +67,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from edgefleet.fileio import NotARegularFile, atomic_write_text
 from edgefleet.processes import end_with_parent
+from edgefleet.simulation.engine import Interrupted, RunFailed, serverapp_error
 
 if TYPE_CHECKING:
     from edgefleet.simulation.runner import Scenario
@@ -252,6 +253,7 @@ class ClientAppNode:
 
 
 def _client_threads(run_config: Mapping[str, Any]) -> int:
+    # lazy: config pulls in ~55 EdgeFleet modules; InProcessGrid users need flwr only
     from edgefleet.config import DEFAULTS
 
     value = run_config.get("client-threads", DEFAULTS["client-threads"])
@@ -574,6 +576,7 @@ def serve(
     """EdgeFleet's ServerApp on a :class:`ClientAppGrid` of ``nodes`` nodes, here and now.
     ``run_config`` is the run's own (as ``flwr run --run-config`` takes it); the apps get the
     app's defaults under it, as Flower builds their run config (:func:`client_run_config`)."""
+    # lazy: the ServerApp's ~65 modules only for a run (preload() imports it up front)
     from edgefleet.server.app import app as server_app
 
     full = client_run_config(run_config)
@@ -586,6 +589,7 @@ def serve(
 
 
 def client_run_config(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    # lazy: config pulls in ~55 EdgeFleet modules; InProcessGrid users need flwr only
     from edgefleet.config import DEFAULTS
 
     return {**DEFAULTS, **run_config}
@@ -709,10 +713,10 @@ class InProcessEngine:
         """Run ``scenario`` to completion; its run folder. ``echo`` gets the run's log as it
         is written (None: only ``flower.log`` does); ``progress`` (``live`` or ``plain``) shows
         the progress line on stdout, as :meth:`Engine.run` does."""
+        # lazy: a run's machinery (~60 modules); InProcessGrid users need flwr only
         from edgefleet.config import ConfigError
         from edgefleet.runlock import RunLocked, release_stopped
         from edgefleet.server.results import prepare_run_dir
-        from edgefleet.simulation.engine import Interrupted, RunFailed, serverapp_error
         from edgefleet.simulation.runner import (
             check_data,
             check_run_folder,
@@ -736,6 +740,7 @@ class InProcessEngine:
         log_path.write_text("")
         title = f"in-process engine, {nodes} nodes, {workers} worker process(es)"
         pool: WorkerPool | None = None
+        # lazy: tqdm only for a run (as for the imports above)
         from edgefleet.simulation.progress import start_progress
 
         reporter, echo = start_progress(run_dir, cfg.server.num_rounds, progress, sys.stdout, echo)
@@ -787,8 +792,6 @@ class InProcessEngine:
         run_dir: Path,
         reporter: Any = None,
     ) -> None:
-        from edgefleet.simulation.engine import RunFailed
-
         deadline = time.monotonic() + timeout
         offset = 0
         while True:

@@ -589,6 +589,7 @@ def _story_of_one(run: RunData) -> str:
     table for a live run, or one whose ``summary.json`` an older version wrote."""
     if not (run.path / "summary.json").is_file():
         return summary_table([run])
+    # lazy: story pulls in flwr and ~60 EdgeFleet modules; the plots need only matplotlib
     from edgefleet.simulation.story import story
 
     try:

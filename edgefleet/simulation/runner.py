@@ -61,6 +61,8 @@ from edgefleet.simulation.engine import (  # noqa: F401 - the runner's public na
     resume_hint,
     serverapp_error,
 )
+from edgefleet.simulation.progress import display_mode
+from edgefleet.task.accelerator import AcceleratorError, simulation_gpu_share
 
 if TYPE_CHECKING:
     from edgefleet.simulation.inprocess import InProcessEngine
@@ -341,7 +343,6 @@ def with_gpu_share(federation: Mapping[str, Any], accelerator: str) -> dict[str,
     """``federation`` plus a ``client-resources-num-gpus`` share when the ClientApps are to
     use a GPU that Ray would otherwise hide from them (see :mod:`edgefleet.task.accelerator`);
     unchanged on a CPU-only machine or when the scenario sets its own share."""
-    from edgefleet.task.accelerator import AcceleratorError, simulation_gpu_share
 
     out = dict(federation)
     if "client-resources-num-gpus" in out:
@@ -390,7 +391,6 @@ def run_scenario(
         if ray_address is not None and (cpus is not None or gpus is not None):
             raise ConfigError(RAY_ADDRESS_WITH_SIZES)
         engine = Engine(ray_address=ray_address, ray_cpus=cpus, ray_gpus=gpus)
-    from edgefleet.simulation.progress import display_mode
 
     mode = display_mode(sys.stdout.isatty(), quiet)
     with engine:

@@ -246,6 +246,7 @@ def load_validation(name: str, data_dir: str = "") -> ArrayDataset | None:
     set), or None when the data set has none. Only the stopping baselines use it: a federated
     server should not hold data."""
     check_choice(name, DATASETS, "dataset")
+    # lazy: import cycle, task.sources imports task.datasets
     from edgefleet.task.sources import read_validation
 
     dirs = list(_search_dirs(data_dir)) if name in FILE_DATASETS else []
