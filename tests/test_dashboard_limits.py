@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.perf.dashboard_limits import fleet as big_fleet
 from edgefleet.dashboard import app as dashboard_app
 from edgefleet.dashboard.app import COOKIE, Dashboard
 from tests.test_dashboard import fleet, row
@@ -273,25 +274,6 @@ def test_the_bounds_need_no_client_library(served: Dashboard) -> None:
 # --- /metrics: a bounded number of devices -------------------------------------------------
 
 
-def _big_fleet(n: int, rnd: int = 40, telemetry: int = 4) -> dict:
-    devices = []
-    for i in range(n):
-        devices.append(
-            {
-                "device": f"board-{i:05d}-{'x' * 30}",
-                "node": 10_000 + i,
-                "online": True,
-                "last_seen": rnd - (i % 7),
-                "battery": float(i % 11),
-                "participations": i % 13,
-                "last_trained": rnd - 1,
-                "declines": 0,
-                "telemetry": {f"field_{k}": float(k) for k in range(telemetry)},
-            }
-        )
-    return {"round": rnd, "session": 1, "devices": devices}
-
-
 def _families(body: bytes) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -310,7 +292,7 @@ def test_a_large_fleet_costs_a_bounded_scrape(tmp_path: Path) -> None:
     for n in (2_000, 5_000):
         run = tmp_path / f"run{n}"
         run.mkdir()
-        (run / "fleet.json").write_text(json.dumps(_big_fleet(n)))
+        (run / "fleet.json").write_text(json.dumps(big_fleet(n)))
         body = TestClient(create_app(run), base_url="http://127.0.0.1:8050").get("/metrics")
         sizes[n] = len(body.content)
         families = _families(body.content)
@@ -360,7 +342,7 @@ def test_offline_devices_leave_metrics_after_a_while() -> None:
 def test_per_device_samples_are_capped_whatever_the_fields() -> None:
     from edgefleet.dashboard.metrics import MAX_DEVICE_SAMPLES, MAX_LABEL, render_data
 
-    fleet = _big_fleet(300, telemetry=60)  # 66 samples a device: 19,800 in all
+    fleet = big_fleet(300, telemetry=60)  # 66 samples a device: 19,800 in all
     for d in fleet["devices"]:
         d["device"] = d["device"] + "y" * 1_000  # ids far longer than a label needs
     families = _families(render_data(fleet, []))

@@ -77,7 +77,9 @@ def endless_heads(connections: int, cap_mb: int) -> dict[str, Any]:
     }
 
 
-def fleet(n: int, rnd: int = 40) -> dict[str, Any]:
+def fleet(n: int, rnd: int = 40, telemetry: int = 4) -> dict[str, Any]:
+    """A ``fleet.json`` of ``n`` devices at round ``rnd``, each with ``telemetry`` fields (the
+    shape the server writes; tests/test_dashboard_limits.py uses it too)."""
     devices = [
         {
             "device": f"board-{i:05d}-{'x' * 28}",
@@ -88,7 +90,7 @@ def fleet(n: int, rnd: int = 40) -> dict[str, Any]:
             "participations": i % 13,
             "last_trained": rnd - 1,
             "declines": 0,
-            "telemetry": {f"field_{k}": float(k) for k in range(4)},
+            "telemetry": {f"field_{k}": float(k) for k in range(telemetry)},
         }
         for i in range(n)
     ]
