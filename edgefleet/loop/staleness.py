@@ -95,13 +95,13 @@ class AsyncSettings:
     def from_config(cls, cfg: AsyncConfig) -> AsyncSettings:
         """The loop's settings as ``async.*`` sets them."""
         return cls(
-            cfg.concurrency,
-            cfg.buffer_size,
-            cfg.staleness,
-            cfg.staleness_a,
-            cfg.staleness_b,
-            cfg.server_lr,
-            cfg.max_staleness,
+            concurrency=cfg.concurrency,
+            buffer_size=cfg.buffer_size,
+            staleness=cfg.staleness,
+            a=cfg.staleness_a,
+            b=cfg.staleness_b,
+            server_lr=cfg.server_lr,
+            max_staleness=cfg.max_staleness,
         )
 
     def __post_init__(self) -> None:

@@ -162,11 +162,11 @@ class RoundWait:
     def from_config(cls, cfg: ServerConfig) -> RoundWait:
         """The waits ``round-timeout``, ``timeout-mode`` and its keys set."""
         return cls(
-            cfg.round_timeout,
-            cfg.timeout_mode,
-            cfg.first_round_timeout,
-            cfg.timeout_slack,
-            cfg.timeout_margin,
+            round_timeout=cfg.round_timeout,
+            mode=cfg.timeout_mode,
+            first_round_timeout=cfg.first_round_timeout,
+            slack=cfg.timeout_slack,
+            margin=cfg.timeout_margin,
         )
 
     def __post_init__(self) -> None:
