@@ -411,6 +411,14 @@ def test_an_async_runs_staleness_and_in_flight_are_gauges(run_dir: Path) -> None
     assert one("edgefleet_in_flight") == 6
     served = web.get("/api/rounds").json()
     assert [r["staleness_max"] for r in served] == [0, 3, 7]
+    # JSON integers are unbounded: a row's 10^400 must not fail the whole scrape.
+    last = json.dumps({**async_row(3), "round": 4, "version": 4, "in_flight": 0})
+    huge = last.replace('"in_flight": 0', '"in_flight": 1' + "0" * 400) + "\n"
+    atomic_write_text(run_dir / "metrics.jsonl", rows + huge)
+    scrape = client(run_dir).get("/metrics")
+    assert scrape.status_code == 200
+    gauges = {f.name: f for f in text_string_to_metric_families(scrape.text)}
+    assert gauges["edgefleet_in_flight"].samples[0].value == 6  # the last usable row's
 
 
 # `.ci/run` installs both binaries before the suite and sets this: there a missing one fails

@@ -186,7 +186,11 @@ def number(value: Any) -> float | None:
     """``value`` as a finite float, or None (absent, a string, a bool, NaN or infinite)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        f = float(value)  # JSON's integers are unbounded: 1e400 as an int overflows here
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
 
 
 def device_id(device: dict[str, Any]) -> str:
