@@ -38,6 +38,7 @@ Kinds, in ``cycle`` order:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import zlib
@@ -72,6 +73,7 @@ KINDS: tuple[str, ...] = (
 )
 NODE_CONFIG_KEY = "test-corrupt"
 SLOW_KEY = "test-slow-s"  # node config: seconds a train reply is held back
+MAX_SLOW_S = 3600.0
 FAULTS_ENV = "EDGEFLEET_TEST_FAULTS"
 FAULTY_APP = "fleetharness.faults:faulty_app"  # the component string of faulty_app
 HUGE_BYTES = 64 * 2**20  # big enough to hurt a server that trusts sizes, small enough for gRPC
@@ -102,7 +104,15 @@ def fault_mod(kind: str = "", partitions: Iterable[int] = ()) -> Mod:
         reply = call_next(msg, context)
         if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
             return reply
-        time.sleep(max(0.0, float(context.node_config.get(SLOW_KEY, 0.0))))
+        raw = context.node_config.get(SLOW_KEY, 0.0)
+        try:
+            slow = float(raw)
+        except (TypeError, ValueError):
+            slow = math.nan
+        if not (math.isfinite(slow) and 0.0 <= slow <= MAX_SLOW_S):
+            why = f"node config {SLOW_KEY}={raw!r}: must be seconds in [0, {MAX_SLOW_S:g}]"
+            return Message(Error(ERR_BAD_CONFIG, why), reply_to=msg)
+        time.sleep(slow)
         if reply.has_error():
             return reply
         fault = context.node_config.get(NODE_CONFIG_KEY)

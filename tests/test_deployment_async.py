@@ -27,7 +27,7 @@ RUN_NAME = "deploy-async"
 STARTUP_TIMEOUT = 60.0
 
 
-@pytest.mark.timeout(SLOW_S + 60)
+@pytest.mark.timeout(SLOW_S + 2 * STARTUP_TIMEOUT + 60)  # past its own waits, which fail first
 def test_async_versions_come_at_the_fast_nodes_pace(tmp_path: Path) -> None:
     t0 = time.monotonic()
     run_dir = tmp_path / "out" / RUN_NAME

@@ -183,6 +183,18 @@ def test_unknown_fault_kind_is_an_error_reply() -> None:
     assert results[0].declined == ["node-1"]
 
 
+@pytest.mark.parametrize("slow", ["abc", "inf", "nan", "-1", "1e9"])
+def test_a_bad_slow_node_config_is_an_error_reply(slow: str) -> None:
+    node = {"partition-id": 0, "num-partitions": 3, "test-slow-s": slow}
+    ctx = Context(
+        run_id=1, node_id=1, node_config=node, state=RecordDict(),
+        run_config={"local-steps": 2, "batch-size": 16},
+    )  # fmt: skip
+    grid = FakeGrid({1: lambda msg: LIARS(msg, ctx)})
+    _, results = _run(FedAvg(**ONE_NODE), grid, get_arrays(_model()))
+    assert results[0].declined == ["node-1"]
+
+
 def test_bad_fault_kind_names_the_choices() -> None:
     with pytest.raises(ValueError, match="valid choices: cycle, nan"):
         corrupt(RecordDict(), "bogus", 1)
