@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from edgefleet.processes import FlowerProcess, config_arg
+from edgefleet.server.results import read_rows
 from edgefleet.simulation.runner import app_copy
 from fleetharness.fleet import DeploymentFleet
 
@@ -62,9 +63,7 @@ def start_fleet(fleet: DeploymentFleet, num_nodes: int) -> list[FlowerProcess]:
 
 def metrics_rows(path: Path) -> list[dict[str, Any]]:
     """The rows of a ``metrics.jsonl`` written so far ([] before the first round)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_rows(path) if path.exists() else []
 
 
 def submit(

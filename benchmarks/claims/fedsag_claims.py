@@ -53,6 +53,7 @@ from typing import Any
 from benchmarks.lib.overrides import add_set_arg, parse_sets
 from benchmarks.lib.provenance import dumps
 from benchmarks.lib.runs import parse_with_smoke, run_once
+from edgefleet.server.results import read_rows
 from edgefleet.simulation.engine import RunFailed
 from edgefleet.simulation.report import draw_plots, load_run
 
@@ -219,7 +220,7 @@ def _run(
 
 
 def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    return read_rows(run_dir / "metrics.jsonl")
 
 
 def figures(

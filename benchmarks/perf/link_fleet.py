@@ -83,6 +83,7 @@ from benchmarks.lib.overrides import add_set_arg, parse_sets  # noqa: E402
 from benchmarks.lib.provenance import dumps  # noqa: E402
 from edgefleet.config import STRATEGIES, parse_run_config  # noqa: E402
 from edgefleet.processes import FleetError, config_arg  # noqa: E402
+from edgefleet.server.results import read_rows  # noqa: E402
 from edgefleet.simulation.runner import app_copy  # noqa: E402
 
 MIXES = ("all-fast", "half-wifi", "quarter-cellular")
@@ -179,9 +180,9 @@ def mix_profiles(mix: str, keep_ratios: list[float]) -> list[str]:
 
 
 def _rows(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows written so far (the server's reader: a last line still being written is left
+    out), [] before the first."""
+    return read_rows(path) if path.exists() else []
 
 
 def run_one(
