@@ -568,6 +568,18 @@ def test_the_buffer_in_a_checkpoint_is_bounded_and_checked() -> None:
     bases = {"0": {"keys": ["w"], "values": [W0]}}
     with pytest.raises(ValueError, match="4 buffered replies > async.buffer-size 3"):
         loop.load_state_dict({**state, "buffer": {"bases": bases, "entries": [entry] * 4}})
+    with pytest.raises(ValueError, match="3 buffered replies > async.buffer-size 3 - 1"):
+        loop.load_state_dict({**state, "buffer": {"bases": bases, "entries": [entry] * 3}})
+    with pytest.raises(ValueError, match="4 devices in flight > async.concurrency 3"):
+        loop.load_state_dict({**state, "in_flight": [1, 2, 3, 4]})
+    # The row so far is data from a file: typed and bounded as it is read back.
+    hostile = {"declined": ["x" * 10_000] * 20_000, "dropped_more": "7",
+               "rejected": [{"device": "d", "reason": "r" * 10_000}] * 50}  # fmt: skip
+    loop.load_state_dict({**state, "period": {**state["period"], **hostile}})
+    period = loop._restored["period"]
+    assert len(period.declined) == 10_000 and max(map(len, period.declined)) == 128
+    assert len(period.rejected) == 20 and period.dropped_more == 7
+    assert all(len(r["reason"]) <= 500 for r in period.rejected)
     loop.load_state_dict({"registry": {}, "norms": []})  # an older checkpoint's loop state
     out = loop.run(rec(w=W0), 1)
     assert out.rounds_run == 1

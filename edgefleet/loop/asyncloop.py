@@ -112,6 +112,9 @@ from edgefleet.wire import DEVICE_ID, DISPATCH, ENERGY_SPENT, TRAIN_TIME
 # A version's row keeps at most this many drop reasons (the rest are counted): a fleet of
 # broken devices must not grow a row without bound.
 MAX_REASONS = 20
+# What a checkpoint's row so far may hold (a file is data: bounded as it is read back).
+_MAX_LISTED = 10_000  # entries of a list (far above any concurrency)
+_MAX_NAME = 128  # characters of a device name
 # A run ends (with the reason) after this many x max(buffer, concurrency) unusable replies in
 # a row, or this many buffers in a row that the inner strategy could not aggregate.
 STALL_REPLIES = 20
@@ -481,9 +484,10 @@ class AsyncLoop:
     # -- screening one reply ----------------------------------------------------------------
 
     def _drop(self, period: _Period, device: str, reason: str) -> None:
+        reason = bound_reason(reason)  # it can quote a reply's text: bounded in log and row
         log(WARNING, "Dropping reply from device %s: %s", device, reason)
         if len(period.rejected) < MAX_REASONS:
-            period.rejected.append({"device": device, "reason": reason[:300]})
+            period.rejected.append({"device": device, "reason": reason})
         else:
             period.dropped_more += 1
 
@@ -498,10 +502,10 @@ class AsyncLoop:
             why = bounded_reason(msg)
             if is_unreachable(msg):
                 log(WARNING, "Device %s unreachable: %s", device, why)
-                period.unreachable.append(device)
+                _note_once(period.unreachable, device)
             else:
                 log(INFO, "Device %s declined: %s", device, why)
-                period.declined.append(device)
+                _note_once(period.declined, device)
             return None
         if self.settings.too_stale(staleness):
             self._drop(period, device, f"staleness {staleness} > async.max-staleness "
@@ -572,15 +576,16 @@ class AsyncLoop:
             new, metrics = self.strategy.aggregate_train(
                 version, common_metrics(replies, self.keys)
             )
+            if new is None:
+                log(WARNING, "Version %d not made: the strategy aggregated nothing", version)
+                return None, {}
+            # Inside the try: a user's strategy that drops or reshapes an array must not end
+            # the run here either.
+            stepped = server_step(arrays, keep_dtypes(new, arrays), self.settings.server_lr)
         except Exception as err:  # noqa: BLE001
             log(WARNING, "Version %d not made (buffer dropped): aggregation failed: %s",
                 version, bound_reason(f"{type(err).__name__}: {err}"))  # fmt: skip
             return None, {}
-        if new is None:
-            log(WARNING, "Version %d not made: the strategy aggregated nothing", version)
-            return None, {}
-        new = keep_dtypes(new, arrays)
-        stepped = server_step(arrays, new, self.settings.server_lr)
         bad = [k for k, a in stepped.items() if a.dtype.kind == "f" and not np.isfinite(a).all()]
         if bad:
             log(WARNING, "Version %d not made: non-finite values in %s", version, bad[:3])
@@ -676,16 +681,51 @@ class AsyncLoop:
         self._restored = {}
         if "buffer" in state:  # a checkpoint of this version or later
             entries = _decode_buffer(state["buffer"])
-            if len(entries) > self.settings.buffer_size:
+            # A saved buffer is never full (a full one became a version): K or more is not ours.
+            if len(entries) >= self.settings.buffer_size:
                 raise ValueError(f"{len(entries)} buffered replies > async.buffer-size "
-                                 f"{self.settings.buffer_size}")  # fmt: skip
+                                 f"{self.settings.buffer_size} - 1 (a saved buffer is never "
+                                 "full)")  # fmt: skip
+            in_flight = [int(n) for n in state["in_flight"]]
+            if len(in_flight) > self.settings.concurrency:
+                raise ValueError(f"{len(in_flight)} devices in flight > async.concurrency "
+                                 f"{self.settings.concurrency}")  # fmt: skip
             self._restored = {
                 "version": int(state["version"]),
                 "dispatches": int(state["dispatches"]),
                 "buffer": entries,
-                "in_flight": [int(n) for n in state["in_flight"]],
-                "period": _Period(**dict(state["period"])),
+                "in_flight": in_flight,
+                "period": _restored_period(state["period"]),
             }
+
+
+def _note_once(devices: list[str], device: str) -> None:
+    """Add ``device`` to a row's list unless it is there: a device that keeps answering with
+    an error while others keep the loop going must not grow the row with repeats."""
+    if device not in devices:
+        devices.append(device)
+
+
+def _restored_period(raw: Any) -> _Period:
+    """A checkpoint's row so far, each field of its type and bounded as the loop keeps it."""
+    kept = dict(raw)
+
+    def names(key: str) -> list[str]:
+        return [str(d)[:_MAX_NAME] for d in list(kept.get(key, []))[:_MAX_LISTED]]
+
+    return _Period(
+        accepted=names("accepted"),
+        declined=names("declined"),
+        unreachable=names("unreachable"),
+        rejected=[
+            {"device": str(r["device"])[:_MAX_NAME], "reason": bound_reason(r["reason"])}
+            for r in list(kept.get("rejected", []))[:MAX_REASONS]
+        ],
+        dropped_more=int(kept.get("dropped_more", 0)),
+        staleness=[int(x) for x in list(kept.get("staleness", []))[:_MAX_LISTED]],
+        bytes_down=int(kept.get("bytes_down", 0)),
+        bytes_up=int(kept.get("bytes_up", 0)),
+    )
 
 
 def _encode_buffer(buffer: Sequence[Buffered]) -> dict[str, Any]:

@@ -424,7 +424,7 @@ def apply_checkpoint(ckpt: Checkpoint, strategy: Any, keys: list[str], loop: Any
         if loop is not None:
             loop.load_state_dict(ckpt.loop)
         random.setstate(ckpt.py_random)
-    except (KeyError, TypeError, ValueError, AttributeError) as err:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as err:
         raise CheckpointError(
             f"the checkpoint's state does not fit this run's strategy: {err!r}"
         ) from None
