@@ -96,18 +96,18 @@ from edgefleet.loop.screening import (
     Screening,
     array_values,
     check_bounds,
+    claimed_device,
     common_metrics,
     first_metrics,
     model_norm,
     norm_reference,
-    parse_device_id,
     reply_metrics,
 )
 from edgefleet.loop.staleness import STALENESS_FUNCTIONS, AsyncSettings, summarise
 from edgefleet.loop.status import bounded_reason, fleet_facts, is_unreachable
 from edgefleet.loop.timing import DEFAULT_POLL_S, LinkEstimate
 from edgefleet.settings import at_least, choice, positive, setting
-from edgefleet.wire import DEVICE_ID, DISPATCH, ENERGY_SPENT, TRAIN_TIME
+from edgefleet.wire import DISPATCH, ENERGY_SPENT, TRAIN_TIME
 
 # A version's row keeps at most this many drop reasons (the rest are counted): a fleet of
 # broken devices must not grow a row without bound.
@@ -496,7 +496,7 @@ class AsyncLoop:
     ) -> Buffered | None:
         """The reply as a buffer entry, or None (declined or dropped, with its reason)."""
         node = f.node
-        claimed = _claimed(msg)
+        claimed = claimed_device(msg)
         device = self.registry.name(node, claimed)
         if msg.has_error():
             why = bounded_reason(msg)
@@ -572,7 +572,9 @@ class AsyncLoop:
         try:
             replies = [rebase(b.msg, arrays, b.base, self.settings.weight(b.staleness))
                        for b in buffer]  # fmt: skip
-            replies.sort(key=lambda m: device_order(_claimed(m) or str(m.metadata.src_node_id)))
+            replies.sort(
+                key=lambda m: device_order(claimed_device(m) or str(m.metadata.src_node_id))
+            )
             new, metrics = self.strategy.aggregate_train(
                 version, common_metrics(replies, self.keys)
             )
@@ -830,11 +832,6 @@ def server_step(current: ArrayRecord, aggregated: ArrayRecord, lr: float) -> dic
             moved = np.rint(moved)
         out[key] = np.asarray(moved, dtype=x.dtype)
     return out
-
-
-def _claimed(msg: Message) -> str | None:
-    metrics = first_metrics(msg)
-    return None if metrics is None else parse_device_id(metrics.get(DEVICE_ID))
 
 
 class FedBuff(LoopStrategy):

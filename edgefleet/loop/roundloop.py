@@ -66,11 +66,11 @@ from edgefleet.loop.screening import (
     array_values,
     check_bounds,
     check_metric_sizes,
+    claimed_device,
     common_metrics,
     first_metrics,
     model_norm,
     norm_reference,
-    parse_device_id,
     reply_metrics,
 )
 from edgefleet.loop.status import StatusPhase, StatusQuery, bounded_reason, is_unreachable
@@ -83,7 +83,6 @@ from edgefleet.loop.timing import (
 )
 from edgefleet.wire import (
     BATTERY_LEVEL,
-    DEVICE_ID,
     ENERGY_RECORD,
     ENERGY_SPENT,
     FEASIBLE,
@@ -553,7 +552,7 @@ class RoundLoop:
         """The device id a reply speaks for: the id bound to its node (the first it claimed
         in an accepted reply or status answer), else the ``device-id`` it claims, else
         ``node-<node id>``."""
-        return self.registry.name(self.node_of(msg), _claimed(msg))
+        return self.registry.name(self.node_of(msg), claimed_device(msg))
 
     def _screen(
         self,
@@ -598,7 +597,7 @@ class RoundLoop:
         claims = {
             i: (m.metadata.src_node_id, device)
             for i, m in enumerate(candidates)
-            if (device := _claimed(m)) is not None
+            if (device := claimed_device(m)) is not None
         }
         reasons = self.registry.screen(claims, self.grid.online)
         for i, reason in sorted(reasons.items()):
@@ -608,7 +607,7 @@ class RoundLoop:
 
         candidates = self._screen_norms(candidates, reference, sent, reject, row)
         for msg in candidates:
-            device = _claimed(msg)
+            device = claimed_device(msg)
             if device is not None:
                 self.registry.bind(msg.metadata.src_node_id, device)
         # Replies arrive in whatever order the devices finish; float sums depend on the
@@ -693,12 +692,6 @@ class RoundLoop:
         self.norm_history.clear()
         for norms in state.get("norm_history", []):
             self.norm_history.append([float(n) for n in norms])
-
-
-def _claimed(msg: Message) -> str | None:
-    """The device id a reply claims (its well-formed ``device-id`` metric), or None."""
-    metrics = first_metrics(msg)
-    return None if metrics is None else parse_device_id(metrics.get(DEVICE_ID))
 
 
 def keep_dtypes(new: ArrayRecord, old: ArrayRecord) -> ArrayRecord:

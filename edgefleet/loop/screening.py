@@ -210,6 +210,12 @@ def parse_device_id(value: object) -> str | None:
     return str(number)
 
 
+def claimed_device(msg: Message) -> str | None:
+    """The device id a reply claims (its well-formed ``device-id`` metric), or None."""
+    metrics = first_metrics(msg)
+    return None if metrics is None else parse_device_id(metrics.get(DEVICE_ID))
+
+
 def reply_device(msg: Message) -> str:
     """The device a reply speaks for (see the module docstring). Inside EdgeFleet's round
     loop, the registry's name for its node: the device bound to it (from a status answer or
@@ -218,8 +224,7 @@ def reply_device(msg: Message) -> str:
     robust rules' rows and the loop's own rows name one device one way. A malformed
     ``device-id`` falls back to the node; :func:`check_train_reply` rejects such a train
     reply anyway."""
-    metrics = first_metrics(msg)
-    claimed = None if metrics is None else parse_device_id(metrics.get(DEVICE_ID))
+    claimed = claimed_device(msg)
     ctx = round_or_none()
     if ctx is not None:
         return ctx.registry.name(msg.metadata.src_node_id, claimed)
