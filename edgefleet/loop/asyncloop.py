@@ -37,7 +37,7 @@ handed to the round callbacks, with the asynchronous columns in ``extra``: ``ver
 
 Not yet (refused by EdgeFleet's ServerApp before a run starts, see
 ``docs/how-to/async-aggregation.md``): energy-age selection, CA-HFP submodels, sessions,
-stopping rules, federated evaluation.
+validation stopping, federated evaluation.
 
 Checkpoints: :meth:`AsyncLoop.state_dict` holds, besides the device registry, the replies
 accepted into the buffer but not yet aggregated (their arrays, the base models they were

@@ -82,8 +82,9 @@ def build_strategy(
         sessions > stopping > energy-aware selection > CA-HFP reconstruction > aggregator
 
     (each wrapper only when its keys turn it on; reconstruction always, except in
-    asynchronous mode, where the aggregator alone is returned: the asynchronous loop
-    aggregates its buffer with it and the run config refuses every wrapper). Why this order:
+    asynchronous mode, where only the layers marked ``in_async`` (the robust rule, data-free
+    stopping) wrap the aggregator: the asynchronous loop aggregates its buffer with it and
+    the run config refuses the other wrappers). Why this order:
 
     - **Sessions** (``WarmStartInitializer``) outermost: a session boundary changes the
       device set and the model every layer inside starts from; it announces boundaries
@@ -208,6 +209,7 @@ LAYERS: tuple[Layer, ...] = (
         lambda inner, cfg, central, _: TaskVectorStopping.from_config(
             inner, cfg.stopping, _needs(central, "stopping").keys
         ),
+        in_async=True,  # its round is a version there: tau and patience count versions
     ),
     Layer(
         "validation stopping",
@@ -500,12 +502,7 @@ def run_async(
     place of the round loop; one metrics row and one checkpoint per global model version
     (``ckpt``: the checkpoint a resumed run continues from)."""
     a = cfg.aggregation
-    sc = cfg.stopping
-    tau = None
-    if sc.mode == StoppingMode.DATA_FREE:
-        # The rule's round is a version here: its tau and patience count versions.
-        tau = sc.tau
-        strategy = TaskVectorStopping.from_config(strategy, sc, central.keys)
+    tau = cfg.stopping.tau if cfg.stopping.mode == StoppingMode.DATA_FREE else None
     checkpointer = Checkpointer(run_dir, strategy, run_identity(cfg))
     settings = AsyncSettings.from_config(a)
     loop = AsyncLoop(
