@@ -1,6 +1,7 @@
-"""``benchmarks/claims/fedsag_claims.py``'s learning-rate options: ``--lrs`` (every variant at each
-lr), ``--variant-lr VARIANT=LR`` (each variant at its pick) and the rule that picks (no runs:
-the parsing and the choice are pure functions)."""
+"""The claims benchmarks' learning-rate options (``benchmarks/lib/lrsweep.py``, used by
+``fedsag_claims`` and ``pruning_claims``): ``--lrs`` (every variant at each lr),
+``--variant-lr VARIANT=LR`` (each variant at its pick) and the rule that picks (no runs: the
+parsing and the choice are pure functions); and ``fedsag_claims``' figures and early stops."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from benchmarks.lib import lrsweep as lw
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +25,7 @@ fc = _fedsag_claims()
 
 
 def test_lrs_parse_and_bad_ones_are_named() -> None:
-    assert fc.parse_lrs("0.01, 0.03,0.1") == [0.01, 0.03, 0.1]
+    assert lw.parse_lrs("0.01, 0.03,0.1") == [0.01, 0.03, 0.1]
     for text, why in (
         ("0.01,x", "'x' is not a number"),
         ("0.01,0", "'0' must be a finite number > 0"),
@@ -32,12 +35,12 @@ def test_lrs_parse_and_bad_ones_are_named() -> None:
         ("0.1,", "'' is not a number"),
     ):
         with pytest.raises(ValueError, match=f"--lrs: {why}"):
-            fc.parse_lrs(text)
+            lw.parse_lrs(text)
 
 
 def test_variant_lrs_parse_against_the_variants_run() -> None:
     variants = ["fedavg", "mifa"]
-    got = fc.parse_variant_lrs(["fedavg=0.03", " mifa = 0.1 "], variants)
+    got = lw.parse_variant_lrs(["fedavg=0.03", " mifa = 0.1 "], variants)
     assert got == {"fedavg": 0.03, "mifa": 0.1}
     for items, why in (
         (["fedavg"], "expected VARIANT=LR"),
@@ -47,31 +50,31 @@ def test_variant_lrs_parse_against_the_variants_run() -> None:
         (["fedavg=0.1,0.03"], "one lr per variant"),
     ):
         with pytest.raises(ValueError, match=why):
-            fc.parse_variant_lrs(items, variants)
+            lw.parse_variant_lrs(items, variants)
 
 
 def test_arms_name_each_run_by_its_lr_when_lrs_are_given() -> None:
     # No lr option: the names and labels of the runs written before the options existed.
-    assert fc.arms(["fedavg", "mifa"], [], {}, 0.05) == [
+    assert lw.arms(["fedavg", "mifa"], [], {}, 0.05) == [
         ("fedavg", "fedavg", 0.05, False),
         ("mifa", "mifa", 0.05, False),
     ]
-    assert fc.arms(["fedavg"], [0.01, 0.1], {}, 0.05) == [
+    assert lw.arms(["fedavg"], [0.01, 0.1], {}, 0.05) == [
         ("fedavg@lr0.01", "fedavg", 0.01, True),
         ("fedavg@lr0.1", "fedavg", 0.1, True),
     ]
     # Each variant at its pick: the label is the variant, the run name carries the lr, so a
     # sweep's run of the same seed and lr is reused.
-    assert fc.arms(["fedavg", "mifa"], [], {"mifa": 0.1}, 0.05) == [
+    assert lw.arms(["fedavg", "mifa"], [], {"mifa": 0.1}, 0.05) == [
         ("fedavg", "fedavg", 0.05, True),
         ("mifa", "mifa", 0.1, True),
     ]
     with pytest.raises(ValueError, match="give one"):
-        fc.arms(["fedavg"], [0.1], {"fedavg": 0.1}, 0.05)
+        lw.arms(["fedavg"], [0.1], {"fedavg": 0.1}, 0.05)
 
 
 def test_the_sweep_picks_the_best_last_rounds_mean_and_the_smaller_lr_on_a_tie() -> None:
-    arm_list = fc.arms(["fedavg", "mifa"], [0.01, 0.03, 0.1], {}, 0.05)
+    arm_list = lw.arms(["fedavg", "mifa"], [0.01, 0.03, 0.1], {}, 0.05)
     last = {
         "fedavg@lr0.01": 0.5,
         "fedavg@lr0.03": 0.7,
@@ -81,14 +84,14 @@ def test_the_sweep_picks_the_best_last_rounds_mean_and_the_smaller_lr_on_a_tie()
         "mifa@lr0.1": 0.8,
     }
     row = {label: {"last_accuracy": x, "seeds_stopped": 0} for label, x in last.items()}
-    assert fc.choose_lrs(row, arm_list) == {"fedavg": 0.03, "mifa": 0.01}
+    assert lw.choose_lrs(row, arm_list) == {"fedavg": 0.03, "mifa": 0.01}
     # A run that stopped early (every reply rejected) is not picked, however its last rounds
     # before the stop read; when every lr stopped, the rule falls back to the accuracy.
     row["fedavg@lr0.03"]["seeds_stopped"] = 1
-    assert fc.choose_lrs(row, arm_list)["fedavg"] == 0.01
+    assert lw.choose_lrs(row, arm_list)["fedavg"] == 0.01
     for lr in ("0.01", "0.1"):
         row[f"fedavg@lr{lr}"]["seeds_stopped"] = 1
-    assert fc.choose_lrs(row, arm_list)["fedavg"] == 0.03
+    assert lw.choose_lrs(row, arm_list)["fedavg"] == 0.03
 
 
 def test_figures_report_the_last_rounds_mean_the_rule_reads() -> None:

@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.lrsweep import LAST, LR_RULE, add_lr_args, choose_lrs, lr_arms
 from benchmarks.lib.overrides import add_set_arg, parse_sets
 from benchmarks.lib.provenance import dumps
 from benchmarks.lib.runs import parse_with_smoke, run_once
@@ -95,78 +96,6 @@ SMOKE: dict[str, Any] = {
     "eval_samples": 200,
     "engine": "inprocess",
 }
-
-
-# How --lrs picks a variant's learning rate: the highest mean test accuracy over the last 5
-# evaluated rounds (less noisy than the final round alone), mean over the seeds swept; on a
-# tie, the smaller learning rate.
-LAST = 5
-LR_RULE = (
-    f"the learning rate with the highest mean test accuracy over the last {LAST} rounds "
-    "(mean over the seeds swept); on a tie the smaller; a learning rate whose run stopped "
-    "early in some seed (every reply rejected, e.g. non-finite) only if every one did"
-)
-
-
-def parse_lrs(text: str) -> list[float]:
-    """``--lrs``: comma-separated learning rates, each a finite number > 0, none twice."""
-    lrs = []
-    for item in (x.strip() for x in text.split(",")):
-        try:
-            lr = float(item)
-        except ValueError:
-            raise ValueError(f"--lrs: {item!r} is not a number") from None
-        if not (math.isfinite(lr) and lr > 0):
-            raise ValueError(f"--lrs: {item!r} must be a finite number > 0")
-        if lr in lrs:
-            raise ValueError(f"--lrs: {item!r} given twice")
-        lrs.append(lr)
-    return lrs
-
-
-def parse_variant_lrs(items: list[str], variants: list[str]) -> dict[str, float]:
-    """``--variant-lr VARIANT=LR`` (repeatable): each named variant runs at its own lr."""
-    out: dict[str, float] = {}
-    for item in items:
-        name, sep, value = (x.strip() for x in item.partition("="))
-        if not sep:
-            raise ValueError(f"--variant-lr {item!r}: expected VARIANT=LR")
-        if name not in variants:
-            raise ValueError(
-                f"--variant-lr {item!r}: {name!r} is not among --variants ({', '.join(variants)})"
-            )
-        if name in out:
-            raise ValueError(f"--variant-lr {item!r}: {name} given twice")
-        lrs = parse_lrs(value)
-        if len(lrs) != 1:
-            raise ValueError(f"--variant-lr {item!r}: one lr per variant")
-        out[name] = lrs[0]
-    return out
-
-
-def arms(
-    variants: list[str], lrs: list[float], variant_lrs: dict[str, float], lr: float
-) -> list[tuple[str, str, float, bool]]:
-    """(label, variant, lr, tagged) for each run of a seed; ``tagged``: the run name and
-    the label carry the lr (a sweep or a variant's own lr)."""
-    if lrs and variant_lrs:
-        raise ValueError("--lrs and --variant-lr: give one (the sweep, or each variant's pick)")
-    if lrs:
-        return [(f"{v}@lr{x:g}", v, x, True) for v in variants for x in lrs]
-    return [(v, v, variant_lrs.get(v, lr), bool(variant_lrs)) for v in variants]
-
-
-def choose_lrs(
-    row: dict[str, Any], arm_list: list[tuple[str, str, float, bool]]
-) -> dict[str, float]:
-    """Each variant's learning rate by :data:`LR_RULE` from a sweep's summaries in ``row``."""
-    best: dict[str, tuple[bool, float, float]] = {}
-    for label, variant, lr, _ in arm_list:
-        # (ran every round, accuracy, -lr): the largest wins
-        key = (not row[label]["seeds_stopped"], row[label]["last_accuracy"], -lr)
-        if variant not in best or key > best[variant]:
-            best[variant] = key
-    return {v: -key[2] for v, key in best.items()}
 
 
 FAILED_FILE = "failed.json"  # a run stopped by a silent fleet: why, and its settings
@@ -292,14 +221,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--lr", type=float, default=0.05)
-    p.add_argument("--lrs", default="", help="sweep: every variant at each lr (e.g. 0.01,0.03,0.1)")
-    p.add_argument(
-        "--variant-lr",
-        action="append",
-        default=[],
-        metavar="VARIANT=LR",
-        help="a variant's own lr (a sweep's pick); the others run at --lr",
-    )
+    add_lr_args(p)
     p.add_argument("--capacity", type=float, default=8.0)
     p.add_argument("--train-slots", type=int, default=3)
     p.add_argument("--dataset", default="mnist")
@@ -321,15 +243,7 @@ def main() -> None:
     if unknown or not variants:
         p.error(f"--variants: unknown {unknown}; valid: {', '.join(VARIANTS)}")
     extra: dict[str, Any] = parse_sets(p, args.set)
-    try:
-        arm_list = arms(
-            variants,
-            parse_lrs(args.lrs) if args.lrs.strip() else [],
-            parse_variant_lrs(args.variant_lr, variants),
-            args.lr,
-        )
-    except ValueError as e:
-        p.error(str(e))
+    arm_list = lr_arms(p, args, variants)
     if "lr" in extra and (args.lrs.strip() or args.variant_lr):
         p.error("--set lr=... with --lrs or --variant-lr: the lr would be set twice")
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -12,12 +12,21 @@ Engine with the same seeds:
 - ``curvature-signed``: curvature with the seed's signed score ``g w + h w^2``;
 - ``curvature-hutchinson`` (optional): the Taylor score with Hutchinson's estimate of the
   true Hessian diagonal instead of the empirical Fisher;
+- ``curvature-seed`` (optional): the seed's score exactly, signed with Hutchinson's Hessian
+  diagonal;
 - ``no-reconstruction``: curvature pruning, pruned entries filled with zeros (the paper's
   ablation);
 - ``elementwise`` (optional, ``--variants``): each entry averaged over the devices that
   kept it;
 - ``compact-download`` (optional): curvature, and a pruned device is sent only its slice of
-  the model once its channels are known (full model every ``pruning.refresh-rounds``).
+  the model once its channels are known (full model every ``pruning.refresh-rounds``);
+- ``heterofl``, ``fedrolex``, ``fjord`` (optional, the field's baselines at the same keep
+  ratios): HeteroFL's static prefix slice, FedRolex's rolling slice and FjORD's ordered
+  dropout, each entry averaged over the devices that hold it (their papers' aggregation).
+
+Learning rates: ``--lrs`` and ``--variant-lr`` as in ``fedsag_claims`` (every variant gets
+the same sweep, each its pick; ``benchmarks/lib/lrsweep.py``), the run names and labels then
+carry the lr (``fjord@lr0.03``).
 
 Reported per (alpha, variant): final accuracy (mean over seeds and per seed), the mean
 over the last three rounds, bytes up and down per round, and the share of the parameters the
@@ -43,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.lib.lrsweep import LAST, LR_RULE, add_lr_args, choose_lrs, lr_arms
 from benchmarks.lib.provenance import dumps, machine
 from benchmarks.lib.runs import ENGINES, parse_with_smoke, run_cells, run_once
 from edgefleet.pruning.names import BUDGETS
@@ -55,11 +65,22 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "curvature": {"pruning.criterion": "curvature"},
     "curvature-signed": {"pruning.criterion": "curvature", "pruning.score": "signed"},
     "curvature-hutchinson": {"pruning.criterion": "curvature", "pruning.hessian": "hutchinson"},
+    # The score exactly as the seed writes it: signed, with Hutchinson's Hessian diagonal.
+    "curvature-seed": {
+        "pruning.criterion": "curvature",
+        "pruning.score": "signed",
+        "pruning.hessian": "hutchinson",
+    },
     "magnitude": {"pruning.criterion": "magnitude"},
     "random": {"pruning.criterion": "random"},
     "no-reconstruction": {"pruning.criterion": "curvature", "pruning.reconstruction": "zeros"},
     "elementwise": {"pruning.criterion": "curvature", "pruning.reconstruction": "elementwise"},
     "compact-download": {"pruning.criterion": "curvature", "pruning.compact-download": True},
+    # The field's width-slice baselines at the same keep ratios, each with its own paper's
+    # aggregation (every entry averaged over the devices that hold it).
+    "heterofl": {"pruning.criterion": "prefix", "pruning.reconstruction": "elementwise"},
+    "fedrolex": {"pruning.criterion": "rolling", "pruning.reconstruction": "elementwise"},
+    "fjord": {"pruning.criterion": "ordered-dropout", "pruning.reconstruction": "elementwise"},
 }
 # --smoke: the full model (the *_vs_full ratios) beside a pruned, scored and rebuilt one.
 SMOKE: dict[str, Any] = {
@@ -104,6 +125,7 @@ def figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "final_accuracy": round(acc[-1], 4),
         "last3_accuracy": round(statistics.fmean(acc[-3:]), 4),
+        "last_accuracy": round(statistics.fmean(acc[-LAST:]), 4),  # LR_RULE's figure
         "best_accuracy": round(acc[best], 4),  # at alpha 0.1 a round swings by points
         "best_round": best + 1,
         "bytes_up_per_round": round(statistics.fmean(r["bytes_up"] for r in rows)),
@@ -135,6 +157,7 @@ def main() -> None:
     p.add_argument("--local-steps", type=int, default=10)
     p.add_argument("--score-batches", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.05)
+    add_lr_args(p)
     p.add_argument("--model", default="smallcnn")
     p.add_argument("--dataset", default="mnist")
     p.add_argument("--eval-samples", type=int, default=2000)
@@ -160,6 +183,10 @@ def main() -> None:
         p.error(f"unknown variants {unknown}; valid choices: {', '.join(VARIANTS)}")
     if args.jobs < 1:
         p.error(f"--jobs {args.jobs}: must be at least 1")
+    arm_list = lr_arms(p, args, variants)
+    if args.jobs > 1 and args.variant_lr:
+        # a copy runs one variant, and --variant-lr names the others: it would refuse them
+        p.error("--jobs with --variant-lr: run each variant's pick with --jobs 1")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     if args.jobs > 1:
@@ -174,29 +201,36 @@ def main() -> None:
     for alpha in (float(a) for a in args.alphas.split(",")):
         row: dict[str, Any] = {"alpha": alpha}
         dirs = []
-        for variant in variants:
+        for label, variant, lr, tagged in arm_list:
             per_seed = []
             for seed in (int(s) for s in args.seeds.split(",")):
-                name = f"{args.dataset}-a{alpha:g}-{variant}-s{seed}"
-                rows = _run(args, name, alpha=alpha, seed=seed, **VARIANTS[variant])
+                name = f"{args.dataset}-a{alpha:g}-{variant}-s{seed}" + (
+                    f"-lr{lr:g}" if tagged else ""
+                )
+                rows = _run(args, name, alpha=alpha, seed=seed, lr=lr, **VARIANTS[variant])
                 per_seed.append(figures(rows))
                 dirs.append(Path(args.out) / name)
-            row[variant] = {
+            row[label] = {
+                "lr": lr,
                 "final_accuracy": _mean(per_seed, "final_accuracy"),
                 "last3_accuracy": _mean(per_seed, "last3_accuracy"),
+                "last_accuracy": _mean(per_seed, "last_accuracy"),
                 "bytes_up_per_round": round(_mean(per_seed, "bytes_up_per_round")),
                 "bytes_down_per_round": round(_mean(per_seed, "bytes_down_per_round")),
                 "kept_parameters": _mean(per_seed, "kept_parameters"),
                 "seeds": per_seed,
             }
-        if "full" in row:
-            for variant in variants:
+        full = next((a[0] for a in arm_list if a[1] == "full"), None)
+        if full is not None:
+            for label, *_ in arm_list:
                 for way in ("up", "down"):
-                    row[variant][f"{way}load_vs_full"] = round(
-                        row[variant][f"bytes_{way}_per_round"]
-                        / row["full"][f"bytes_{way}_per_round"],
+                    row[label][f"{way}load_vs_full"] = round(
+                        row[label][f"bytes_{way}_per_round"] / row[full][f"bytes_{way}_per_round"],
                         3,
                     )
+        if args.lrs.strip():
+            row["chosen_lr"] = choose_lrs(row, arm_list)
+            row["lr_rule"] = LR_RULE
         plot_dir = Path(args.out) / f"plots-{args.dataset}-a{alpha:g}"
         draw_plots([load_run(d) for d in dirs], plot_dir)
         row["plots"] = str(plot_dir)
@@ -210,8 +244,9 @@ def main() -> None:
                     for k in ("engine", "dataset", "model", "devices", "keep_ratios", "budget")
                     + ("rounds",)
                     + ("local_steps", "batch_size", "score_batches", "lr", "eval_samples", "seeds")
-                    + ("smoke",)
-                },
+                    + ("smoke", "lrs")
+                }
+                | {"variant_lr": {a[1]: a[2] for a in arm_list if args.variant_lr}},
                 "machine": machine(),
                 "settings": settings,
                 "wall_s": round(time.monotonic() - t0, 1),
