@@ -255,10 +255,16 @@ class LinkFleet(DeploymentFleet):
     def set_profile(self, i: int, name: str) -> None:
         """Shape node ``i``'s link both ways with profile ``name`` (now, mid-run too)."""
         prof = profile(name)
-        _run("tc", "-n", self.node_ns[i], "qdisc", "replace", "dev", "eth0", "root",
-             *prof.tbf_args())  # fmt: skip
-        _run("tc", "-n", self.link_ns, "qdisc", "replace", "dev", f"h{i}", "root",
-             *prof.tbf_args())  # fmt: skip
+        # Delete, then add, never `replace`: a replaced tbf keeps its backlog, and a packet
+        # queued under a larger burst than the new one never gets the tokens to leave, which
+        # wedges the link for good (seen going wifi-edge -> cellular with a dead connection's
+        # data queued: ARP replies stuck behind it, the node never reconnected). Deleting drops
+        # what is queued; TCP resends it.
+        for ns, dev in ((self.node_ns[i], "eth0"), (self.link_ns, f"h{i}")):
+            # check=False: a link not shaped yet has no root qdisc to delete
+            subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"],
+                           capture_output=True, check=False)  # fmt: skip
+            _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", *prof.tbf_args())
         self.profiles[i] = prof
 
     def link_bytes(self) -> list[tuple[int, int]]:

@@ -10,7 +10,10 @@ so their stop rounds and accuracies compare on identical models:
 - data-free: the model of its stop round;
 - validation, ``reference`` (the paper's baseline): patience on validation loss and accuracy
   improving by more than ``--val-min-delta``, the model of its stop round;
-- validation, ``best`` (EdgeFleet's earlier baseline): the best validation round's model.
+- validation, ``best`` (EdgeFleet's earlier baseline): the best validation round's model;
+- data-free, the seed's form (``stopping.form = "seed"``: squared norm, counter never reset):
+  its stop round's model (``seed_form_*``);
+- each ``--taus`` threshold, both data-free forms (``tau_sweep``): replays cost nothing.
 
 Balanced (macro) accuracy on the test split is reported throughout, as the medical sets are
 imbalanced and the paper scores with macro accuracy.
@@ -78,14 +81,21 @@ def _run(args: argparse.Namespace, name: str, **overrides: Any) -> list[dict[str
     return run_once(out, name, federation, run_config, timeout=6 * 3600, engine=args.engine)
 
 
-def data_free_stop(rows: list[dict[str, Any]], tau: float, patience: int) -> int | None:
-    """Replay the data-free rule on recorded norms (empty rounds skipped, as live)."""
-    rule = PlateauCounter(tau=tau, patience=patience)
+def data_free_stop(
+    rows: list[dict[str, Any]], tau: float, patience: int, form: str = "reference"
+) -> int | None:
+    """Replay the data-free rule on recorded norms (empty rounds skipped, as live).
+
+    ``form="seed"``: the rule as the seed writes it (``stopping.form = "seed"``): the squared
+    norm and a counter never reset. The observed runs record the plain norm, so its square
+    is what the live seed form would have computed on the same models."""
+    seed = form == "seed"
+    rule = PlateauCounter(tau=tau, patience=patience, reset_on_growth=not seed)
     for row in rows:
         norm = row.get("task_vector_norm")
         if norm is not None and norm != norm:  # NaN: the live rule stops as "diverged"
             return int(row["round"])
-        if norm is not None and row["participants"] and rule.update(norm):
+        if norm is not None and row["participants"] and rule.update(norm**2 if seed else norm):
             return int(row["round"])
     return None
 
@@ -112,6 +122,18 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     ref, _ = validation_stop(rows, args.val_patience, "reference", args.val_min_delta)
     best_round = max(bacc, key=lambda r: bacc[r])
     df_round, ref_round = df or budget, ref or budget
+    seed = data_free_stop(rows, args.tau, args.patience, "seed")
+    seed_round = seed or budget
+    # Replays are free: the same trajectory under each --taus threshold (both forms); a rule
+    # that never fires is scored at the budget's last round, its stop left None.
+    taus = {
+        f"{tau:g}": {
+            form: {"stop": r, "bacc": round(bacc[r or budget], 4)}
+            for form in ("reference", "seed")
+            for r in [data_free_stop(rows, tau, args.patience, form)]
+        }
+        for tau in args.taus
+    }
     return {
         "data_free_stop": df,
         "data_free_bacc": round(bacc[df_round], 4),
@@ -126,6 +148,11 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
         # The paper's comparison: data-free against its validation baseline, both at stop.
         "gap_to_reference_points": round(100 * (bacc[ref_round] - bacc[df_round]), 2),
         "rounds_vs_reference": df_round - ref_round,
+        # the seed's form of the data-free rule on the same trajectory
+        "seed_form_stop": seed,
+        "seed_form_bacc": round(bacc[seed_round], 4),
+        "seed_form_gap_to_reference_points": round(100 * (bacc[ref_round] - bacc[seed_round]), 2),
+        "tau_sweep": taus,
     }
 
 
@@ -182,6 +209,10 @@ def main() -> None:
     p.add_argument("--model", default="smallcnn")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--tau", type=float, default=0.005)
+    p.add_argument(
+        "--taus", default="0.0025,0.005,0.01,0.02",
+        help="thresholds replayed on the same runs (tau_sweep: each form's stop and accuracy)",
+    )  # fmt: skip
     p.add_argument("--patience", type=int, default=10)
     p.add_argument("--val-patience", type=int, default=10)
     p.add_argument("--val-min-delta", type=float, default=0.005)
@@ -197,6 +228,12 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "runs" / "bench-earlystop"))
     args = parse_with_smoke(p, SMOKE)
     args.dataset_default = "mnist-5k"
+    try:
+        args.taus = [float(x) for x in args.taus.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--taus {args.taus!r}: expected comma-separated numbers")
+    if any(not 0 < t < 1 for t in args.taus):
+        p.error(f"--taus {args.taus}: each must be in (0, 1)")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
 
@@ -216,6 +253,7 @@ def main() -> None:
             mean = {
                 k: round(statistics.fmean(s[k] or args.budget for s in per_seed), 3)
                 for k in ("data_free_stop", "reference_validation_stop", "validation_stop")
+                + ("seed_form_stop",)
             }
             for k in (
                 "data_free_bacc",
@@ -225,6 +263,8 @@ def main() -> None:
                 "gap_to_best_points",
                 "gap_to_reference_points",
                 "rounds_vs_reference",
+                "seed_form_bacc",
+                "seed_form_gap_to_reference_points",
             ):
                 mean[k] = round(statistics.fmean(s[k] for s in per_seed), 4)
             settings.append(
@@ -276,6 +316,7 @@ def main() -> None:
                     "model": args.model,
                     "lr": args.lr,
                     "tau": args.tau,
+                    "taus": args.taus,
                     "patience": args.patience,
                     "val_patience": args.val_patience,
                     "val_min_delta": args.val_min_delta,

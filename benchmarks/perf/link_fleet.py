@@ -24,8 +24,10 @@ the first strategy is the baseline's and is left out of run names) x ``--aggrega
 (``sync``, ``async``: FedBuff, its ``async.*`` keys through ``--set``), a combination the run
 config refuses (async with the deadline's energy-age selection) left out with its reason in
 ``skipped_variants``; or ``--variants`` names them (``sync,deadline,fedsag+deadline,async``).
-An async run makes ``ceil(rounds x nodes / async.buffer-size)`` versions (the device updates
-of ``rounds`` synchronous rounds). A run that fails is recorded in ``failed_runs`` and the
+An async run makes ``ceil(X x rounds x nodes / async.buffer-size)`` versions, ``X`` from
+``--async-updates`` (1: the device updates of ``rounds`` synchronous rounds; more lets async
+spend the wall time its fast devices no longer wait, as accuracy is compared at the all-fast
+run's wall time anyway). A run that fails is recorded in ``failed_runs`` and the
 line goes on.
 
 Nodes keep ``--keep-ratios`` (cycled over node index; the same in every run) and the slow
@@ -62,6 +64,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -158,10 +161,11 @@ def parse_variants(
     return out
 
 
-def async_versions(rounds: int, nodes: int, buffer_size: int) -> int:
-    """Versions of an asynchronous run whose device updates match ``rounds`` synchronous
-    rounds of ``nodes`` nodes: ``ceil(rounds x nodes / buffer_size)``."""
-    return -(-rounds * nodes // buffer_size)
+def async_versions(rounds: int, nodes: int, buffer_size: int, updates_x: float = 1.0) -> int:
+    """Versions of an asynchronous run whose device updates are ``updates_x`` times those of
+    ``rounds`` synchronous rounds of ``nodes`` nodes: ``ceil(updates_x x rounds x nodes /
+    buffer_size)``."""
+    return max(1, math.ceil(updates_x * rounds * nodes / buffer_size))
 
 
 def mix_profiles(mix: str, keep_ratios: list[float]) -> list[str]:
@@ -465,6 +469,12 @@ def main(argv: list[str] | None = None) -> int:
         help="a results file whose all-fast-MODE run is the ratios' baseline where this "
         "invocation runs none (e.g. a sweep of --variants async on the mixed fleets)",
     )  # fmt: skip
+    ap.add_argument(
+        "--async-updates", type=float, default=1.0, metavar="X",
+        help="an async run's device updates as a multiple of a sync run's (1: the same "
+        "work; more: async may use the wall time its fast devices no longer spend waiting; "
+        "accuracy is compared at the all-fast run's wall time either way)",
+    )  # fmt: skip
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="4 nodes, 3 rounds, 3 local steps")
     args = ap.parse_args(argv)
@@ -504,7 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     # config refuses (async with the deadline's energy-age selection) is an error when named
     # in --variants and left out, with its reason, of an axes product.
     buffer = int(parse_run_config(sets).aggregation.buffer_size)
-    versions = async_versions(args.rounds, args.nodes, buffer)
+    if not 0 < args.async_updates <= 10:
+        ap.error(f"--async-updates {args.async_updates}: must be in (0, 10]")
+    versions = async_versions(args.rounds, args.nodes, buffer, args.async_updates)
     skipped: dict[str, str] = {}
     kept: list[Variant] = []
     for v in variants:
@@ -579,6 +591,18 @@ def main(argv: list[str] | None = None) -> int:
                         **summarize(res, profiles, args.target),
                     }
                     print(f"link_fleet: {name} {results[name]['round_s']}", file=sys.stderr)
+                    # Every node trains every round without a deadline: fewer participants
+                    # mean a node never rejoined (the run waited min-nodes out without it),
+                    # and the run's times are not the mix's.
+                    short = (
+                        v.selection == "none"
+                        and v.aggregation == "sync"
+                        and any(n < args.nodes for n in results[name]["participants"])
+                    )
+                    results[name]["short_fleet"] = short
+                    if short:
+                        print(f"link_fleet: {name}: a round ran short of {args.nodes} nodes "
+                              f"{results[name]['participants']}", file=sys.stderr)  # fmt: skip
     leftovers = fleet.leftovers()
     sizes = {
         "nodes": args.nodes,
@@ -600,11 +624,12 @@ def main(argv: list[str] | None = None) -> int:
         "variants": [asdict(v) for v in variants],
         "skipped_variants": skipped,
         "async_versions": versions,
+        "async_updates": args.async_updates,
         "budget": (
-            "an async run makes ceil(rounds x nodes / async.buffer-size) versions (its device "
-            "updates match a sync run's); every run's accuracy is compared at the wall time "
-            "of the all-fast sync run of its mode (ratios.budget_s): its last evaluated row "
-            "within that time"
+            "an async run makes ceil(async_updates x rounds x nodes / async.buffer-size) "
+            "versions (async_updates 1: its device updates match a sync run's); every run's "
+            "accuracy is compared at the wall time of the all-fast sync run of its mode "
+            "(ratios.budget_s): its last evaluated row within that time"
         ),
         "set": sets,
         "seed": args.seed,

@@ -344,7 +344,7 @@ class ValidationStopping(LoopStrategy, RoundCallback):
         patience: int = 10,
         enforce: bool = True,
         rule: str = "reference",
-        min_delta: float = 0.0,
+        min_delta: float = 0.005,  # stopping.validation-min-delta's default: one rule, one value
     ) -> None:
         super().__init__(inner)
         self.enforce = enforce
