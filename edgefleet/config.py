@@ -477,16 +477,23 @@ def _check_async(cfg: RunConfig) -> None:
     if not cfg.aggregation.enabled:
         return
     p = cfg.pruning
+    pruned = p.keep_ratio < 1 or any(r < 1 for r in p.keep_ratios)
     refused = {
         "selection.mode = 'energy-age'": (
             cfg.energy.selection == SelectionMode.ENERGY_AGE,
             "energy-age selection picks a round's devices from one status query; the "
             "asynchronous loop starts devices one at a time as slots free",
         ),
-        "pruning.keep-ratio(s) < 1 (CA-HFP)": (
-            p.keep_ratio < 1 or any(r < 1 for r in p.keep_ratios),
-            "submodel reconstruction against the model version each submodel was cut from "
-            "is not wired into the asynchronous loop",
+        f"pruning.reconstruction = {p.reconstruction!r} with CA-HFP": (
+            pruned and p.reconstruction != Reconstruction.GLOBAL,
+            "a submodel is rebuilt against the version it was cut from and only its own "
+            "entries move ('global'); 'zeros' and 'elementwise' mix entries of several "
+            "versions",
+        ),
+        "pruning.compact-download = true": (
+            pruned and p.compact_download,
+            "a compact download is the slice of one version, and a device's channels are "
+            "refreshed on a round schedule the versions do not keep",
         ),
         "sessions (sessions.schedule, sessions.rounds or warmstart.mode)": (
             cfg.sessions_enabled,

@@ -106,3 +106,38 @@ def test_an_async_run_resumes_from_its_last_version(tmp_path: Path) -> None:
     assert all(r["task_vector_norm"] > 0 for r in rows)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["versions"] == 4 and summary["rounds_run"] == 4
+
+
+def test_async_rebuilds_each_submodel_against_the_version_it_was_cut_from(
+    tmp_path: Path,
+) -> None:
+    """CA-HFP in async mode: half the devices prune to half their parameters; a compact reply
+    is made full size against the version it was cut from (its pruned entries carry no
+    update) before its staleness-weighted rebase, and the rows count it as a submodel."""
+    run_once = _runs().run_once
+    devices, versions = 4, 6
+    config = {
+        "num-server-rounds": versions,
+        "seed": 0,
+        "model": "smallcnn",
+        "lr": 0.05,
+        "local-steps": 4,
+        "eval-samples": 300,
+        "min-nodes": devices,
+        "aggregation.mode": "async",
+        "async.concurrency": 4,
+        "async.buffer-size": 2,
+        "pruning.keep-ratios": "1.0,0.5",
+        "pruning.score-batches": 1,
+    }
+    rows = run_once(tmp_path, "cahfp", {"num-supernodes": devices}, config, 300, "inprocess")
+    assert [r["version"] for r in rows] == list(range(1, versions + 1))
+    assert all(r["accepted"] == 2 for r in rows)
+    # Devices 1 and 3 keep half the model: their replies are compact, and some versions
+    # are made of stale ones (the staleness a rebase against the newest version weighs).
+    assert sum(r["compact_replies"] for r in rows) >= 2
+    assert any(r["mean_kept_fraction"] < 1.0 for r in rows)
+    assert any(r["staleness_max"] > 0 for r in rows)
+    assert not any(r["rejected"] for r in rows)
+    acc = [r["test_accuracy"] for r in rows]
+    assert acc[-1] > acc[0], acc

@@ -307,8 +307,9 @@ def test_async_keys_parse_and_bad_values_name_the_choices() -> None:
     ("keys", "named"),
     [
         ({"selection.mode": "energy-age"}, "selection.mode = 'energy-age'"),
-        ({"pruning.keep-ratio": 0.5}, "CA-HFP"),
-        ({"pruning.keep-ratios": "1.0,0.5"}, "CA-HFP"),
+        ({"pruning.keep-ratio": 0.5, "pruning.reconstruction": "zeros"}, "CA-HFP"),
+        ({"pruning.keep-ratios": "1.0,0.5", "pruning.reconstruction": "elementwise"}, "CA-HFP"),
+        ({"pruning.keep-ratio": 0.5, "pruning.compact-download": True}, "compact-download"),
         ({"sessions.rounds": 3}, "sessions"),
         ({"warmstart.mode": "pilot"}, "sessions"),
         ({"stopping.mode": "observe"}, "stopping.mode = 'observe'"),

@@ -570,8 +570,10 @@ class AsyncLoop:
         """The next global model from a full buffer (module docstring), or None with the
         reason logged; nothing the inner strategy raises ends the run."""
         try:
-            replies = [rebase(b.msg, arrays, b.base, self.settings.weight(b.staleness))
-                       for b in buffer]  # fmt: skip
+            # A submodel reply (CA-HFP) is made full size against the version it was cut
+            # from, so its pruned entries carry no update into the rebase.
+            replies = [rebase(self.hooks.full_size_reply(b.msg, b.base), arrays, b.base,
+                              self.settings.weight(b.staleness)) for b in buffer]  # fmt: skip
             replies.sort(
                 key=lambda m: device_order(claimed_device(m) or str(m.metadata.src_node_id))
             )

@@ -108,6 +108,9 @@ class LoopStrategy(StrategyHooks, Strategy):
     def update_norm(self, msg: Message, sent: RecordDict | None, reference: ArrayRecord) -> float:
         return hooks_of(self.inner).update_norm(msg, sent, reference)
 
+    def full_size_reply(self, msg: Message, base: ArrayRecord) -> Message:
+        return hooks_of(self.inner).full_size_reply(msg, base)
+
     # -- Strategy -------------------------------------------------------------------------
 
     def settings(self) -> dict[str, object]:

@@ -80,6 +80,12 @@ class StrategyHooks:
         arrays = reply_arrays(msg.content)
         return update_norm(arrays, sent_base(arrays, sent, reference))
 
+    def full_size_reply(self, msg: Message, base: ArrayRecord) -> Message:
+        """The asynchronous loop's call before it rebases a (screened) reply onto the newest
+        version: the reply with full-size arrays, made against ``base``, the model version
+        that device was sent. A strategy whose replies are full size returns it as it is."""
+        return msg
+
 
 _DEFAULTS = StrategyHooks()
 

@@ -81,8 +81,8 @@ def build_strategy(
 
         sessions > stopping > energy-aware selection > CA-HFP reconstruction > aggregator
 
-    (each wrapper only when its keys turn it on; reconstruction always, except in
-    asynchronous mode, where only the layers marked ``in_async`` (the robust rule, data-free
+    (each wrapper only when its keys turn it on; reconstruction always; in asynchronous
+    mode only the layers marked ``in_async`` (the robust rule, reconstruction, data-free
     stopping) wrap the aggregator: the asynchronous loop aggregates its buffer with it and
     the run config refuses the other wrappers). Why this order:
 
@@ -191,6 +191,8 @@ LAYERS: tuple[Layer, ...] = (
         lambda inner, cfg, *_: SubmodelReconstruction.from_config(
             inner, cfg.pruning, partial(pruning_plan, cfg)
         ),
+        # async: each submodel made full size against its own version (full_size_reply)
+        in_async=True,
     ),
     Layer(
         "energy-age selection",

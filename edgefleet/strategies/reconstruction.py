@@ -59,6 +59,7 @@ from edgefleet.arrays import State, to_numpy, to_record
 from edgefleet.bounds import describe
 from edgefleet.loop.base import LoopStrategy, find_wrapper
 from edgefleet.loop.context import PruningRow, current_round
+from edgefleet.loop.hooks import hooks_of
 from edgefleet.loop.roundloop import RoundCallback, RoundResult
 from edgefleet.loop.screening import (
     RecordKeys,
@@ -330,9 +331,21 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         if KEPT not in msg.content.array_records:
             return super().update_norm(msg, sent, reference)
         kept = kept_from_record(msg.content.array_records[KEPT])
-        full = self._sent_model() or to_numpy(reference)
+        # ``reference`` is the model this device was sent: the round's global model, or in
+        # the asynchronous loop the version its submodel was cut from.
+        full = to_numpy(reference)
         base = compact_slice(full, self.plan.index_maps(kept), self.plan.compact_shapes(kept))
         return update_norm(reply_arrays(msg.content), base)
+
+    def full_size_reply(self, msg: Message, base: ArrayRecord) -> Message:
+        """Asynchronous aggregation: a compact reply scattered to full size against
+        ``base``, the version it was cut from (pruned entries keep that version's values,
+        so they carry no update). It keeps its ``kept`` record, so :meth:`aggregate_train`
+        still counts it as the submodel it was (and takes its full-size arrays as they are)."""
+        if KEPT not in msg.content.array_records:
+            return hooks_of(self.inner).full_size_reply(msg, base)
+        kept = kept_from_record(msg.content.array_records[KEPT])
+        return self._full_size(msg, kept, "global", to_numpy(base), keep_kept=True)
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -406,15 +419,27 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         return out
 
     def _full_size(
-        self, msg: Message, kept: dict[str, np.ndarray], fill: str, sent: State
+        self,
+        msg: Message,
+        kept: dict[str, np.ndarray],
+        fill: str,
+        sent: State,
+        keep_kept: bool = False,
     ) -> Message:
-        """A copy of the compact reply ``msg`` with its arrays scattered to full size."""
+        """A copy of the compact reply ``msg`` with its arrays scattered to full size (with
+        its ``kept`` record if ``keep_kept``). Arrays that are full size already were
+        rebuilt by :meth:`full_size_reply` against their own version and stay as they are."""
         values = to_numpy(reply_arrays(msg.content))
-        full = scatter(sent, values, self.plan.index_maps(kept), fill)
+        if all(np.shape(v) == np.shape(sent[k]) for k, v in values.items()):
+            full = values
+        else:
+            full = scatter(sent, values, self.plan.index_maps(kept), fill)
         out = copy.copy(msg)  # the loop still counts the compact reply's bytes
         name = next(n for n in msg.content.array_records if n != KEPT)
-        metrics = dict(msg.content.metric_records)
-        out.content = RecordDict({name: to_record(full), **metrics})
+        records = dict(msg.content.metric_records)
+        if keep_kept:
+            records[KEPT] = msg.content.array_records[KEPT]
+        out.content = RecordDict({name: to_record(full), **records})
         return out
 
     def after_round(self, result: RoundResult) -> str | None:
