@@ -214,3 +214,17 @@ def test_observe_mode_records_both_rules_and_never_stops() -> None:
         res.context.section(StoppingRow).plateau_count == 4
         and res.context.section(ValidationRow).validation_accuracy == 0.5
     )
+
+
+def test_the_counter_keeps_a_bounded_growth_history() -> None:
+    from edgefleet.algorithms.stopping import GROWTH_KEPT, PlateauCounter
+
+    rule = PlateauCounter(tau=0.0, patience=10**9)
+    for r in range(GROWTH_KEPT * 3):
+        rule.update(1.0 + r)
+    assert len(rule.growth) == GROWTH_KEPT
+    assert rule.growth[-1] == pytest.approx(1 / (GROWTH_KEPT * 3 - 1))
+    state = rule.state_dict()
+    state["growth"] = [0.5] * (GROWTH_KEPT * 2)  # an older, longer checkpoint
+    rule.load_state_dict(state)
+    assert len(rule.growth) == GROWTH_KEPT

@@ -367,17 +367,28 @@ def declare_links(
 ) -> None:
     """Restart each node whose declared link (``link-kbps`` in its node config) is not its
     profile's rate, declaring it: a node config is fixed when a SuperNode starts."""
-    changed = []
-    for i, prof in enumerate(profiles):
-        rate = float(PROFILES[prof].rate_kbit)
-        if declared[i] != rate:
-            fleet.stop_node(i)
-            fleet.start_node(i, {**configs[i], "link-kbps": rate})
-            declared[i] = rate
-            changed.append(i)
-    if changed:
-        fleet.wait_for_nodes(len(profiles), timeout=120)
-        print(f"link_fleet: nodes {changed} restarted to declare their links", file=sys.stderr)
+    changed = [
+        i for i, prof in enumerate(profiles) if declared[i] != float(PROFILES[prof].rate_kbit)
+    ]
+    if not changed:
+        return
+    for i in changed:
+        fleet.stop_node(i)
+    # A node stopped while its reply to the last run was still crawling up a slow link can
+    # exit without deactivating; the SuperLink then refuses its key (the new SuperNode exits
+    # with code 305) until it marks the old one offline, up to 2 x 30 s after its last
+    # heartbeat. So wait for the stopped nodes to leave the online list before starting them.
+    deadline = time.monotonic() + 120
+    while len(fleet.online_nodes()) > len(profiles) - len(changed):
+        if time.monotonic() > deadline:
+            raise FleetError(f"nodes {changed} still online 120 s after they were stopped")
+        time.sleep(2.0)
+    for i in changed:
+        rate = float(PROFILES[profiles[i]].rate_kbit)
+        fleet.start_node(i, {**configs[i], "link-kbps": rate})
+        declared[i] = rate
+    fleet.wait_for_nodes(len(profiles), timeout=120)
+    print(f"link_fleet: nodes {changed} restarted to declare their links", file=sys.stderr)
 
 
 def ratios(

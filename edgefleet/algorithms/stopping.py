@@ -48,6 +48,12 @@ def difference_norm(
     return total if squared else math.sqrt(total)
 
 
+# The rule needs only the last growth; a few more are kept for a reader. A bound, because a
+# fleet that runs for days (an asynchronous run makes a version every few replies) would
+# otherwise grow the list, and every checkpoint with it, without end.
+GROWTH_KEPT = 64
+
+
 @dataclass
 class PlateauCounter:
     """The counting rule on a sequence of task-vector norms d_1, d_2, ...
@@ -80,6 +86,7 @@ class PlateauCounter:
                 self.counter = 0
         self.previous = norm
         self.growth.append(g)
+        del self.growth[:-GROWTH_KEPT]
         return self.counter >= self.patience
 
     def reset(self) -> None:
@@ -90,7 +97,7 @@ class PlateauCounter:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.previous, self.counter = state["previous"], state["counter"]
-        self.growth = list(state["growth"])
+        self.growth = list(state["growth"])[-GROWTH_KEPT:]
 
 
 class ValidationRule(StrEnum):
