@@ -325,6 +325,7 @@ FIELD_NAMES = {
 }
 FIELD_FORMS = ("fedsag", "fedsag-seed")  # FedSAG's two forms; the other variants are baselines
 FIELD_BASELINES = ("fedavg", "mifa", "fedvarp", "scaffold")
+NO_DEVICE = "no GPU machine was lent to this work"
 FIELD_PAPER = (
     "the paper (as the seed gives it): CIFAR-10, 1,000 rounds, EH-FedSAG about 3 points above "
     "EH-FedAvg at scarce energy, late-stage variance 0.94 -> 0.04, the 50% target about 26% "
@@ -358,27 +359,84 @@ def field_verdict(
     return f"direction {direction}, {'beats' if beats else 'does not beat'} the best baseline"
 
 
-def fedsag_field(lines: Sequence[Line]) -> Measured:
-    """FedSAG's two forms against EH-FedAvg, MIFA, FedVARP and SCAFFOLD, each at the client
-    learning rate its own seed-0 sweep picked: the sweep's file (``--lrs``) first, then the
-    file of every seed at the picks (``--variant-lr``), whose picks must be the sweep's."""
-    sweep, runs = lines
-    sizes = same_sizes(lines, ("seeds", "lrs", "variant_lr", "set", "variants"))
+def lr_picks(
+    sweep: Mapping[str, Any], runs: Mapping[str, Any], variants: Sequence[str]
+) -> tuple[list[float], dict[str, float]]:
+    """A comparison's sweep file (``--lrs``) and its seeds file (``--variant-lr``): the swept
+    rates and each variant's pick, checked to follow the sweep's stated rule (its
+    ``lr_rule``) from its own figures, and to be the rates the seeds file ran."""
     (sw,) = sweep["settings"]
-    (st,) = runs["settings"]
-    variants = [v for v in FIELD_NAMES if v in st]
     lrs = [float(x) for x in sweep["sizes"]["lrs"].split(",")]
     chosen = {v: float(x) for v, x in sw["chosen_lr"].items()}
     picked = {v: float(x) for v, x in runs["sizes"]["variant_lr"].items()}
     if picked != {v: chosen[v] for v in variants}:
         raise ValueError(f"the seeds file ran the lrs {picked}, the sweep picked {chosen}")
-    for v in variants:  # the pick follows the sweep's stated rule (its lr_rule) from its figures
+    for v in variants:
         arm = {lr: sw[f"{v}@lr{lr:g}"] for lr in lrs}
         by = {lr: (not a.get("seeds_stopped", 0), a["last_accuracy"]) for lr, a in arm.items()}
         if max(lrs, key=lambda lr: (*by[lr], -lr)) != chosen[v]:
             raise ValueError(f"{v}: the sweep's pick {chosen[v]} does not follow its rule {by}")
-    seeds = seeds_of(runs)
-    per = {v: st[v]["seeds"] for v in variants}
+    return lrs, chosen
+
+
+def sweep_summary(
+    sw: Mapping[str, Any],
+    lrs: Sequence[float],
+    chosen: Mapping[str, float],
+    names: Mapping[str, str],
+) -> str:
+    """Per variant (in ``names``' order): its sweep's last-5-round means, rate by rate, and
+    its pick."""
+    return "; ".join(
+        f"{names[v]} "
+        + " / ".join(
+            f3(sw[f"{v}@lr{lr:g}"]["last_accuracy"])
+            + (" (stopped)" if sw[f"{v}@lr{lr:g}"].get("seeds_stopped") else "")
+            for lr in lrs
+        )
+        + f" (picked {chosen[v]:g})"
+        for v in names
+        if v in chosen
+    )
+
+
+@dataclass(frozen=True)
+class FieldRuns:
+    """A comparison's two files read together: the sweep (``--lrs``) and the seeds at each
+    variant's pick (``--variant-lr``), the picks checked by :func:`lr_picks`."""
+
+    sizes: dict[str, Any]
+    sweep: Line
+    sw: Mapping[str, Any]  # the sweep's one setting
+    st: Mapping[str, Any]  # the seeds file's one setting
+    lrs: list[float]
+    chosen: dict[str, float]
+    seeds: list[int]
+    per: dict[str, list[Mapping[str, Any]]]  # variant -> its per-seed figures
+
+    @classmethod
+    def read(
+        cls, lines: Sequence[Line], names: Mapping[str, str], ignore: Sequence[str]
+    ) -> FieldRuns:
+        sweep, runs = lines
+        sizes = same_sizes(lines, ignore)
+        (sw,) = sweep["settings"]
+        (st,) = runs["settings"]
+        variants = [v for v in names if v in st]
+        lrs, chosen = lr_picks(sweep, runs, variants)
+        per = {v: st[v]["seeds"] for v in variants}
+        return cls(sizes, sweep, sw, st, lrs, chosen, seeds_of(runs), per)
+
+
+def fedsag_field(lines: Sequence[Line]) -> Measured:
+    """FedSAG's two forms against EH-FedAvg, MIFA, FedVARP and SCAFFOLD, each at the client
+    learning rate its own seed-0 sweep picked: the sweep's file (``--lrs``) first, then the
+    file of every seed at the picks (``--variant-lr``), whose picks must be the sweep's."""
+    runs = FieldRuns.read(lines, FIELD_NAMES, ("seeds", "lrs", "variant_lr", "set", "variants"))
+    sizes, sweep, sw, lrs, chosen, seeds, per = (
+        runs.sizes, runs.sweep, runs.sw, runs.lrs, runs.chosen, runs.seeds, runs.per
+    )  # fmt: skip
+    variants = list(per)
     baselines = [v for v in FIELD_BASELINES if v in per]
     best = max(baselines, key=lambda v: mean(_finals(per[v])))
     # A baseline run on the sweep's seed only: the verdict against the best baseline stands
@@ -386,17 +444,7 @@ def fedsag_field(lines: Sequence[Line]) -> Measured:
     at_pick = {v: sw[f"{v}@lr{chosen[v]:g}"]["last_accuracy"] for v in chosen}
     unseeded = [v for v in FIELD_BASELINES if v not in per]
     open_question = [v for v in unseeded if at_pick[v] >= at_pick[best]]
-    sweep_text = "; ".join(
-        f"{FIELD_NAMES[v]} "
-        + " / ".join(
-            f3(sw[f"{v}@lr{lr:g}"]["last_accuracy"])
-            + (" (stopped)" if sw[f"{v}@lr{lr:g}"].get("seeds_stopped") else "")
-            for lr in lrs
-        )
-        + f" (picked {chosen[v]:g})"
-        for v in FIELD_NAMES
-        if v in chosen
-    )
+    sweep_text = sweep_summary(sw, lrs, chosen, FIELD_NAMES)
     seed_text = "; ".join(
         f"{FIELD_NAMES[v]} "
         + ", ".join(f3(x) for x in _finals(per[v]))
@@ -457,7 +505,7 @@ def fedsag_field(lines: Sequence[Line]) -> Measured:
             "replies rejected by the norm screen over the seeds: "
             + ", ".join(f"{FIELD_NAMES[v]} {n}" for v, n in rejected.items())
         )
-    same = runs["settings"][0]["same_selection"]
+    same = runs.st["same_selection"]
     why.append(
         "every method selected the same devices round by round in every seed (`same_selection`)"
         if same
@@ -589,6 +637,74 @@ def pruning_cifar(lines: Sequence[Line]) -> Measured:
     return Measured(measured, verdict, "; ".join(why))
 
 
+PRUNING_FIELD_NAMES = {
+    "curvature": "CA-HFP (EdgeFleet's Taylor score)",
+    "curvature-seed": "CA-HFP (the seed's signed Hutchinson score)",
+    "full": "full model",
+    "heterofl": "HeteroFL",
+    "fedrolex": "FedRolex",
+    "fjord": "FjORD",
+}
+PRUNING_FIELD_FORMS = ("curvature", "curvature-seed")
+PRUNING_FIELD_BASELINES = ("heterofl", "fedrolex", "fjord")
+PRUNING_FIELD_PAPER = (
+    "the paper (as the seed gives it): CIFAR-10 at alpha 0.1, CA-HFP 73.12 % and 62.84 % "
+    "without reconstruction; it compares with FedMP and PruneFL, not with width slices"
+)
+
+
+def pruning_field(lines: Sequence[Line]) -> Measured:
+    """CA-HFP's two scores against HeteroFL, FedRolex and FjORD at the same keep ratios, with
+    the full model as the ceiling, each at the client learning rate its own seed-0 sweep
+    picked (the sweep's file, then the seeds at the picks, as :func:`fedsag_field`)."""
+    runs = FieldRuns.read(lines, PRUNING_FIELD_NAMES, ("seeds", "lrs", "variant_lr"))
+    sizes, sweep, sw, st, lrs, chosen, seeds, per = (
+        runs.sizes, runs.sweep, runs.sw, runs.st, runs.lrs, runs.chosen, runs.seeds, runs.per
+    )  # fmt: skip
+    variants = list(per)
+    best = max(PRUNING_FIELD_BASELINES, key=lambda v: mean(_finals(per[v])))
+    seed_text = "; ".join(
+        f"{PRUNING_FIELD_NAMES[v]} "
+        + ", ".join(f3(x) for x in _finals(per[v]))
+        + f" (mean {f3(mean(_finals(per[v])))}, uploads {st[v]['upload_vs_full']:.2f} of full)"
+        for v in variants
+    )
+    measured = (
+        f"{PRUNING_FIELD_PAPER}. Here: {sizes['dataset']}, {sizes['model']}, "
+        f"{sizes['devices']} devices keeping {sizes['keep_ratios'].replace(',', '/')} of the "
+        f"{sizes['budget']}, alpha {st['alpha']:g}, {sizes['rounds']} rounds of "
+        f"{sizes['local_steps']} local steps, eval on {sizes['eval_samples']} test images; the "
+        "width-slice baselines average each entry over the devices that hold it (their "
+        f"papers' aggregation). Learning-rate sweep on seed {sweep['sizes']['seeds']}, client lr "
+        f"{' / '.join(f'{x:g}' for x in lrs)}, mean accuracy of the last 5 rounds: "
+        f"{sweep_summary(sw, lrs, chosen, PRUNING_FIELD_NAMES)}. At each pick, seeds "
+        f"{', '.join(map(str, seeds))}, final accuracy per seed: {seed_text}; best baseline: "
+        f"{PRUNING_FIELD_NAMES[best]}"
+    )
+    verdicts, why = [], []
+    full = mean(_finals(per["full"]))
+    for f in (f for f in PRUNING_FIELD_FORMS if f in per):
+        gap = full - mean(_finals(per[f]))
+        beats = mean(_finals(per[f])) > mean(_finals(per[best])) and all(
+            a > b for a, b in zip(_finals(per[f]), _finals(per[best]), strict=True)
+        )
+        ahead = sum(a > b for a, b in zip(_finals(per[f]), _finals(per[best]), strict=True))
+        verdicts.append(
+            f"{PRUNING_FIELD_NAMES[f]}: {'near' if gap <= NEAR_FULL else 'not near'} the full "
+            f"model, {'beats' if beats else 'does not beat'} the best baseline"
+        )
+        why.append(
+            f"{PRUNING_FIELD_NAMES[f]} {pts(-gap)} points against the full model, "
+            f"{pts(mean(_finals(per[f])) - mean(_finals(per[best])))} against "
+            f"{PRUNING_FIELD_NAMES[best]} (above it in {ahead} of {len(seeds)} seeds)"
+        )
+    why.append(
+        f"{sizes['rounds']} rounds on {sizes['dataset']}, not the paper's CIFAR-10 regime "
+        f"(pending: {NO_DEVICE})"
+    )
+    return Measured(measured, "; ".join(verdicts), "; ".join(why))
+
+
 # -- data-free early stopping -----------------------------------------------------------------
 
 STOP_TOLERANCE = 0.015  # the benchmark's own 1.5-point target, applied to the means
@@ -645,6 +761,53 @@ def earlystop(lines: Sequence[Line]) -> Measured:
     if "fedprox" not in strategies:
         why.append("FedProx not run")
     return Measured(measured, verdict, "; ".join(summary + why))
+
+
+def earlystop_seed_form(lines: Sequence[Line]) -> Measured:
+    """The data-free rule as the seed writes it (squared norm, counter never reset) beside
+    EdgeFleet's reference form and the validation rule, replayed on the same observed runs;
+    and each form under the swept thresholds (``tau_sweep``)."""
+    sizes = same_sizes(lines, ("datasets",))
+    parts, ok, why = [], [], []
+    for line in lines:
+        (s,) = line["settings"]
+        seeds, m, ds = s["seeds"], s["mean"], s["dataset"]
+        budget = line["sizes"]["budget"]
+        stops = ", ".join(str(x["seed_form_stop"] or budget) for x in seeds)
+        sweep = "; ".join(
+            f"tau {tau}: "
+            + ", ".join(
+                f"{form} {mean([x['tau_sweep'][tau][form]['stop'] or budget for x in seeds]):.0f}"
+                f" rounds / {f3(mean([x['tau_sweep'][tau][form]['bacc'] for x in seeds]))}"
+                for form in ("reference", "seed")
+            )
+            for tau in seeds[0]["tau_sweep"]
+        )
+        parts.append(
+            f"{ds}: the seed's form stopped at rounds {stops} with "
+            + ", ".join(f3(x["seed_form_bacc"]) for x in seeds)
+            + f" (mean {f3(m['seed_form_bacc'])}); EdgeFleet's form at "
+            + ", ".join(str(x["data_free_stop"] or budget) for x in seeds)
+            + f" (mean {f3(m['data_free_bacc'])}); the validation rule mean "
+            f"{f3(m['reference_validation_bacc'])}. Mean stop round / balanced accuracy by "
+            f"threshold: {sweep}"
+        )
+        gap = m["seed_form_bacc"] - m["reference_validation_bacc"]
+        if gap >= -STOP_TOLERANCE:
+            ok.append(ds)
+        why.append(
+            f"{ds}: seed's form {pts(gap)} points against the validation rule, "
+            f"{pts(m['seed_form_bacc'] - m['data_free_bacc'])} against EdgeFleet's form, "
+            f"{m['seed_form_stop'] - m['data_free_stop']:+.1f} rounds"
+        )
+    verdict = "holds" if len(ok) == len(lines) else ("partly" if ok else "does not")
+    measured = (
+        f"{sizes['model']}, {sizes['devices']} devices, Dirichlet {sizes['alpha']:g}, "
+        f"{sizes['budget']}-round budget, seeds {sizes['seeds']}, tau {sizes['tau']:g}, "
+        f"patience {sizes['patience']}, both data-free forms replayed on the same observed "
+        "runs, balanced accuracy at the stop round. " + ". ".join(parts)
+    )
+    return Measured(measured, verdict, "; ".join(why))
 
 
 # -- warm start when devices arrive and depart ----------------------------------------------
@@ -753,6 +916,58 @@ def warmstart(lines: Sequence[Line]) -> Measured:
         verdict = "partly"
     else:
         verdict = "does not"
+    return Measured(measured, verdict, "; ".join(why))
+
+
+WARM_MODES = ("pilot", "average", "fresh", "previous", "continuous")
+WARM_MODE_NAMES = {
+    "pilot": "pilot (similarity-weighted)",
+    "average": "average (uniform over stored models)",
+    "fresh": "fresh (the initial model)",
+    "previous": "previous (last session's model)",
+    "continuous": "Continuous",
+}
+
+
+def warmstart_modes(lines: Sequence[Line]) -> Measured:
+    """The pilot warm start against its own simpler starts (``average``, ``fresh``) and the
+    two last-model baselines, look-alike sessions, auxiliary rounds counted."""
+    (line,) = lines
+    z = line["sizes"]
+    cap = z["rounds_per_session"] + 1
+    (s,) = line["settings"]
+    modes = s["modes"]
+    look = modes["pilot"]["lookalike"]["sessions"]
+    per = {m: _per_seed_mean(modes[m], look, cap) for m in WARM_MODES if m in modes}
+    text = "; ".join(
+        f"{WARM_MODE_NAMES[m]} {modes[m]['lookalike']['rounds_to_target']:.1f} (per seed "
+        + ", ".join(f"{x:.1f}" for x in per[m])
+        + ")"
+        for m in per
+    )
+    measured = (
+        f"{s['dataset']}, {z['model']}, {s['strategy']}, {z['devices']} devices in two groups "
+        f"with disjoint labels alternating (Dirichlet {z['alpha']:g} within a group), "
+        f"{z['sessions']} sessions of {z['rounds_per_session']} rounds, {z['pilot_sessions']} "
+        f"pilot session, target {z['target']:g}, seeds {z['seeds']}; mean rounds to target in "
+        f"the look-alike sessions ({look[0]}-{look[-1]}), auxiliary rounds counted: {text}"
+    )
+    simple = [m for m in ("average", "fresh") if m in per]
+    beaten = [m for m in simple if all(p < b for p, b in zip(per["pilot"], per[m], strict=True))]
+    verdict = (
+        "holds" if beaten == simple else ("partly" if beaten else "does not")
+    ) + f" against {' and '.join(simple)}"
+    why = [
+        f"{m}/pilot {s['ratios'][f'{m}/pilot']['lookalike']['aux_counted']:.1f}x, pilot fewer "
+        f"rounds in {sum(p < b for p, b in zip(per['pilot'], per[m], strict=True))} of "
+        f"{len(per['pilot'])} seeds"
+        for m in per
+        if m != "pilot"
+    ]
+    why.append(
+        f"a ratio here is at most {cap} (sessions of {cap - 1} rounds, unreached counted as "
+        f"{cap}); {s['strategy']} only, not the paper's other inner algorithms"
+    )
     return Measured(measured, verdict, "; ".join(why))
 
 
@@ -869,7 +1084,6 @@ FEDSAG_MNIST_SETS = (
 )
 
 FIELD_VARIANTS = "fedavg,fedsag,fedsag-seed,mifa,fedvarp,scaffold"
-NO_DEVICE = "no GPU machine was lent to this work"
 
 UNMEASURED: tuple[Unmeasured, ...] = (
     Unmeasured(
