@@ -373,3 +373,23 @@ def test_field_row_with_a_form_run_on_the_sweeps_seed_only() -> None:
         "seed's form: run on the sweep's seed only (last-5 mean 0.300 at its pick)"
     )
     assert "seed's form" not in got.why.split("against EH-FedAvg")[-1]
+
+
+def test_pruning_field_verdict_follows_the_figures() -> None:
+    row = _row("CA-HFP against the field, Fashion")
+    got = row.measure(_lines(row))
+    assert got.verdict == (
+        "CA-HFP (EdgeFleet's Taylor score): near the full model, beats the best baseline; "
+        "CA-HFP (the seed's signed Hutchinson score): not near the full model, does not beat "
+        "the best baseline"
+    )
+    assert "best baseline: FjORD" in got.measured
+    # One seed below the best baseline is enough to lose "beats"; a mean 2+ points under
+    # the full model loses "near".
+    lines = _lines(row)
+    st = lines[1]["settings"][0]
+    seeds = st["curvature"]["seeds"]
+    seeds[0]["final_accuracy"], seeds[2]["final_accuracy"] = 0.72, 0.88  # FjORD's seed 0: 0.722
+    assert "Taylor score): near the full model, does not beat" in row.measure(lines).verdict
+    seeds[1]["final_accuracy"] = 0.70
+    assert "Taylor score): not near the full model" in row.measure(lines).verdict

@@ -1059,6 +1059,23 @@ ROWS: tuple[Row, ...] = (
         "as the row above, on this run",
     ),
     Row(
+        "CA-HFP against the field, Fashion-MNIST on CPU (arXiv 2603.12591)",
+        "the same claim, asked as a user asks it: does CA-HFP beat the width-slice methods one "
+        "would otherwise use for devices of different compute (HeteroFL, FedRolex, FjORD) at "
+        "the same keep ratios, each method at its own learning rate from the same sweep?",
+        (
+            "pruning_claims-field-fmnist-a0.1-sweep-2026-12-06.json",
+            "pruning_claims-field-fmnist-a0.1-seeds-2026-12-06.json",
+        ),
+        pruning_field,
+        "each method at the client lr its seed-0 sweep picks (the highest mean accuracy over the "
+        "last 5 rounds; a tie to the smaller), then seeds 0-2 at that lr. For each CA-HFP score: "
+        f"near the full model when its mean final accuracy is within {100 * NEAR_FULL:g} points "
+        "of the full model's; it beats the best baseline (of HeteroFL, FedRolex and FjORD, the "
+        "highest mean final accuracy) when its mean final accuracy is above that baseline's and "
+        "its final is above in every seed",
+    ),
+    Row(
         "Data-free stopping (arXiv 2601.22669)",
         "stopping when the global task vector stops growing lands close to the reference "
         "validation rule, with no data",
@@ -1118,9 +1135,21 @@ UNMEASURED: tuple[Unmeasured, ...] = (
         "--seeds 0,1,2 --devices 4 --local-steps 25 --batch-size 64 --rounds 124 "
         "--variants full,curvature,curvature-signed,curvature-hutchinson,magnitude,random,"
         "no-reconstruction --engine inprocess --data-dir ../shared/data",
-        "HeteroFL, FedRolex and FjORD are `pruning.criterion` prefix, rolling and "
-        "ordered-dropout; `pruning_claims.py` has no variant for them yet",
-        NO_DEVICE + "; the width-slice baselines have no benchmark variant",
+        "the Fashion-MNIST row's variants and sweep on CIFAR-10: add "
+        "`curvature-seed,heterofl,fedrolex,fjord` to `--variants` and `--lrs 0.01,0.03,0.1,0.3` "
+        "on seed 0, then `--variant-lr` per variant",
+        NO_DEVICE,
+    ),
+    Unmeasured(
+        "CA-HFP against the field, CIFAR-10 on CPU (arXiv 2603.12591)",
+        "the Fashion-MNIST row's comparison on CIFAR-10 SmallCNN, sized to about an hour on 2 "
+        "cores, 3 seeds",
+        "python -m benchmarks.claims.pruning_claims --dataset cifar10 --model smallcnn "
+        "--alphas 0.1 --devices 8 --rounds 30 --seeds 0 --lrs 0.01,0.03,0.1,0.3 "
+        "--variants full,curvature,curvature-seed,heterofl,fedrolex,fjord --eval-samples 1000 "
+        "--engine inprocess --data-dir ../shared/data",
+        "then the seeds at each pick, as for Fashion-MNIST",
+        "the CPU hours went to the Fashion-MNIST regime first",
     ),
     Unmeasured(
         "Warm start against its own baselines (arXiv 2410.05662)",
