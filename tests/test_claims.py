@@ -393,3 +393,15 @@ def test_pruning_field_verdict_follows_the_figures() -> None:
     assert "Taylor score): near the full model, does not beat" in row.measure(lines).verdict
     seeds[1]["final_accuracy"] = 0.70
     assert "Taylor score): not near the full model" in row.measure(lines).verdict
+
+
+def test_warmstart_modes_verdict_follows_the_figures() -> None:
+    row = _row("Warm start against its own baselines, MNIST")
+    got = row.measure(_lines(row))
+    assert got.verdict == "holds against average and fresh"
+    assert "average/pilot 6.3x, pilot fewer rounds in 3 of 3 seeds" in got.why
+    lines = _lines(row)
+    # The average start 1 round per look-alike session in seed 0: pilot no longer ahead there.
+    per_seed = lines[0]["settings"][0]["modes"]["average"]["rounds_to_target_per_seed"]
+    per_seed[0][3:] = [1, 1, 1]
+    assert row.measure(lines).verdict == "partly against average and fresh"
