@@ -51,8 +51,6 @@ def test_the_field_variants_are_run_configs_edgefleet_accepts(variant: str) -> N
         assert cfg.pruning.reconstruction == "elementwise"
 
 
-@pytest.mark.parametrize(
-    ("x", "versions"), [(1.0, 16), (2.0, 32), (1.5, 24), (0.1, 2), (0.01, 1)]
-)
+@pytest.mark.parametrize(("x", "versions"), [(1.0, 16), (2.0, 32), (1.5, 24), (0.1, 2), (0.01, 1)])
 def test_async_versions_scale_with_the_update_budget(x: float, versions: int) -> None:
     assert lf.async_versions(8, 4, 2, x) == versions

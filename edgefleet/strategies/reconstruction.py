@@ -436,7 +436,7 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
             full = scatter(sent, values, self.plan.index_maps(kept), fill)
         out = copy.copy(msg)  # the loop still counts the compact reply's bytes
         name = next(n for n in msg.content.array_records if n != KEPT)
-        records = dict(msg.content.metric_records)
+        records: dict[str, ArrayRecord | MetricRecord] = dict(msg.content.metric_records)
         if keep_kept:
             records[KEPT] = msg.content.array_records[KEPT]
         out.content = RecordDict({name: to_record(full), **records})
