@@ -405,7 +405,8 @@ def test_build_strategy_applies_the_layers_innermost_first() -> None:
         EqualWeightFedAvg,
     ]
     async_cfg = parse_run_config({"aggregation.mode": "async", "robust.rule": "median"})
-    assert type(build_strategy(async_cfg)) is RobustAggregation  # nothing else in async
+    outer = build_strategy(async_cfg)  # in async only the layers marked in_async
+    assert type(outer) is SubmodelReconstruction and type(outer.inner) is RobustAggregation
 
 
 def test_build_strategy_names_what_a_layer_needs() -> None:
