@@ -140,7 +140,7 @@ def test_longer_pruning_row_says_whether_the_full_model_passed_60_percent() -> N
 
 
 def test_earlystop_verdict_follows_the_figures() -> None:
-    row = _row("Data-free stopping")
+    row = _row("Data-free stopping (arXiv")
     lines = _lines(row)
     assert row.measure(lines).verdict == "holds"
     worse = copy.deepcopy(lines)
@@ -405,3 +405,13 @@ def test_warmstart_modes_verdict_follows_the_figures() -> None:
     per_seed = lines[0]["settings"][0]["modes"]["average"]["rounds_to_target_per_seed"]
     per_seed[0][3:] = [1, 1, 1]
     assert row.measure(lines).verdict == "partly against average and fresh"
+
+
+def test_earlystop_seed_form_verdict_follows_the_figures() -> None:
+    row = _row("Data-free stopping, the seed's form")
+    got = row.measure(_lines(row))
+    assert got.verdict == "holds"
+    assert "pneumonia: seed's form +2.2 points against the validation rule" in got.why
+    lines = _lines(row)
+    lines[0]["settings"][1]["mean"]["seed_form_bacc"] = 0.96  # bccd: 2.2 points under 0.982
+    assert row.measure(lines).verdict == "partly"
