@@ -36,8 +36,10 @@ handed to the round callbacks, with the asynchronous columns in ``extra``: ``ver
 ``accepted``, ``dropped``, ``staleness_min/median/max``, ``in_flight``.
 
 Not yet (refused by EdgeFleet's ServerApp before a run starts, see
-``docs/how-to/async-aggregation.md``): energy-age selection, CA-HFP submodels, sessions,
-validation stopping, federated evaluation.
+``docs/how-to/async-aggregation.md``): energy-age selection, CA-HFP's compact download and
+its ``zeros`` / ``elementwise`` reconstructions, sessions, validation stopping, federated
+evaluation. CA-HFP submodels themselves are made full size against their own version by
+the strategy's ``full_size_reply`` hook before the rebase.
 
 Checkpoints: :meth:`AsyncLoop.state_dict` holds, besides the device registry, the replies
 accepted into the buffer but not yet aggregated (their arrays, the base models they were
