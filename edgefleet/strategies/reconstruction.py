@@ -241,6 +241,9 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         # reply, the last round it was sent the full model) lives in the device registry:
         # checkpointed with it, and kept when a device comes back on another node.
         self._full_entries: int | None = None  # entries of the full model (kept_fraction)
+        # The last reference model as NumPy: a round's (or a version's) replies share one, so
+        # it is converted once, not once per reply.
+        self._reference: tuple[ArrayRecord, State] | None = None
 
     @property
     def plan(self) -> PruningPlan:
@@ -333,7 +336,9 @@ class SubmodelReconstruction(LoopStrategy, RoundCallback):
         kept = kept_from_record(msg.content.array_records[KEPT])
         # ``reference`` is the model this device was sent: the round's global model, or in
         # the asynchronous loop the version its submodel was cut from.
-        full = to_numpy(reference)
+        if self._reference is None or self._reference[0] is not reference:
+            self._reference = (reference, to_numpy(reference))
+        full = self._reference[1]
         base = compact_slice(full, self.plan.index_maps(kept), self.plan.compact_shapes(kept))
         return update_norm(reply_arrays(msg.content), base)
 
