@@ -3,7 +3,10 @@ and the loop on the in-process engine's grids (a virtual-time grid for arrival o
 
 from __future__ import annotations
 
+import sys
+import threading
 import time
+import types
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -385,6 +388,74 @@ def test_a_sleeping_slow_device_does_not_hold_the_versions_back() -> None:
     slow_version = next(i for i, r in enumerate(rows.results) if 4 in r.participant_nodes)
     assert slow_version >= 2, [r.participant_nodes for r in rows.results]
     assert rows.results[slow_version].extra["staleness_max"] >= 2
+
+
+class UploadingGrid(InProcessGrid):
+    """Flower's deployment grid as it pulls: a reply is found as soon as its header is in,
+    and the same ``pull_messages`` call then waits for its arrays. Node ``slow``'s arrays
+    arrive only when ``uploaded`` is set (or after ``limit`` seconds)."""
+
+    synchronous = False
+
+    def __init__(self, handlers: dict[int, Handler], slow: int, limit: float) -> None:
+        super().__init__(handlers)
+        self.slow, self.limit = slow, limit
+        self.uploaded = threading.Event()
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        out = []
+        for mid in list(message_ids):
+            msg = self._pushed.pop(mid, None)
+            if msg is None:
+                continue
+            if msg.metadata.dst_node_id == self.slow:
+                self.uploaded.wait(self.limit)  # the call waits out the upload
+            if (reply := answer(self.handlers[msg.metadata.dst_node_id], msg)) is not None:
+                out.append(reply)
+        return out
+
+
+def test_a_slow_upload_does_not_hold_the_other_replies_back() -> None:
+    """Node 4's reply takes until version 4 to upload: pulled in the background, the three
+    fast devices make versions 1-4 meanwhile. Pulled in the loop's thread, the first poll
+    would wait out the upload and version 1 would hold node 4 (the test then fails after
+    ``limit`` seconds, not hangs)."""
+    step = np.array([1.0, 0.0], np.float32)
+    grid = UploadingGrid({n: mover(step, 1) for n in (1, 2, 3, 4)}, slow=4, limit=20.0)
+
+    class Release(Rows):
+        def after_round(self, result):  # type: ignore[no-untyped-def]
+            if len(self.results) == 3:
+                grid.uploaded.set()
+            return super().after_round(result)
+
+    rows = Release()
+    s = AsyncSettings(buffer_size=2, concurrency=4)
+    loop = AsyncLoop(FedAvg(), grid, s, callbacks=[rows], poll_s=0.005, background_pull=True)
+    loop.run(rec(w=W0), 6)
+    nodes = [r.participant_nodes for r in rows.results]
+    assert len(nodes) == 6
+    assert all(4 not in v for v in nodes[:4]), nodes
+    assert any(4 in v for v in nodes[4:]), nodes
+
+
+def test_only_flowers_deployment_grid_is_pulled_in_the_background(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from edgefleet.loop.pulling import pulls_wait_on_uploads
+    from edgefleet.loop.roundloop import BoundedGrid
+
+    class HttpGrid(InProcessGrid):  # stands in for flwr.superlink.grid.HttpGrid
+        pass
+
+    assert not pulls_wait_on_uploads(HttpGrid())  # the module not imported: cannot be one
+    monkeypatch.setitem(sys.modules, "flwr.superlink.grid.http_grid",
+                        types.SimpleNamespace(HttpGrid=HttpGrid))  # fmt: skip
+    assert pulls_wait_on_uploads(HttpGrid())
+    assert pulls_wait_on_uploads(BoundedGrid(HttpGrid(), timeout=1.0))  # through a wrapper
+    assert not pulls_wait_on_uploads(InProcessGrid())
+    assert not AsyncLoop(FedAvg(), InProcessGrid(), AsyncSettings()).background_pull
+    assert AsyncLoop(FedAvg(), HttpGrid(), AsyncSettings()).background_pull
 
 
 def test_messages_come_from_the_inner_strategy_and_never_wait_for_nodes() -> None:

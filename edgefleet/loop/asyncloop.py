@@ -12,7 +12,11 @@ waits for it.
 
 It uses nothing but ``Grid.push_messages`` / ``pull_messages`` (polled every ``poll_s``), so
 the same code runs on the in-process engine, Flower's Simulation Engine and the Deployment
-Engine. Replies are screened one at a time as the synchronous loop screens them
+Engine. On the Deployment Engine each outstanding reply is pulled in a thread of its own
+(:mod:`edgefleet.loop.pulling`): Flower's pull downloads a reply's arrays inside the call,
+and one device's slow upload would otherwise keep the loop from seeing everyone else's.
+
+Replies are screened one at a time as the synchronous loop screens them
 (:mod:`edgefleet.loop.screening`: well-formed, within the server's bounds, a device
 id that is its node's, an update norm at most ``norm_factor`` x the median of recently
 accepted norms); a reply more than ``max_staleness`` versions old is dropped with that
@@ -80,6 +84,7 @@ from edgefleet.bounds import bound_reason
 from edgefleet.loop.base import LoopStrategy, participant_cap_error
 from edgefleet.loop.context import RoundContext, in_round
 from edgefleet.loop.hooks import hooks_of
+from edgefleet.loop.pulling import ReplyPuller, pulls_wait_on_uploads
 from edgefleet.loop.registry import DeviceRegistry
 from edgefleet.loop.roundloop import (
     EvaluateFn,
@@ -263,6 +268,7 @@ class AsyncLoop:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         checkpoint: Callable[[int, ArrayRecord], None] | None = None,
+        background_pull: bool | None = None,
     ) -> None:
         if evaluate_every < 1:
             raise ValueError(f"evaluate_every={evaluate_every!r} must be >= 1")
@@ -291,6 +297,11 @@ class AsyncLoop:
         interval = getattr(grid, "pull_interval", None)
         self.poll_s = poll_s or (interval if isinstance(interval, float) else DEFAULT_POLL_S)
         self.clock, self.sleep = clock, sleep
+        # None: pulled in the background where a pull waits on uploads (edgefleet.loop.pulling)
+        self.background_pull = (
+            pulls_wait_on_uploads(grid) if background_pull is None else background_pull
+        )
+        self._puller = ReplyPuller(grid, self.background_pull, settings.concurrency)
         self.norms: deque[float] = deque(maxlen=NORM_HISTORY_ROUNDS * settings.buffer_size)
         self._node_links: dict[int, LinkEstimate] = {}
         self._started: dict[int, int] = {}  # node -> dispatch count when it last started
@@ -313,6 +324,18 @@ class AsyncLoop:
         """Make versions ``first_version`` .. ``num_versions`` from ``initial_arrays`` (a
         resumed run starts from its checkpoint's version + 1: devices that were training
         when it stopped are simply sent the model again)."""
+        try:
+            return self._run(initial_arrays, num_versions, train_config, first_version)
+        finally:
+            self._puller.close()
+
+    def _run(
+        self,
+        initial_arrays: ArrayRecord,
+        num_versions: int,
+        train_config: ConfigRecord | None,
+        first_version: int,
+    ) -> LoopOutcome:
         s = self.settings
         arrays, version = initial_arrays, first_version - 1
         for callback in self.callbacks:
@@ -387,7 +410,7 @@ class AsyncLoop:
                 self.sleep(self.poll_s)
                 continue
             idle_since = None
-            replies = list(self.grid.pull_messages(list(flights)))
+            replies = self._puller.pull(list(flights))
             now = self.clock()
             # A device that has held its slot too long loses it (checked on every poll: the
             # others' replies keep coming meanwhile); a later reply of its is ignored.
