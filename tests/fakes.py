@@ -3,7 +3,8 @@ loop without Flower's engines), records, replies and a no-op central evaluation.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TypeVar
 
@@ -13,7 +14,7 @@ from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 from edgefleet.loop.context import RoundContext, in_round
 from edgefleet.loop.registry import DeviceRegistry
 from edgefleet.loop.roundloop import RoundCallback, RoundResult
-from edgefleet.simulation.inprocess import Handler, InProcessGrid
+from edgefleet.simulation.inprocess import Handler, InProcessGrid, answer
 
 S = TypeVar("S")
 
@@ -69,3 +70,28 @@ class Rows(RoundCallback):
 
     def last(self, section: type[S]) -> S:
         return self.results[-1].context.section(section)
+
+
+class UploadingGrid(InProcessGrid):
+    """Flower's deployment grid as it pulls: a reply is found as soon as its header is in,
+    and the same ``pull_messages`` call then waits for its arrays. Node ``slow``'s arrays
+    arrive only when ``uploaded`` is set (or after ``limit`` seconds)."""
+
+    synchronous = False
+
+    def __init__(self, handlers: dict[int, Handler], slow: int, limit: float) -> None:
+        super().__init__(handlers)
+        self.slow, self.limit = slow, limit
+        self.uploaded = threading.Event()
+
+    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
+        out = []
+        for mid in list(message_ids):
+            msg = self._pushed.pop(mid, None)
+            if msg is None:
+                continue
+            if msg.metadata.dst_node_id == self.slow:
+                self.uploaded.wait(self.limit)  # the call waits out the upload
+            if (reply := answer(self.handlers[msg.metadata.dst_node_id], msg)) is not None:
+                out.append(reply)
+        return out

@@ -4,7 +4,6 @@ and the loop on the in-process engine's grids (a virtual-time grid for arrival o
 from __future__ import annotations
 
 import sys
-import threading
 import time
 import types
 from collections.abc import Iterable
@@ -31,7 +30,7 @@ from edgefleet.strategies.fedvarp import FedVARP
 from edgefleet.strategies.mifa import MIFA
 from edgefleet.strategies.robust import RobustAggregation
 from edgefleet.wire import DISPATCH
-from tests.fakes import Rows, rec, train_reply
+from tests.fakes import Rows, UploadingGrid, rec, train_reply
 
 # -- staleness weights: hand-computed ---------------------------------------------------------
 
@@ -388,31 +387,6 @@ def test_a_sleeping_slow_device_does_not_hold_the_versions_back() -> None:
     slow_version = next(i for i, r in enumerate(rows.results) if 4 in r.participant_nodes)
     assert slow_version >= 2, [r.participant_nodes for r in rows.results]
     assert rows.results[slow_version].extra["staleness_max"] >= 2
-
-
-class UploadingGrid(InProcessGrid):
-    """Flower's deployment grid as it pulls: a reply is found as soon as its header is in,
-    and the same ``pull_messages`` call then waits for its arrays. Node ``slow``'s arrays
-    arrive only when ``uploaded`` is set (or after ``limit`` seconds)."""
-
-    synchronous = False
-
-    def __init__(self, handlers: dict[int, Handler], slow: int, limit: float) -> None:
-        super().__init__(handlers)
-        self.slow, self.limit = slow, limit
-        self.uploaded = threading.Event()
-
-    def pull_messages(self, message_ids: Iterable[str]) -> list[Message]:
-        out = []
-        for mid in list(message_ids):
-            msg = self._pushed.pop(mid, None)
-            if msg is None:
-                continue
-            if msg.metadata.dst_node_id == self.slow:
-                self.uploaded.wait(self.limit)  # the call waits out the upload
-            if (reply := answer(self.handlers[msg.metadata.dst_node_id], msg)) is not None:
-                out.append(reply)
-        return out
 
 
 def test_a_slow_upload_does_not_hold_the_other_replies_back() -> None:

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import types
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from edgefleet.algorithms.selection import SelectionError
@@ -25,7 +27,7 @@ from edgefleet.loop.registry import DeviceRegistry, DeviceStatus, screen_telemet
 from edgefleet.loop.roundloop import RoundLoop
 from edgefleet.loop.timing import LinkEstimate, RoundWait, TimingError
 from edgefleet.strategies.energy_selection import EnergyAgeSelection
-from tests.fakes import FakeGrid, Rows, by_hand, no_eval, rec, train_reply
+from tests.fakes import FakeGrid, Rows, UploadingGrid, by_hand, no_eval, rec, train_reply
 from tests.test_ehfedsag import FakeDevice
 
 W0 = {"w": np.ones((4, 4), np.float32)}
@@ -304,3 +306,27 @@ def test_bad_wait_settings_name_the_choices() -> None:
     cfg = parse_run_config({"timeout-mode": "expected", "selection.mode": "energy-age",
                             "selection.deadline": 30.0})  # fmt: skip
     assert cfg.server.timeout_mode == "expected" and cfg.energy.deadline == 30.0
+
+
+def test_a_deadline_round_does_not_wait_out_a_slow_upload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On Flower's deployment grid (stood in for by UploadingGrid) node 2's reply has
+    announced itself but its arrays do not arrive within the round's 0.5 s: the exchange
+    ends at the wait with node 1's reply alone, stamped when it came, not after node 2's
+    download. (Pulled in the loop's thread, the call would wait out the upload: the test
+    then fails after ``limit`` seconds.)"""
+    monkeypatch.setitem(sys.modules, "flwr.superlink.grid.http_grid",
+                        types.SimpleNamespace(HttpGrid=UploadingGrid))  # fmt: skip
+    grid = UploadingGrid({n: lambda m: train_reply(m, ArrayRecord(), 1) for n in (1, 2)},
+                         slow=2, limit=10.0)  # fmt: skip
+    messages = [
+        Message(
+            RecordDict({"config": ConfigRecord({})}), dst_node_id=n, message_type=MessageType.TRAIN
+        )  # fmt: skip
+        for n in (1, 2)
+    ]
+    try:
+        ex = timing.exchange(grid, messages, [0.5, 0.5], poll_s=0.01)
+    finally:
+        grid.uploaded.set()
+    assert [r.metadata.src_node_id for r in ex.replies] == [1]
+    assert ex.arrived_s[messages[0].metadata.message_id] < 0.5

@@ -301,7 +301,7 @@ class AsyncLoop:
         self.background_pull = (
             pulls_wait_on_uploads(grid) if background_pull is None else background_pull
         )
-        self._puller = ReplyPuller(grid, self.background_pull, settings.concurrency)
+        self._puller = ReplyPuller(grid, self.background_pull, self.poll_s)
         self.norms: deque[float] = deque(maxlen=NORM_HISTORY_ROUNDS * settings.buffer_size)
         self._node_links: dict[int, LinkEstimate] = {}
         self._started: dict[int, int] = {}  # node -> dispatch count when it last started
@@ -410,7 +410,8 @@ class AsyncLoop:
                 self.sleep(self.poll_s)
                 continue
             idle_since = None
-            replies = self._puller.pull(list(flights))
+            # (In the background the pull itself waits for a reply, up to a poll.)
+            replies = self._puller.pull(list(flights), self.poll_s if self.background_pull else 0)
             now = self.clock()
             # A device that has held its slot too long loses it (checked on every poll: the
             # others' replies keep coming meanwhile); a later reply of its is ignored.
@@ -423,7 +424,8 @@ class AsyncLoop:
                     self._drop(period, self.registry.name(f.node),
                                f"no reply within {self.reply_timeout:g} s")  # fmt: skip
             if not replies:
-                self.sleep(self.poll_s)
+                if not self.background_pull:
+                    self.sleep(self.poll_s)
                 continue
             for reply in replies:
                 got = flights.pop(reply.metadata.reply_to_message_id, None)

@@ -46,6 +46,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from edgefleet.errors import SettingError
+from edgefleet.loop.pulling import ReplyPuller, pulls_wait_on_uploads
 
 if TYPE_CHECKING:  # (the run config imports this module's wait modes)
     from edgefleet.config import ServerConfig
@@ -247,21 +248,32 @@ def exchange(
     pending = set(ids)
     replies: list[Message] = []
     arrived: dict[str, float] = {}
-    while pending:
-        got = list(grid.pull_messages(pending))
-        now = time.monotonic() - start
-        for reply in got:
-            rid = reply.metadata.reply_to_message_id
-            if rid in pending:
-                pending.discard(rid)
-                arrived[rid] = now
-                replies.append(reply)
-        if not pending:
-            break
-        left = max(waits_by_id[i] for i in pending) - now
-        if left <= 0:
-            break
-        time.sleep(min(poll_s, left))
+    # On the Deployment Engine a reply still uploading at the deadline is not waited for,
+    # and a fast reply's arrival is not stamped after a slow one's download
+    # (edgefleet.loop.pulling).
+    background = pulls_wait_on_uploads(grid)
+    puller = ReplyPuller(grid, background, poll_s)
+    try:
+        left = max(waits_by_id.values(), default=0.0)
+        while pending:
+            # (In the background the pull itself waits for a reply, up to a poll.)
+            got = puller.pull(sorted(pending), min(poll_s, left) if background else 0)
+            now = time.monotonic() - start
+            for reply in got:
+                rid = reply.metadata.reply_to_message_id
+                if rid in pending:
+                    pending.discard(rid)
+                    arrived[rid] = now
+                    replies.append(reply)
+            if not pending:
+                break
+            left = max(waits_by_id[i] for i in pending) - now
+            if left <= 0:
+                break
+            if not background:
+                time.sleep(min(poll_s, left))
+    finally:
+        puller.close()
     return Exchange(replies, arrived, waits_by_id, {i: sent[i][0] for i in ids if i in sent})
 
 
