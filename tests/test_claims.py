@@ -393,6 +393,15 @@ def test_pruning_field_verdict_follows_the_figures() -> None:
     assert "Taylor score): near the full model, does not beat" in row.measure(lines).verdict
     seeds[1]["final_accuracy"] = 0.70
     assert "Taylor score): not near the full model" in row.measure(lines).verdict
+    # A form left out of a regime's files is said to be, with the reason, not dropped.
+    lines = _lines(row)
+    del lines[1]["settings"][0]["curvature-seed"], lines[1]["sizes"]["variant_lr"]["curvature-seed"]
+    del lines[0]["settings"][0]["chosen_lr"]["curvature-seed"]
+    got = row.measure(lines)
+    assert got.verdict.endswith(
+        "CA-HFP (the seed's signed Hutchinson score): not run in this regime"
+    )
+    assert "Hutchinson score) not run in this regime (its Hutchinson Hessian" in got.why
 
 
 def test_warmstart_modes_verdict_follows_the_figures() -> None:

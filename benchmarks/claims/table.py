@@ -648,6 +648,12 @@ PRUNING_FIELD_NAMES = {
     "fjord": "FjORD",
 }
 PRUNING_FIELD_FORMS = ("curvature", "curvature-seed")
+# Why a form is missing from a regime's files (said in its row).
+PRUNING_UNRUN_WHY = {
+    "curvature-seed": "its Hutchinson Hessian diagonal made a CIFAR-10 run take 17 min on this "
+    "2-core machine against 2-6 min for the others, and the four rates of its sweep and its "
+    "seeds did not fit the session; its Fashion-MNIST figures are in the row above",
+}
 PRUNING_FIELD_BASELINES = ("heterofl", "fedrolex", "fjord")
 PRUNING_FIELD_PAPER = (
     "the paper (as the seed gives it): CIFAR-10 at alpha 0.1, CA-HFP 73.12 % and 62.84 % "
@@ -700,6 +706,13 @@ def pruning_field(lines: Sequence[Line]) -> Measured:
             f"{pts(mean(_finals(per[f])) - mean(_finals(per[best])))} against "
             f"{PRUNING_FIELD_NAMES[best]} (above it in {ahead} of {len(seeds)} seeds)"
         )
+    unrun = [f for f in PRUNING_FIELD_FORMS if f not in per]
+    verdicts += [f"{PRUNING_FIELD_NAMES[f]}: not run in this regime" for f in unrun]
+    why += [
+        f"{PRUNING_FIELD_NAMES[f]} not run in this regime "
+        f"({PRUNING_UNRUN_WHY.get(f, 'not in the files')})"
+        for f in unrun
+    ]
     why.append(
         f"{sizes['rounds']} rounds of {sizes['model']} on {DATASET_NAMES[sizes['dataset']]}, "
         f"not the paper's regime (CIFAR-10 with the full model past 60 %; pending: {NO_DEVICE})"
