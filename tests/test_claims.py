@@ -404,6 +404,23 @@ def test_pruning_field_verdict_follows_the_figures() -> None:
     assert "Hutchinson score) not run in this regime (its Hutchinson Hessian" in got.why
 
 
+def test_pruning_field_row_with_baselines_run_on_the_sweeps_seed_only() -> None:
+    row = _row("CA-HFP against the field, Fashion")
+    lines = _lines(row)
+    del lines[1]["settings"][0]["heterofl"], lines[1]["sizes"]["variant_lr"]["heterofl"]
+    got = row.measure(lines)
+    assert "best baseline of those run at every seed: FjORD" in got.measured
+    assert got.verdict.startswith("CA-HFP (EdgeFleet's Taylor score): near the full model, beats")
+    assert "HeteroFL run on the sweep's seed only: at their picks their last-5 means 0.678" in (
+        got.why
+    )
+    # An unseeded baseline above the best seeded one on the sweep's seed: not judged.
+    lines[0]["settings"][0]["heterofl@lr0.1"]["last_accuracy"] = 0.99
+    got = row.measure(lines)
+    assert "Taylor score): near the full model, the best baseline not judged" in got.verdict
+    assert "(above it: the best baseline is not judged)" in got.why
+
+
 def test_warmstart_modes_verdict_follows_the_figures() -> None:
     row = _row("Warm start against its own baselines, MNIST")
     got = row.measure(_lines(row))
