@@ -1039,6 +1039,15 @@ ROWS: tuple[Row, ...] = (
         "than one of them",
     ),
     Row(
+        "Warm start against its own baselines, CIFAR-10 (arXiv 2410.05662)",
+        "the MNIST row's question on CIFAR-10 SmallCNN: pilot against `average` and `fresh` "
+        "(Continuous and `previous`, made with the same command and seeds, are in the first "
+        "warm-start row's CIFAR-10 file)",
+        ("warmstart_claims-cifar10-modes-2026-12-06.json",),
+        warmstart_modes,
+        "as the MNIST row",
+    ),
+    Row(
         "EH-FedSAG, paper's regime (arXiv 2606.18758)",
         "SAGA memory makes EH-FedAvg stable when energy is scarce and data non-IID: late-stage "
         "variance 0.94 -> 0.04, about +3 points; CIFAR-10, SmallCNN, K 100, M 25, P_h 0.02 "
@@ -1088,6 +1097,17 @@ ROWS: tuple[Row, ...] = (
         "above in every seed",
     ),
     Row(
+        "EH-FedSAG against the field, CIFAR-10 on CPU (arXiv 2606.18758)",
+        "the Fashion-MNIST row's question on the paper's data set, CIFAR-10 SmallCNN, sized to "
+        "about an hour on 2 cores",
+        (
+            "fedsag_claims-field-cifar10-a0.1-ph0.05-sweep-2026-12-06.json",
+            "fedsag_claims-field-cifar10-a0.1-ph0.05-seeds-2026-12-06.json",
+        ),
+        fedsag_field,
+        "as the Fashion-MNIST row",
+    ),
+    Row(
         "CA-HFP on CIFAR-10 (arXiv 2603.12591)",
         "curvature-aware structured pruning stays near the full model and beats magnitude and "
         "random pruning; without server reconstruction accuracy drops; resnet8, the paper's "
@@ -1123,6 +1143,17 @@ ROWS: tuple[Row, ...] = (
         "of the full model's; it beats the best baseline (of HeteroFL, FedRolex and FjORD, the "
         "highest mean final accuracy) when its mean final accuracy is above that baseline's and "
         "its final is above in every seed",
+    ),
+    Row(
+        "CA-HFP against the field, CIFAR-10 on CPU (arXiv 2603.12591)",
+        "the Fashion-MNIST row's question on the paper's data set, CIFAR-10 SmallCNN, sized to "
+        "about an hour on 2 cores",
+        (
+            "pruning_claims-field-cifar10-a0.1-sweep-2026-12-06.json",
+            "pruning_claims-field-cifar10-a0.1-seeds-2026-12-06.json",
+        ),
+        pruning_field,
+        "as the Fashion-MNIST row",
     ),
     Row(
         "Data-free stopping (arXiv 2601.22669)",
@@ -1177,17 +1208,6 @@ UNMEASURED: tuple[Unmeasured, ...] = (
         NO_DEVICE,
     ),
     Unmeasured(
-        "EH-FedSAG against the field, CIFAR-10 on CPU (arXiv 2606.18758)",
-        "the Fashion-MNIST row's comparison on CIFAR-10 SmallCNN, sized to about an hour on 2 "
-        "cores, 3 seeds",
-        "python -m benchmarks.claims.fedsag_claims --dataset cifar10 --data-dir ../shared/data "
-        "--devices 20 --max-devices 5 --rounds 60 --alphas 0.1 --harvest-probs 0.05 --seeds 0 "
-        f"--lrs 0.01,0.03,0.1 --variants {FIELD_VARIANTS} --eval-samples 1000 "
-        "--engine inprocess --workers 1",
-        "then the seeds at each pick, as for Fashion-MNIST",
-        "the CPU hours went to the Fashion-MNIST regime first",
-    ),
-    Unmeasured(
         "CA-HFP against the field, the paper's regime (arXiv 2603.12591)",
         "CIFAR-10 with the full model past 60 %: CA-HFP and the seed's signed Hutchinson score "
         "against HeteroFL, FedRolex and FjORD at the same keep ratios",
@@ -1199,32 +1219,6 @@ UNMEASURED: tuple[Unmeasured, ...] = (
         "`curvature-seed,heterofl,fedrolex,fjord` to `--variants` and `--lrs 0.01,0.03,0.1,0.3` "
         "on seed 0, then `--variant-lr` per variant",
         NO_DEVICE,
-    ),
-    Unmeasured(
-        "CA-HFP against the field, CIFAR-10 on CPU (arXiv 2603.12591)",
-        "the Fashion-MNIST row's comparison on CIFAR-10 SmallCNN, sized to about an hour on 2 "
-        "cores, 3 seeds",
-        "python -m benchmarks.claims.pruning_claims --dataset cifar10 --model smallcnn "
-        "--alphas 0.1 --devices 8 --rounds 30 --seeds 0 --lrs 0.01,0.03,0.1,0.3 "
-        "--variants full,curvature,curvature-seed,heterofl,fedrolex,fjord --eval-samples 1000 "
-        "--engine inprocess --data-dir ../shared/data",
-        "then the seeds at each pick, as for Fashion-MNIST",
-        "the CPU hours went to the Fashion-MNIST regime first",
-    ),
-    Unmeasured(
-        "Warm start against its own baselines, CIFAR-10 (arXiv 2410.05662)",
-        "the MNIST row's comparison (pilot against `average` and `fresh`, beside Continuous) "
-        "on CIFAR-10 SmallCNN, 3 seeds",
-        "python -m benchmarks.claims.warmstart_claims --datasets cifar10 --model smallcnn "
-        "--devices 8 "
-        "--alpha 0.7 --overlaps 0 --strategies fedavg --modes pilot,previous,continuous,average,"
-        "fresh --sessions 5 --rounds-per-session 30 --pilot-sessions 1 --local-steps 5 "
-        "--batch-size 128 --lr 0.05 --lr-schedule session-poly --lr-min-ratio 0.5 "
-        "--reset-after-pilot --eval-samples 1000 --seeds 0,1,2 --target 0.6 --engine inprocess "
-        "--data-dir ../shared/data",
-        "",
-        "the CPU hours went to the MNIST regime first (the CIFAR-10 row above took 56 min for "
-        "three modes)",
     ),
     Unmeasured(
         "EH-FedSAG (arXiv 2606.18758)",
