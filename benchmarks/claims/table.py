@@ -429,6 +429,21 @@ class FieldRuns:
         return cls(sizes, sweep, sw, st, lrs, chosen, seeds_of(runs), per)
 
 
+def _unseeded_note(
+    names: Mapping[str, str], unseeded: Sequence[str], at_pick: Mapping[str, float], best: str
+) -> str:
+    """Why a row's baselines run on the sweep's seed only do or do not leave its verdict
+    against the best baseline standing (on that seed, each below the best one's pick)."""
+    above = any(at_pick[v] >= at_pick[best] for v in unseeded)
+    return (
+        f"{', '.join(names[v] for v in unseeded)} run on the sweep's seed only: at their picks "
+        "their last-5 means "
+        + ", ".join(f3(at_pick[v]) for v in unseeded)
+        + f" against {names[best]}'s {f3(at_pick[best])}"
+        + (" (above it: the best baseline is not judged)" if above else "")
+    )
+
+
 def fedsag_field(lines: Sequence[Line]) -> Measured:
     """FedSAG's two forms against EH-FedAvg, MIFA, FedVARP and SCAFFOLD, each at the client
     learning rate its own seed-0 sweep picked: the sweep's file (``--lrs``) first, then the
@@ -479,15 +494,7 @@ def fedsag_field(lines: Sequence[Line]) -> Measured:
         if f not in per
     }
     verdict = "; ".join(f"{FIELD_NAMES[f]}: {verdicts[f]}" for f in FIELD_FORMS)
-    why = []
-    if unseeded:
-        why.append(
-            f"{', '.join(FIELD_NAMES[v] for v in unseeded)} run on the sweep's seed only: at "
-            "their picks their last-5 means "
-            + ", ".join(f3(at_pick[v]) for v in unseeded)
-            + f" against {FIELD_NAMES[best]}'s {f3(at_pick[best])}"
-            + (" (above it: the best baseline is not judged)" if open_question else "")
-        )
+    why = [_unseeded_note(FIELD_NAMES, unseeded, at_pick, best)] if unseeded else []
     for f in forms:
         ahead = sum(a > b for a, b in zip(_finals(per[f]), _finals(per[best]), strict=True))
         why.append(
@@ -720,14 +727,7 @@ def pruning_field(lines: Sequence[Line]) -> Measured:
             f"{PRUNING_FIELD_NAMES[best]} (above it in {ahead} of {len(seeds)} seeds)"
         )
     if unseeded:
-        why.insert(
-            0,
-            f"{', '.join(PRUNING_FIELD_NAMES[v] for v in unseeded)} run on the sweep's seed "
-            "only: at their picks their last-5 means "
-            + ", ".join(f3(at_pick[v]) for v in unseeded)
-            + f" against {PRUNING_FIELD_NAMES[best]}'s {f3(at_pick[best])}"
-            + (" (above it: the best baseline is not judged)" if open_question else ""),
-        )
+        why.insert(0, _unseeded_note(PRUNING_FIELD_NAMES, unseeded, at_pick, best))
     unrun = [f for f in PRUNING_FIELD_FORMS if f not in per]
     verdicts += [f"{PRUNING_FIELD_NAMES[f]}: not run in this regime" for f in unrun]
     why += [
