@@ -474,7 +474,13 @@ def _check_baselines(cfg: RunConfig) -> None:
 def _check_async(cfg: RunConfig) -> None:
     """What asynchronous aggregation does not support yet is refused before the run starts,
     naming the key (docs/how-to/async-aggregation.md says why each is not there yet)."""
-    if not cfg.aggregation.enabled:
+    a = cfg.aggregation
+    if a.server_lr_min > a.server_lr:
+        raise ConfigError(
+            f"run config: async.server-lr-min = {a.server_lr_min!r} is above async.server-lr "
+            f"= {a.server_lr!r}; the cosine server step decays from the second to the first"
+        )
+    if not a.enabled:
         return
     p = cfg.pruning
     pruned = p.keep_ratio < 1 or any(r < 1 for r in p.keep_ratios)

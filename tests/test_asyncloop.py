@@ -61,6 +61,20 @@ def test_bad_settings_name_the_choices() -> None:
         AsyncSettings(server_lr=float("nan"))
     with pytest.raises(ValueError, match="staleness -1"):
         staleness_weight("constant", -1)
+    with pytest.raises(AsyncSettingError, match="valid: constant, cosine"):
+        AsyncSettings(server_lr_schedule="linear")
+    with pytest.raises(AsyncSettingError, match="server_lr_min=0.6 .* from 0 to server_lr"):
+        AsyncSettings(server_lr=0.5, server_lr_min=0.6, server_lr_schedule="cosine")
+
+
+def test_cosine_server_step_by_hand() -> None:
+    """From server_lr at version 1 towards server_lr_min, reached one version after the last:
+    lr_v = min + (lr - min) (1 + cos(pi (v - 1) / N)) / 2."""
+    s = AsyncSettings(server_lr=1.0, server_lr_min=0.25, server_lr_schedule="cosine")
+    got = [s.server_lr_at(v, 4) for v in (1, 2, 3, 4)]
+    assert got == pytest.approx([1.0, 0.25 + 0.375 * (1 + 0.5**0.5), 0.625,
+                                 0.25 + 0.375 * (1 - 0.5**0.5)])  # fmt: skip
+    assert AsyncSettings(server_lr=0.5, server_lr_min=0.1).server_lr_at(3, 4) == 0.5
 
 
 # -- the loop ---------------------------------------------------------------------------------
@@ -118,6 +132,19 @@ def test_loop_step_equals_fedbuff_by_hand() -> None:
     np.testing.assert_allclose(out.arrays["w"].numpy(), want["w"], rtol=1e-6)
     r2 = rows.results[1].extra
     assert (r2["staleness_min"], r2["staleness_max"], r2["accepted"]) == (0, 1, 2)
+    assert r2["server_lr"] == 0.5
+
+
+def test_the_loop_takes_the_cosine_step_of_each_version() -> None:
+    """Two versions of one device's fresh +[1, 0] updates (buffer 1): the steps are the
+    schedule's (1 then 0.5 at lr 1 -> 0 over 2 versions), and each row says which it took."""
+    s = AsyncSettings(buffer_size=1, concurrency=1, server_lr_schedule="cosine")
+    grid = VirtualTimeGrid({1: mover(np.array([1.0, 0.0]), 1)}, lambda node, k: 1.0)
+    rows = Rows()
+    loop = AsyncLoop(FedAvg(), grid, s, callbacks=[rows], clock=grid.clock, sleep=lambda _: None)
+    out = loop.run(rec(w=W0), 2)
+    assert [r.extra["server_lr"] for r in rows.results] == pytest.approx([1.0, 0.5])
+    np.testing.assert_allclose(out.arrays["w"].numpy(), [1.5, 0.0])
 
 
 def _noisy_fleet(seed: int, nodes: int = 5) -> VirtualTimeGrid:
@@ -303,6 +330,10 @@ def test_async_keys_parse_and_bad_values_name_the_choices() -> None:
         parse_run_config({"async.staleness": "exponential"})
     with pytest.raises(ConfigError, match="async.buffer-size"):
         parse_run_config({"async.buffer-size": 0})
+    with pytest.raises(ConfigError, match="must be one of constant, cosine"):
+        parse_run_config({"async.server-lr-schedule": "step"})
+    with pytest.raises(ConfigError, match="async.server-lr-min = 2.0 is above async.server-lr"):
+        parse_run_config({"async.server-lr-min": 2.0})
 
 
 @pytest.mark.parametrize(

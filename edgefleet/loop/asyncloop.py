@@ -110,7 +110,12 @@ from edgefleet.loop.screening import (
     norm_reference,
     reply_metrics,
 )
-from edgefleet.loop.staleness import STALENESS_FUNCTIONS, AsyncSettings, summarise
+from edgefleet.loop.staleness import (
+    SERVER_LR_SCHEDULES,
+    STALENESS_FUNCTIONS,
+    AsyncSettings,
+    summarise,
+)
 from edgefleet.loop.status import bounded_reason, fleet_facts, is_unreachable
 from edgefleet.loop.timing import DEFAULT_POLL_S, LinkEstimate
 from edgefleet.settings import at_least, choice, positive, setting
@@ -169,6 +174,19 @@ class AsyncConfig:
     )
     server_lr: float = setting(
         "async.server-lr", 1.0, positive, "async: server learning rate of each version's step"
+    )
+    server_lr_schedule: str = setting(
+        "async.server-lr-schedule",
+        "constant",
+        choice(SERVER_LR_SCHEDULES),
+        "async: `constant` server step, or `cosine` from `async.server-lr` down to "
+        "`async.server-lr-min` over the run's versions",
+    )
+    server_lr_min: float = setting(
+        "async.server-lr-min",
+        0.0,
+        at_least(0.0),
+        "async: where the `cosine` server step ends (at most `async.server-lr`)",
     )
     max_staleness: int = setting(
         "async.max-staleness",
@@ -311,6 +329,7 @@ class AsyncLoop:
         self._live: Callable[[], tuple[int, list[Buffered], dict[str, Flight], _Period, int]]
         self._live = lambda: (0, [], {}, _Period(), 0)
         self._restored: dict[str, Any] = {}  # what load_state_dict found of a stopped buffer
+        self._num_versions = 0
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -362,6 +381,7 @@ class AsyncLoop:
             return version, buffer, flights, period, dispatches
 
         self._live = live
+        self._num_versions = num_versions  # (the server step's schedule spans the run)
         ctx = self._context(version + 1)
         template = self._template(ctx, version + 1, arrays, train_config)
         idle_since: float | None = None
@@ -612,7 +632,8 @@ class AsyncLoop:
                 return None, {}
             # Inside the try: a user's strategy that drops or reshapes an array must not end
             # the run here either.
-            stepped = server_step(arrays, keep_dtypes(new, arrays), self.settings.server_lr)
+            lr = self.settings.server_lr_at(version, self._num_versions)
+            stepped = server_step(arrays, keep_dtypes(new, arrays), lr)
         except Exception as err:  # noqa: BLE001
             log(WARNING, "Version %d not made (buffer dropped): aggregation failed: %s",
                 version, bound_reason(f"{type(err).__name__}: {err}"))  # fmt: skip
@@ -653,6 +674,7 @@ class AsyncLoop:
             "dropped": dropped,
             **summarise(period.staleness),
             "in_flight": len(flights),
+            "server_lr": self.settings.server_lr_at(version, self._num_versions),
         }
         return RoundResult(
             round=version,
@@ -869,7 +891,8 @@ class FedBuff(LoopStrategy):
     num_rounds=100)`` makes 100 global versions asynchronously (module docstring), with
     your own ClientApp unchanged. ``staleness`` is ``"polynomial"`` (``(1+s)^-a``, default
     ``a = 0.5``), ``"constant"`` or ``"hinge"`` (``a``, ``b``); ``server_lr`` scales each
-    step; ``max_staleness`` (> 0) drops older updates."""
+    step (``server_lr_schedule="cosine"``: from ``server_lr`` down to ``server_lr_min`` over
+    the run's versions); ``max_staleness`` (> 0) drops older updates."""
 
     def __init__(
         self,
@@ -882,6 +905,8 @@ class FedBuff(LoopStrategy):
         b: int = 4,
         server_lr: float = 1.0,
         max_staleness: int = 0,
+        server_lr_schedule: str = "constant",
+        server_lr_min: float = 0.0,
     ) -> None:
         super().__init__(inner)
         self.async_settings = AsyncSettings(
@@ -892,6 +917,8 @@ class FedBuff(LoopStrategy):
             b=b,
             server_lr=server_lr,
             max_staleness=max_staleness,
+            server_lr_schedule=server_lr_schedule,
+            server_lr_min=server_lr_min,
         )
 
     def settings(self) -> dict[str, object]:

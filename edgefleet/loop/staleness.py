@@ -17,7 +17,12 @@ The server step (FedBuff's Algorithm 1, server side) over the buffer ``B`` is
 
     x <- x + eta_g * sum_{i in B} n_i w(s_i) delta_i / sum_{i in B} n_i
 
-with ``delta_i`` = the device's model minus the model it was sent (its base). FedBuff's own
+with ``delta_i`` = the device's model minus the model it was sent (its base). The server
+step ``eta_g`` is constant (``server_lr_schedule = "constant"``) or follows a cosine from
+``server_lr`` down to ``server_lr_min`` over the run's versions (``"cosine"``,
+:meth:`AsyncSettings.server_lr_at`): a large step early reaches a usable model in few
+versions, a small one late averages the buffers of a non-IID fleet instead of swinging the
+model towards each buffer's devices (docs/how-to/async-aggregation.md). FedBuff's own
 normalisation is ``1/K`` with every ``n_i`` equal (its clients all run the same number of
 local steps): :func:`fedbuff_step` with equal weights is exactly that, and it is what
 EdgeFleet's loop computes with an inner strategy that weights replies equally
@@ -56,6 +61,7 @@ class Staleness(StrEnum):
 
 
 STALENESS_FUNCTIONS: tuple[str, ...] = tuple(m.value for m in Staleness)
+SERVER_LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
 
 
 class AsyncSettingError(SettingError):
@@ -80,8 +86,9 @@ class AsyncSettings:
     """How the asynchronous loop runs (module docstring of :mod:`edgefleet.loop.
     asyncloop`): ``concurrency`` devices training at once, a new model every ``buffer_size``
     accepted updates, each weighted by ``staleness`` (with ``a``, and ``b`` for hinge), the
-    server learning rate ``server_lr``, and updates more than ``max_staleness`` versions old
-    dropped (0: none dropped)."""
+    server learning rate ``server_lr`` (constant, or a cosine down to ``server_lr_min`` over
+    the run's versions: ``server_lr_schedule``), and updates more than ``max_staleness``
+    versions old dropped (0: none dropped)."""
 
     concurrency: int = 10
     buffer_size: int = 5
@@ -90,6 +97,8 @@ class AsyncSettings:
     b: int = 4
     server_lr: float = 1.0
     max_staleness: int = 0
+    server_lr_schedule: str = "constant"
+    server_lr_min: float = 0.0
 
     @classmethod
     def from_config(cls, cfg: AsyncConfig) -> AsyncSettings:
@@ -102,6 +111,8 @@ class AsyncSettings:
             b=cfg.staleness_b,
             server_lr=cfg.server_lr,
             max_staleness=cfg.max_staleness,
+            server_lr_schedule=cfg.server_lr_schedule,
+            server_lr_min=cfg.server_lr_min,
         )
 
     def __post_init__(self) -> None:
@@ -118,6 +129,26 @@ class AsyncSettings:
             raise AsyncSettingError(f"a={self.a!r} must be a finite number >= 0")
         if not (math.isfinite(self.server_lr) and self.server_lr > 0):
             raise AsyncSettingError(f"server_lr={self.server_lr!r} must be a finite number > 0")
+        if self.server_lr_schedule not in SERVER_LR_SCHEDULES:
+            raise AsyncSettingError(
+                f"server_lr_schedule {self.server_lr_schedule!r}; valid: "
+                f"{', '.join(SERVER_LR_SCHEDULES)}"
+            )
+        if not (math.isfinite(self.server_lr_min) and 0 <= self.server_lr_min <= self.server_lr):
+            raise AsyncSettingError(
+                f"server_lr_min={self.server_lr_min!r} must be a finite number from 0 to "
+                f"server_lr ({self.server_lr!r}): the cosine schedule decays towards it"
+            )
+
+    def server_lr_at(self, version: int, num_versions: int) -> float:
+        """The server step that makes ``version`` (1-based) of a run of ``num_versions``.
+        The cosine reaches ``server_lr_min`` one version after the last, so no version's
+        step is wasted at 0."""
+        if self.server_lr_schedule == "constant" or num_versions < 1:
+            return self.server_lr
+        done = min(max(version - 1, 0), num_versions) / num_versions
+        span = self.server_lr - self.server_lr_min
+        return self.server_lr_min + span * 0.5 * (1.0 + math.cos(math.pi * done))
 
     def weight(self, s: int) -> float:
         return staleness_weight(self.staleness, s, self.a, self.b)
