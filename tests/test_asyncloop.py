@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, Message
 from flwr.serverapp.strategy import FedAvg, FedMedian
 
 from edgefleet.loop.asyncloop import AsyncLoop
+from edgefleet.loop.roundloop import LoopOutcome
 from edgefleet.loop.staleness import (
     AsyncSettingError,
     AsyncSettings,
@@ -507,6 +508,25 @@ def test_data_free_stopping_watches_the_versions() -> None:
     assert out.stop_reason != "budget" and out.rounds_run < 30
     norms = [r.context.section(StoppingRow).task_vector_norm for r in rows.results]
     assert all(n is not None for n in norms) and norms == sorted(norms)
+
+
+def test_a_decaying_server_step_slows_the_task_vector_and_data_free_stopping_sees_it() -> None:
+    """The composition the how-to warns of: devices that keep moving the model by the same
+    step never plateau at a constant server step (relative growth 1/v > tau over 30
+    versions), but the cosine to 0 shrinks each version's step, so the rule stops the run
+    before its budget. Both train; the stop is the schedule's doing, not the fleet's."""
+    from edgefleet.strategies.stopping import TaskVectorStopping
+
+    def run(schedule: str) -> LoopOutcome:
+        grid = VirtualTimeGrid({1: mover(np.array([1.0, 0.0]), 1)}, lambda node, k: 1.0)
+        stop = TaskVectorStopping(FedAvg(), tau=0.02, patience=2, keys=["w"])
+        s = AsyncSettings(buffer_size=1, concurrency=1, server_lr_schedule=schedule)
+        loop = AsyncLoop(stop, grid, s, clock=grid.clock, sleep=lambda _: None)
+        return loop.run(rec(w=W0), 30)
+
+    assert run("constant").stop_reason == "budget"
+    cosine = run("cosine")
+    assert cosine.stop_reason != "budget" and cosine.rounds_run < 30
 
 
 def test_a_device_that_never_answers_loses_its_slot_while_the_others_go_on() -> None:
