@@ -430,11 +430,15 @@ class FieldRuns:
 
 
 def _unseeded_note(
-    names: Mapping[str, str], unseeded: Sequence[str], at_pick: Mapping[str, float], best: str
+    names: Mapping[str, str],
+    unseeded: Sequence[str],
+    at_pick: Mapping[str, float],
+    best: str,
+    above: bool,
 ) -> str:
     """Why a row's baselines run on the sweep's seed only do or do not leave its verdict
-    against the best baseline standing (on that seed, each below the best one's pick)."""
-    above = any(at_pick[v] >= at_pick[best] for v in unseeded)
+    against the best baseline standing (``above``: one of them was at or above the best
+    one's pick on that seed)."""
     return (
         f"{', '.join(names[v] for v in unseeded)} run on the sweep's seed only: at their picks "
         "their last-5 means "
@@ -494,7 +498,11 @@ def fedsag_field(lines: Sequence[Line]) -> Measured:
         if f not in per
     }
     verdict = "; ".join(f"{FIELD_NAMES[f]}: {verdicts[f]}" for f in FIELD_FORMS)
-    why = [_unseeded_note(FIELD_NAMES, unseeded, at_pick, best)] if unseeded else []
+    why = (
+        [_unseeded_note(FIELD_NAMES, unseeded, at_pick, best, bool(open_question))]
+        if unseeded
+        else []
+    )
     for f in forms:
         ahead = sum(a > b for a, b in zip(_finals(per[f]), _finals(per[best]), strict=True))
         why.append(
@@ -727,7 +735,9 @@ def pruning_field(lines: Sequence[Line]) -> Measured:
             f"{PRUNING_FIELD_NAMES[best]} (above it in {ahead} of {len(seeds)} seeds)"
         )
     if unseeded:
-        why.insert(0, _unseeded_note(PRUNING_FIELD_NAMES, unseeded, at_pick, best))
+        why.insert(
+            0, _unseeded_note(PRUNING_FIELD_NAMES, unseeded, at_pick, best, bool(open_question))
+        )
     unrun = [f for f in PRUNING_FIELD_FORMS if f not in per]
     verdicts += [f"{PRUNING_FIELD_NAMES[f]}: not run in this regime" for f in unrun]
     why += [
