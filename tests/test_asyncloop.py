@@ -148,6 +148,41 @@ def test_the_loop_takes_the_cosine_step_of_each_version() -> None:
     np.testing.assert_allclose(out.arrays["w"].numpy(), [1.5, 0.0])
 
 
+def test_participation_weights_by_hand() -> None:
+    """Interval in versions x K / n, within [1/cap, cap]; 1 without the option."""
+    s = AsyncSettings(buffer_size=2, participation="interval", participation_cap=4.0)
+    assert s.participation_weight(20, 1, 4) == 4.0  # 1 update in 20 versions: 10, capped
+    assert s.participation_weight(12, 3, 4) == 2.0  # interval 4 x 2 / 4
+    assert s.participation_weight(10, 10, 2) == 1.0  # interval 1 x 2 / 2: an equal share
+    assert s.participation_weight(10, 40, 2) == 0.25  # 1/4 x 2 / 2 = 1/4: the floor 1/cap
+    assert s.participation_weight(10, 80, 2) == 0.25
+    assert AsyncSettings().participation_weight(20, 1, 4) == 1.0
+    with pytest.raises(AsyncSettingError, match="participation 'fedau'; valid: none, interval"):
+        AsyncSettings(participation="fedau")
+    with pytest.raises(AsyncSettingError, match="participation_cap=0.5 must be"):
+        AsyncSettings(participation="interval", participation_cap=0.5)
+
+
+def test_the_loop_weights_a_rare_device_by_its_participation_interval() -> None:
+    """Buffer 1, no staleness discount. Node 1 (+[1, 0]) answers at t = 1, 2, 3: versions
+    1-3 take it with weight 1 (interval 1, one device, K = 1). Node 2 (+[0, 1]) answers at
+    t = 3.5 with its first update: version 4, interval 4 in a fleet of 2 -> weight 4 x 1 / 2
+    = 2. Without the option it counts once."""
+
+    def run(participation: str) -> np.ndarray:
+        grid = VirtualTimeGrid(
+            {1: mover(np.array([1.0, 0.0]), 1), 2: mover(np.array([0.0, 1.0]), 1)},
+            lambda node, k: 1.0 if node == 1 else 3.5,
+        )
+        s = AsyncSettings(buffer_size=1, concurrency=2, staleness="constant",
+                          participation=participation)  # fmt: skip
+        loop = AsyncLoop(FedAvg(), grid, s, clock=grid.clock, sleep=lambda _: None)
+        return loop.run(rec(w=W0), 4).arrays["w"].numpy()
+
+    np.testing.assert_allclose(run("interval"), [3.0, 2.0])
+    np.testing.assert_allclose(run("none"), [3.0, 1.0])
+
+
 def _noisy_fleet(seed: int, nodes: int = 5) -> VirtualTimeGrid:
     rng = np.random.default_rng(seed)
     steps = {n: rng.normal(size=2).astype(np.float32) for n in range(1, nodes + 1)}

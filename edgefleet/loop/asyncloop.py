@@ -111,6 +111,7 @@ from edgefleet.loop.screening import (
     reply_metrics,
 )
 from edgefleet.loop.staleness import (
+    PARTICIPATION_WEIGHTS,
     SERVER_LR_SCHEDULES,
     STALENESS_FUNCTIONS,
     AsyncSettings,
@@ -187,6 +188,19 @@ class AsyncConfig:
         0.0,
         at_least(0.0),
         "async: where the `cosine` server step ends (at most `async.server-lr`)",
+    )
+    participation: str = setting(
+        "async.participation",
+        "none",
+        choice(PARTICIPATION_WEIGHTS),
+        "async: `none`, or `interval`: each update also weighted by its device's participation "
+        "interval in versions (FedAU), so rarely replying devices are not under-represented",
+    )
+    participation_cap: float = setting(
+        "async.participation-cap",
+        4.0,
+        at_least(1.0),
+        "async: the `interval` weight is kept within [1/cap, cap]",
     )
     max_staleness: int = setting(
         "async.max-staleness",
@@ -330,6 +344,9 @@ class AsyncLoop:
         self._live = lambda: (0, [], {}, _Period(), 0)
         self._restored: dict[str, Any] = {}  # what load_state_dict found of a stopped buffer
         self._num_versions = 0
+        # Accepted updates per device this run (the registry counts only devices bound to an
+        # id; a ClientApp without the device-id mod is counted here under its node).
+        self._updates: dict[str, int] = {}
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -619,8 +636,10 @@ class AsyncLoop:
         try:
             # A submodel reply (CA-HFP) is made full size against the version it was cut
             # from, so its pruned entries carry no update into the rebase.
+            shares = self._participation(version, buffer)
             replies = [rebase(self.hooks.full_size_reply(b.msg, b.base), arrays, b.base,
-                              self.settings.weight(b.staleness)) for b in buffer]  # fmt: skip
+                              self.settings.weight(b.staleness) * share)
+                       for b, share in zip(buffer, shares, strict=True)]  # fmt: skip
             replies.sort(
                 key=lambda m: device_order(claimed_device(m) or str(m.metadata.src_node_id))
             )
@@ -646,6 +665,21 @@ class AsyncLoop:
             metrics
         )
 
+    def _participation(self, version: int, buffer: list[Buffered]) -> list[float]:
+        """Each buffered update's participation weight (:meth:`AsyncSettings.
+        participation_weight`), from the accepted updates counted so far (the registry's
+        survive a resume) and this buffer's."""
+        if self.settings.participation == "none":
+            return [1.0] * len(buffer)
+        counts = {d: r.participation.count for d, r in self.registry.devices.items()}
+        for d, n in self._updates.items():
+            counts[d] = max(counts.get(d, 0), n)
+        for b in buffer:
+            counts[b.device] = counts.get(b.device, 0) + 1
+        devices = sum(1 for c in counts.values() if c > 0)
+        return [self.settings.participation_weight(version, counts[b.device], devices)
+                for b in buffer]  # fmt: skip
+
     def _result(
         self,
         version: int,
@@ -659,6 +693,8 @@ class AsyncLoop:
         last: bool,
     ) -> RoundResult:
         participants = [b.device for b in used]
+        for device in participants:
+            self._updates[device] = self._updates.get(device, 0) + 1
         self.registry.note_round(
             version, participants, period.declined, period.rejected, period.unreachable
         )
@@ -892,7 +928,9 @@ class FedBuff(LoopStrategy):
     your own ClientApp unchanged. ``staleness`` is ``"polynomial"`` (``(1+s)^-a``, default
     ``a = 0.5``), ``"constant"`` or ``"hinge"`` (``a``, ``b``); ``server_lr`` scales each
     step (``server_lr_schedule="cosine"``: from ``server_lr`` down to ``server_lr_min`` over
-    the run's versions); ``max_staleness`` (> 0) drops older updates."""
+    the run's versions); ``participation="interval"`` also weights each update by its
+    device's participation interval (within [1/``participation_cap``, cap]);
+    ``max_staleness`` (> 0) drops older updates."""
 
     def __init__(
         self,
@@ -907,6 +945,8 @@ class FedBuff(LoopStrategy):
         max_staleness: int = 0,
         server_lr_schedule: str = "constant",
         server_lr_min: float = 0.0,
+        participation: str = "none",
+        participation_cap: float = 4.0,
     ) -> None:
         super().__init__(inner)
         self.async_settings = AsyncSettings(
@@ -919,6 +959,8 @@ class FedBuff(LoopStrategy):
             max_staleness=max_staleness,
             server_lr_schedule=server_lr_schedule,
             server_lr_min=server_lr_min,
+            participation=participation,
+            participation_cap=participation_cap,
         )
 
     def settings(self) -> dict[str, object]:

@@ -13,6 +13,17 @@ update whose base model is ``s`` versions old (its *staleness*) is discounted by
 - ``hinge``: ``w(s) = 1`` for ``s <= b``, else ``1 / (a (s - b) + 1)``: no discount for
   updates at most ``b`` versions old, then a hyperbolic one (FedAsync's ``a = 10, b = 4``).
 
+Devices that reply rarely (a board on a slow link) are under-represented in a buffered
+asynchronous run: their data enters the model a few times against the fast devices' many.
+``participation = "interval"`` multiplies each update by its device's estimated participation
+interval, as FedAU does for devices of unknown participation rates (Wang and Ji, "A
+Lightweight Method for Tackling Unknown Participation Statistics in Federated Averaging",
+ICLR 2024), counted here in versions (:meth:`AsyncSettings.participation_weight`): a device
+with 1 update in ``v`` versions has interval ``v``; normalised by ``K / n`` (``n`` devices,
+``K`` updates a version), so a fleet whose devices reply at equal rates gets 1 everywhere;
+bounded to [1/cap, cap] (FedAU bounds its estimate too: a device's first updates say little
+of its rate).
+
 The server step (FedBuff's Algorithm 1, server side) over the buffer ``B`` is
 
     x <- x + eta_g * sum_{i in B} n_i w(s_i) delta_i / sum_{i in B} n_i
@@ -62,6 +73,7 @@ class Staleness(StrEnum):
 
 STALENESS_FUNCTIONS: tuple[str, ...] = tuple(m.value for m in Staleness)
 SERVER_LR_SCHEDULES: tuple[str, ...] = ("constant", "cosine")
+PARTICIPATION_WEIGHTS: tuple[str, ...] = ("none", "interval")
 
 
 class AsyncSettingError(SettingError):
@@ -87,8 +99,10 @@ class AsyncSettings:
     asyncloop`): ``concurrency`` devices training at once, a new model every ``buffer_size``
     accepted updates, each weighted by ``staleness`` (with ``a``, and ``b`` for hinge), the
     server learning rate ``server_lr`` (constant, or a cosine down to ``server_lr_min`` over
-    the run's versions: ``server_lr_schedule``), and updates more than ``max_staleness``
-    versions old dropped (0: none dropped)."""
+    the run's versions: ``server_lr_schedule``), each update also weighted by its device's
+    participation interval (``participation = "interval"``, bounded by
+    ``participation_cap``), and updates more than ``max_staleness`` versions old dropped
+    (0: none dropped)."""
 
     concurrency: int = 10
     buffer_size: int = 5
@@ -99,6 +113,8 @@ class AsyncSettings:
     max_staleness: int = 0
     server_lr_schedule: str = "constant"
     server_lr_min: float = 0.0
+    participation: str = "none"
+    participation_cap: float = 4.0
 
     @classmethod
     def from_config(cls, cfg: AsyncConfig) -> AsyncSettings:
@@ -113,6 +129,8 @@ class AsyncSettings:
             max_staleness=cfg.max_staleness,
             server_lr_schedule=cfg.server_lr_schedule,
             server_lr_min=cfg.server_lr_min,
+            participation=cfg.participation,
+            participation_cap=cfg.participation_cap,
         )
 
     def __post_init__(self) -> None:
@@ -139,6 +157,27 @@ class AsyncSettings:
                 f"server_lr_min={self.server_lr_min!r} must be a finite number from 0 to "
                 f"server_lr ({self.server_lr!r}): the cosine schedule decays towards it"
             )
+
+        if self.participation not in PARTICIPATION_WEIGHTS:
+            raise AsyncSettingError(
+                f"participation {self.participation!r}; valid: {', '.join(PARTICIPATION_WEIGHTS)}"
+            )
+        if not (math.isfinite(self.participation_cap) and self.participation_cap >= 1):
+            raise AsyncSettingError(
+                f"participation_cap={self.participation_cap!r} must be a finite number >= 1"
+            )
+
+    def participation_weight(self, version: int, updates: int, devices: int) -> float:
+        """The multiplier of an update that makes ``version`` from a device whose
+        ``updates``-th accepted update it is (this one included), in a fleet of ``devices``
+        that have sent one (module docstring): 1 with ``participation = "none"``."""
+        if self.participation == "none":
+            return 1.0
+        if version < 1 or updates < 1 or devices < 1:
+            raise ValueError(f"version {version}, updates {updates}, devices {devices}: each >= 1")
+        interval = version / updates
+        weight = self.buffer_size * interval / devices
+        return float(min(self.participation_cap, max(1.0 / self.participation_cap, weight)))
 
     def server_lr_at(self, version: int, num_versions: int) -> float:
         """The server step that makes ``version`` (1-based) of a run of ``num_versions``.
