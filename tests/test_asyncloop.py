@@ -370,6 +370,13 @@ def test_async_keys_parse_and_bad_values_name_the_choices() -> None:
         parse_run_config({"async.server-lr-schedule": "step"})
     with pytest.raises(ConfigError, match="async.server-lr-min = 2.0 is above async.server-lr"):
         parse_run_config({"async.server-lr-min": 2.0})
+    both = {"async.participation": "interval", "async.participation-cap": 2.0}
+    settings = AsyncSettings.from_config(parse_run_config(both).aggregation)
+    assert (settings.participation, settings.participation_cap) == ("interval", 2.0)
+    with pytest.raises(ConfigError, match="must be one of none, interval"):
+        parse_run_config({"async.participation": "fedau"})
+    with pytest.raises(ConfigError, match="async.participation-cap"):
+        parse_run_config({"async.participation-cap": 0.5})
 
 
 @pytest.mark.parametrize(
