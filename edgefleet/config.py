@@ -515,6 +515,11 @@ def _check_async(cfg: RunConfig) -> None:
             "SCAFFOLD's control variates are updated from one synchronous round's replies, "
             "all made from the same model; a stale reply's correction does not hold",
         ),
+        f"async.participation = {a.participation!r} with strategy = {cfg.server.strategy!r}": (
+            a.participation != "none" and cfg.server.strategy in SAGA_FAMILY,
+            "the server memory already counts every device's last update in each model; "
+            "the weight would count a rare device's stored update up to the cap times",
+        ),
         f"fraction-evaluate = {cfg.server.fraction_evaluate!r}": (
             cfg.server.fraction_evaluate > 0,
             "federated evaluation needs a round barrier; use central evaluation",

@@ -183,6 +183,19 @@ def test_the_loop_weights_a_rare_device_by_its_participation_interval() -> None:
     np.testing.assert_allclose(run("none"), [3.0, 1.0])
 
 
+def test_participation_weights_beside_a_server_memory_are_refused() -> None:
+    """FedSAG's memory (and MIFA's, FedVARP's) already counts each device's last update in
+    every version: the library refuses the interval weight beside it before the first one."""
+    from edgefleet.strategies.fedsag import FedSAG
+    from edgefleet.strategies.mifa import MIFA
+
+    grid = VirtualTimeGrid({1: mover(np.array([1.0, 0.0]), 1)}, lambda node, k: 1.0)
+    for memory in (FedSAG(), MIFA()):
+        with pytest.raises(ValueError, match=f"with {type(memory).__name__}'s memory"):
+            AsyncLoop(memory, grid, AsyncSettings(participation="interval"))
+        AsyncLoop(memory, grid, AsyncSettings())  # without the weights it composes
+
+
 def _noisy_fleet(seed: int, nodes: int = 5) -> VirtualTimeGrid:
     rng = np.random.default_rng(seed)
     steps = {n: rng.normal(size=2).astype(np.float32) for n in range(1, nodes + 1)}
@@ -392,6 +405,7 @@ def test_async_keys_parse_and_bad_values_name_the_choices() -> None:
         ({"stopping.mode": "validation"}, "stopping.mode = 'validation'"),
         ({"fraction-evaluate": 0.5}, "fraction-evaluate"),
         ({"strategy": "scaffold"}, "strategy = 'scaffold'"),
+        ({"strategy": "fedsag", "async.participation": "interval"}, "async.participation"),
     ],
 )
 def test_async_refuses_what_it_does_not_support(keys: dict[str, object], named: str) -> None:

@@ -60,7 +60,7 @@ from __future__ import annotations
 import io
 import math
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from logging import INFO, WARNING
@@ -317,6 +317,13 @@ class AsyncLoop:
                 )
             if d.round_barrier:
                 raise ValueError(d.round_barrier)
+            if d.device_memory and settings.participation != "none":
+                raise ValueError(
+                    f"participation weights ({settings.participation!r}) with {d.owner}'s "
+                    "memory: the memory already counts every device's last update in each "
+                    "model, and the weight would count a rare device's stored update up to "
+                    "the cap times in every one. Use one of them"
+                )
         self.fleet = fleet_facts(declarations)
         self.strategy, self.grid, self.settings = strategy, grid, settings
         self.evaluate_fn, self.evaluate_every = evaluate_fn, evaluate_every
@@ -344,8 +351,9 @@ class AsyncLoop:
         self._live = lambda: (0, [], {}, _Period(), 0)
         self._restored: dict[str, Any] = {}  # what load_state_dict found of a stopped buffer
         self._num_versions = 0
-        # Accepted updates per device this run (the registry counts only devices bound to an
-        # id; a ClientApp without the device-id mod is counted here under its node).
+        # Accepted updates per device (participation weights), every device under the name
+        # its rows use: the registry counts only devices bound to an id, and a ClientApp
+        # without EdgeFleet's mods has none. A resumed run starts from the registry's counts.
         self._updates: dict[str, int] = {}
 
     # -- the run ----------------------------------------------------------------------------
@@ -399,6 +407,8 @@ class AsyncLoop:
 
         self._live = live
         self._num_versions = num_versions  # (the server step's schedule spans the run)
+        self._updates = {d: r.participation.count for d, r in self.registry.devices.items()
+                         if r.participation.count}  # fmt: skip
         ctx = self._context(version + 1)
         template = self._template(ctx, version + 1, arrays, train_config)
         idle_since: float | None = None
@@ -667,17 +677,14 @@ class AsyncLoop:
 
     def _participation(self, version: int, buffer: list[Buffered]) -> list[float]:
         """Each buffered update's participation weight (:meth:`AsyncSettings.
-        participation_weight`), from the accepted updates counted so far (the registry's
-        survive a resume) and this buffer's."""
+        participation_weight`), from the accepted updates counted so far and this
+        buffer's."""
         if self.settings.participation == "none":
             return [1.0] * len(buffer)
-        counts = {d: r.participation.count for d, r in self.registry.devices.items()}
-        for d, n in self._updates.items():
-            counts[d] = max(counts.get(d, 0), n)
-        for b in buffer:
-            counts[b.device] = counts.get(b.device, 0) + 1
-        devices = sum(1 for c in counts.values() if c > 0)
-        return [self.settings.participation_weight(version, counts[b.device], devices)
+        here = Counter(b.device for b in buffer)
+        devices = len(self._updates) + sum(1 for d in here if d not in self._updates)
+        return [self.settings.participation_weight(
+                    version, self._updates.get(b.device, 0) + here[b.device], devices)
                 for b in buffer]  # fmt: skip
 
     def _result(

@@ -96,7 +96,10 @@ class Declaration:
     ``labels``: the answers must name the device's classes. ``timeout`` /
     ``first_timeout``: how long it would wait for an answer (the phase waits the longest
     any component asks for). ``round_barrier``: why it needs the synchronous round (the
-    asynchronous loop refuses it with this reason)."""
+    asynchronous loop refuses it with this reason). ``device_memory``: it keeps each
+    device's last update and counts it in every model (SAGA memory), so it already gives
+    rarely replying devices their share (the asynchronous loop refuses participation
+    weights beside it)."""
 
     owner: str
     slots_per_round: int | None = None
@@ -107,6 +110,7 @@ class Declaration:
     timeout: float | None = None
     first_timeout: float | None = None
     round_barrier: str | None = None
+    device_memory: bool = False
 
 
 def fleet_facts(declarations: Iterable[Declaration]) -> FleetFacts:

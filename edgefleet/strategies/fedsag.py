@@ -64,6 +64,7 @@ from edgefleet.loop.base import start_on_loop
 from edgefleet.loop.context import RobustRow, current_round
 from edgefleet.loop.hooks import StrategyHooks
 from edgefleet.loop.screening import reply_arrays, reply_device
+from edgefleet.loop.status import Declaration
 from edgefleet.settings import at_least, checked, choice, positive, setting
 from edgefleet.strategies.robust import RobustConfig, robust_aggregate, rule_spec
 
@@ -198,6 +199,9 @@ class FedSAG(StrategyHooks, FedAvg):
         """Flower's ``Strategy.start`` contract, run by EdgeFleet's round loop (see
         :meth:`~edgefleet.loop.base.LoopStrategy.start`)."""
         return start_on_loop(self, grid, initial_arrays, *args, **kwargs)
+
+    def declarations(self) -> list[Declaration]:
+        return [Declaration(type(self).__name__, device_memory=True)]
 
     def register_devices(self, device_ids: Iterable[str]) -> None:
         """Count devices in K before their first upload (the memory mean is over all K;
