@@ -485,10 +485,10 @@ def _check_async(cfg: RunConfig) -> None:
     p = cfg.pruning
     pruned = p.keep_ratio < 1 or any(r < 1 for r in p.keep_ratios)
     refused = {
-        "selection.mode = 'energy-age'": (
-            cfg.energy.selection == SelectionMode.ENERGY_AGE,
-            "energy-age selection picks a round's devices from one status query; the "
-            "asynchronous loop starts devices one at a time as slots free",
+        f"selection.deadline = {cfg.energy.deadline!r}": (
+            cfg.energy.selection == SelectionMode.ENERGY_AGE and cfg.energy.deadline > 0,
+            "the deadline skips devices whose round is slower than a round's wait; there is "
+            "no round to wait for (a slow device's update arrives stale and is discounted)",
         ),
         f"pruning.reconstruction = {p.reconstruction!r} with CA-HFP": (
             pruned and p.reconstruction != Reconstruction.GLOBAL,

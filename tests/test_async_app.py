@@ -77,6 +77,9 @@ def test_an_async_run_resumes_from_its_last_version(tmp_path: Path) -> None:
         "async.concurrency": 2,
         "async.buffer-size": 2,
         "stopping.mode": "data-free",  # its state (theta_0, the plateau counter) resumes too
+        # who starts is chosen by battery and age; the slot clock resumes with the run
+        "selection.mode": "energy-age",
+        "energy.capacity": 8.0,
     }
     fed = {"num-supernodes": 3}
     run_once(tmp_path, "r", fed, {**config, "num-server-rounds": 2}, 300, "inprocess")
@@ -104,6 +107,13 @@ def test_an_async_run_resumes_from_its_last_version(tmp_path: Path) -> None:
     assert load_checkpoint(run_dir / FILENAME).round == 4
     assert rows[:2] == before  # the versions on record are kept, not run again
     assert all(r["task_vector_norm"] > 0 for r in rows)
+    # Every update paid for its round (energy.train-slots 3 + 1), nobody was sent a model
+    # they could not pay for, and the clock (4 slots a version at least) never went back.
+    assert all(r["energy_spent"] == 4.0 * len(r["participants"]) for r in rows), rows
+    assert not any(r["declined"] for r in rows)
+    slots = [r["slot"] for r in rows]
+    assert slots == sorted(slots) and slots[-1] >= 4 * 3, slots
+    assert all(r["status_queries"] > 0 and r["selected"] for r in rows)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["versions"] == 4 and summary["rounds_run"] == 4
 

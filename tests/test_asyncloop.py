@@ -308,16 +308,116 @@ def test_an_unreachable_device_is_its_own_outcome() -> None:
 
 def test_the_library_refuses_wrappers_that_need_a_round_barrier() -> None:
     """Compose or refuse, for a user's FedBuff(...) too: before the first version."""
+    from edgefleet.loop.base import LoopStrategy
+    from edgefleet.loop.status import Declaration
     from edgefleet.strategies.energy_selection import EnergyAgeSelection
     from edgefleet.strategies.scaffold import Scaffold
 
+    class Presence(LoopStrategy):  # a wrapper that reads a round's status, as sessions do
+        def own_declarations(self) -> list[Declaration]:
+            return [Declaration("Presence", status=True, every_node=True)]
+
     grid = VirtualTimeGrid({1: mover(np.array([1.0, 0.0], np.float32), 1)}, lambda n, k: 1.0)
     s = AsyncSettings(buffer_size=1, concurrency=1)
-    energy = EnergyAgeSelection(FedAvg(), max_devices=2, slots_per_round=4)
-    with pytest.raises(ValueError, match="status phase"):
-        AsyncLoop(energy, grid, s)
+    with pytest.raises(ValueError, match="Presence needs the round loop's status phase"):
+        AsyncLoop(Presence(FedAvg()), grid, s)
+    late = EnergyAgeSelection(FedAvg(), max_devices=2, slots_per_round=4, deadline=5.0)
+    with pytest.raises(ValueError, match=r"deadline=5\) skips devices .* use deadline=0"):
+        AsyncLoop(late, grid, s)
+    AsyncLoop(EnergyAgeSelection(FedAvg(), max_devices=2, slots_per_round=4), grid, s)
     with pytest.raises(ValueError, match="Scaffold"):
         AsyncLoop(Scaffold(local_steps=2, lr=0.1), grid, s)
+
+
+# -- energy-age selection: who starts when a slot frees ---------------------------------------
+
+
+def _battery_fleet(prob: float, capacity: float = 4.0):  # type: ignore[no-untyped-def]
+    """Four real devices (a ClientApp with EdgeFleet's energy mod and status query: a seeded
+    harvesting battery, a round costs 3 units) that add 1 to the model, node 100 + i taking
+    1 + i virtual seconds a message."""
+    from flwr.app import Context, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+
+    from edgefleet.client.mods import energy_mod, status_query
+    from edgefleet.simulation.inprocess import ClientAppNode
+
+    app = ClientApp(mods=[energy_mod(capacity=capacity, harvest_prob=prob, train_slots=2)])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        w = msg.content.array_records["arrays"]["w"].numpy()
+        metrics = MetricRecord({"num-examples": 10})
+        return Message(RecordDict({"arrays": rec(w=w + 1), "metrics": metrics}), reply_to=msg)
+
+    app.query()(status_query)
+    nodes = {
+        100 + i: ClientAppNode(app, Context(1, 100 + i, {"device-id": i}, RecordDict(), {}), 1)
+        for i in range(4)
+    }
+    grid = VirtualTimeGrid(nodes, lambda node, k: 1.0 + (node - 100))
+    # A status query's pull returns the first answer only (the clock is virtual): poll again
+    # at once rather than after the deployment grid's real 0.5 s.
+    grid.pull_interval = 0.001  # type: ignore[attr-defined]
+    return grid
+
+
+def _energy_run(  # type: ignore[no-untyped-def]
+    prob: float, versions: int, capacity: float = 4.0, max_empty: int = 0, inner=FedAvg
+):
+    from edgefleet.strategies.energy_selection import EnergyAgeSelection
+
+    grid = _battery_fleet(prob, capacity)
+    kw = {"min_available_nodes": 1, "min_train_nodes": 1}
+    strategy = EnergyAgeSelection(inner(**kw), max_devices=4, slots_per_round=3, seed=3)
+    rows = Rows()
+    loop = AsyncLoop(strategy, grid, AsyncSettings(buffer_size=2, concurrency=3),
+                     callbacks=[rows], clock=grid.clock, sleep=lambda _: None,
+                     max_empty=max_empty)  # fmt: skip
+    return loop.run(rec(w=np.zeros(1, np.float32)), versions), rows.results, loop
+
+
+def test_async_energy_age_starts_only_devices_that_can_afford_a_round() -> None:
+    """Scarce energy (P_h 0.3 a slot, 0.9 units a clock round against a cost of 3): the loop
+    asks the idle devices' batteries as slots free, starts only those that can pay, and the
+    slot clock moves on when nobody trains and nobody can pay, so batteries refill."""
+    from edgefleet.loop.context import SelectionRow
+
+    out, rows, loop = _energy_run(prob=0.3, versions=8)
+    assert out.rounds_run == 8 and out.stop_reason == "budget"
+    assert not any(r.declined for r in rows)  # nobody sent a model it could not pay for
+    updates = sum(len(r.participants) for r in rows)
+    assert sum(r.energy_spent for r in rows) == 3 * updates  # every update paid its round
+    slots = [r.extra["slot"] for r in rows]
+    assert slots == sorted(slots)  # the clock never goes back (a battery refuses that)
+    # more than a round of the clock (3 slots) a version: it moved on while nobody could pay
+    assert loop._ticks > 0 and slots[-1] > 3 * len(rows)
+    chosen = [r.context.section(SelectionRow) for r in rows]
+    assert sum(c.status_queries for c in chosen) > 0
+    assert {d for r in rows for d in r.participants} == {"0", "1", "2", "3"}
+    # One seeded arrival order and seeded batteries: the same run twice.
+    again, rows2, _ = _energy_run(prob=0.3, versions=8)
+    assert [r.participants for r in rows2] == [r.participants for r in rows]
+    np.testing.assert_array_equal(again.arrays["w"].numpy(), out.arrays["w"].numpy())
+
+
+def test_eh_fedsag_runs_async() -> None:
+    """EH-FedSAG (energy-age selection around FedSAG) in async mode: each version moves the
+    model by the memory's mean (every device adds 1 to the model it got, so every update is
+    +1 and the SAGA direction is +1 too) times the staleness weight of its buffer."""
+    out, rows, _ = _energy_run(prob=0.3, versions=6, inner=FedSAG)
+    assert out.rounds_run == 6 and not any(r.declined for r in rows)
+    w = float(out.arrays["w"].numpy()[0])
+    assert 3.0 <= w <= 6.0, w  # six versions of a step of at most 1, stale ones discounted
+
+
+def test_async_energy_age_ends_a_run_whose_fleet_cannot_pay() -> None:
+    """No harvest: each device pays for one round from its full battery and never again;
+    the run ends after run.max-empty-rounds slot-clock rounds in a row, saying why."""
+    out, rows, _ = _energy_run(prob=0.0, versions=10, capacity=3.0, max_empty=3)
+    assert out.rounds_run == 2  # four updates, buffers of two
+    assert "3 slot-clock rounds in a row no idle device could afford to train" in out.stop_reason
+    assert not any(r.declined for r in rows)
 
 
 @pytest.mark.parametrize(
@@ -395,7 +495,7 @@ def test_async_keys_parse_and_bad_values_name_the_choices() -> None:
 @pytest.mark.parametrize(
     ("keys", "named"),
     [
-        ({"selection.mode": "energy-age"}, "selection.mode = 'energy-age'"),
+        ({"selection.mode": "energy-age", "selection.deadline": 5.0}, "selection.deadline"),
         ({"pruning.keep-ratio": 0.5, "pruning.reconstruction": "zeros"}, "CA-HFP"),
         ({"pruning.keep-ratios": "1.0,0.5", "pruning.reconstruction": "elementwise"}, "CA-HFP"),
         ({"pruning.keep-ratio": 0.5, "pruning.compact-download": True}, "compact-download"),

@@ -39,11 +39,17 @@ Each version is one :class:`~edgefleet.loop.roundloop.RoundResult` (``round`` = 
 handed to the round callbacks, with the asynchronous columns in ``extra``: ``version``,
 ``accepted``, ``dropped``, ``staleness_min/median/max``, ``in_flight``.
 
+Who starts when a slot frees: the longest idle device, unless a wrapper declares that it
+chooses (``Declaration.dispatch``: energy-age selection). Then the loop asks it
+(``choose_to_start``) with the idle nodes and the free slots, and it asks their batteries
+on the fleet's slot clock, which moves a round per version and one more whenever nobody
+trains and no idle device can pay (``max_empty`` such rounds in a row end the run).
+
 Not yet (refused by EdgeFleet's ServerApp before a run starts, see
-``docs/how-to/async-aggregation.md``): energy-age selection, CA-HFP's compact download and
-its ``zeros`` / ``elementwise`` reconstructions, sessions, validation stopping, federated
-evaluation. CA-HFP submodels themselves are made full size against their own version by
-the strategy's ``full_size_reply`` hook before the rebase.
+``docs/how-to/async-aggregation.md``): CA-HFP's compact download and its ``zeros`` /
+``elementwise`` reconstructions, sessions, validation stopping, federated evaluation, a
+selection deadline. CA-HFP submodels themselves are made full size against their own
+version by the strategy's ``full_size_reply`` hook before the rebase.
 
 Checkpoints: :meth:`AsyncLoop.state_dict` holds, besides the device registry, the replies
 accepted into the buffer but not yet aggregated (their arrays, the base models they were
@@ -93,6 +99,7 @@ from edgefleet.loop.roundloop import (
     RoundCallback,
     RoundResult,
     device_order,
+    energy_after,
     keep_dtypes,
     numbers,
     payload_bytes,
@@ -117,7 +124,7 @@ from edgefleet.loop.staleness import (
     AsyncSettings,
     summarise,
 )
-from edgefleet.loop.status import bounded_reason, fleet_facts, is_unreachable
+from edgefleet.loop.status import StatusPhase, bounded_reason, fleet_facts, is_unreachable
 from edgefleet.loop.timing import DEFAULT_POLL_S, LinkEstimate
 from edgefleet.settings import at_least, choice, positive, setting
 from edgefleet.wire import DISPATCH, ENERGY_SPENT, TRAIN_TIME
@@ -301,6 +308,7 @@ class AsyncLoop:
         sleep: Callable[[float], None] = time.sleep,
         checkpoint: Callable[[int, ArrayRecord], None] | None = None,
         background_pull: bool | None = None,
+        max_empty: int = 3,
     ) -> None:
         if evaluate_every < 1:
             raise ValueError(f"evaluate_every={evaluate_every!r} must be >= 1")
@@ -310,7 +318,7 @@ class AsyncLoop:
         declarations = hooks_of(strategy).declarations()
         # Refused before the first version (compose or refuse): these need a round barrier.
         for d in declarations:
-            if d.status:
+            if d.status and not d.dispatch:
                 raise ValueError(
                     f"{d.owner} needs the round loop's status phase (it chooses devices or "
                     "sessions from one status query a round); the asynchronous loop has none"
@@ -325,6 +333,16 @@ class AsyncLoop:
                     "the cap times in every one. Use one of them"
                 )
         self.fleet = fleet_facts(declarations)
+        # A component that chooses who starts (energy-age selection) is asked whenever slots
+        # free, its statuses on the slot clock: a round of it per version, and one more
+        # whenever nobody is training and no idle device can afford to (as an empty
+        # synchronous round moves it), so that batteries harvest. ``max_empty`` such rounds
+        # in a row end the run (run.max-empty-rounds).
+        chooses = any(d.dispatch for d in declarations)
+        self._query = StatusPhase(strategy, declarations).query if chooses else None
+        self.max_empty = max_empty
+        self._ticks = 0  # slot-clock rounds moved on without a version (checkpointed)
+        self._empty = 0  # of them in a row
         self.strategy, self.grid, self.settings = strategy, grid, settings
         self.evaluate_fn, self.evaluate_every = evaluate_fn, evaluate_every
         self.callbacks = [*hooks_of(strategy).round_callbacks(), *callbacks]
@@ -425,10 +443,17 @@ class AsyncLoop:
             idle = [n for n in self.grid.get_node_ids() if n not in busy] if free > 0 else []
             # (A resumed run's devices that were in flight first, in their order.)
             idle.sort(key=lambda n: (resend.get(n, len(resend)), self._started.get(n, -1), n))
+            rnd = version + 1 + self._ticks  # the slot clock's round
+            slot = None if self._query is None else self.fleet.slot(rnd)
+            start = (
+                idle[:free]
+                if slot is None or not idle
+                else self._choose(ctx, rnd, arrays, idle, free)
+            )
             out = []
-            for i, node in enumerate(idle[:free]):
+            for i, node in enumerate(start):
                 msg = Message(
-                    _numbered(template.content, dispatches + i + 1), dst_node_id=node,
+                    _numbered(template.content, dispatches + i + 1, slot), dst_node_id=node,
                     message_type=MessageType.TRAIN, group_id=template.metadata.group_id,
                 )  # fmt: skip
                 out.append(msg)
@@ -449,6 +474,15 @@ class AsyncLoop:
                     self._started[msg.metadata.dst_node_id] = dispatches
                     resend.pop(msg.metadata.dst_node_id, None)
                     period.bytes_down += nbytes
+                    if slot is not None:
+                        self._spends(ctx, msg.metadata.dst_node_id)
+                        self._empty = 0
+            if not flights and slot is not None and idle:
+                # Devices are there, and none that answered can afford to train.
+                why = self._tick(ctx, rnd)
+                if why:
+                    return self._end(arrays, version, why)
+                continue
             if not flights:
                 now = self.clock()
                 idle_since = now if idle_since is None else idle_since
@@ -480,7 +514,7 @@ class AsyncLoop:
                     continue  # not ours (a reply pulled twice, or to a dropped flight)
                 f = got
                 staleness = version - f.version
-                item = self._screen(reply, f, staleness, period, now)
+                item = self._screen(reply, f, staleness, period, now, rnd)
                 wasted = 0 if item is not None else wasted + 1
                 if wasted >= stall:
                     # Without a round budget nothing else ends a fleet whose every reply is
@@ -536,6 +570,7 @@ class AsyncLoop:
             self.registry,
             online=lambda: set(self.grid.get_node_ids()),
             fleet=self.fleet,
+            asynchronous=True,
         )
 
     def _template(
@@ -555,6 +590,54 @@ class AsyncLoop:
             )
         return messages[0] if messages else None
 
+    # -- who starts, on the energy slot clock ------------------------------------------------
+
+    def _choose(
+        self, ctx: RoundContext, rnd: int, arrays: ArrayRecord, idle: list[int], free: int
+    ) -> list[int]:
+        """Which of ``idle`` start now (at most ``free``): the strategy's choice
+        (``choose_to_start``), its statuses asked on the slot clock's round ``rnd`` and kept
+        in the version's context until the clock moves or the device trains."""
+        query = self._query
+        assert query is not None
+
+        def ask(nodes: Sequence[int]) -> Mapping[int, Any]:
+            todo = [n for n in nodes if n not in ctx.status and n not in ctx.status_errors]
+            if todo:
+                query.ask(self.grid, todo, rnd)
+            return {n: ctx.status[n] for n in nodes if n in ctx.status}
+
+        with in_round(ctx):
+            chosen = self.hooks.choose_to_start(rnd, arrays, idle, free, ask)
+        if chosen is None:
+            return idle[:free]
+        allowed = set(idle)
+        return [n for n in chosen if n in allowed][:free]
+
+    def _spends(self, ctx: RoundContext, node: int) -> None:
+        """``node`` was sent a model to train: what it said of its battery no longer holds."""
+        ctx.status.pop(node, None)
+        if (device := self.registry.device_of(node)) is not None:
+            self.registry.note_energy(device, None)
+
+    def _tick(self, ctx: RoundContext, rnd: int) -> str | None:
+        """Nobody trains and no idle device can afford to: the slot clock moves on a round
+        (its answers forgotten), or, after ``max_empty`` such rounds in a row, why the run
+        ends."""
+        self._ticks += 1
+        self._empty += 1
+        ctx.status.clear()
+        ctx.status_errors.clear()
+        if self.max_empty and self._empty >= self.max_empty:
+            return (
+                f"for {self._empty} slot-clock rounds in a row no idle device could afford to "
+                f"train and none was training (run.max-empty-rounds = {self.max_empty})"
+            )
+        log(INFO, "Nobody can afford to train at slot %d: the slot clock moves on to slot %d",
+            self.fleet.slot(rnd), self.fleet.slot(rnd + 1))  # fmt: skip
+        self.sleep(self.poll_s)
+        return None
+
     # -- screening one reply ----------------------------------------------------------------
 
     def _drop(self, period: _Period, device: str, reason: str) -> None:
@@ -566,7 +649,7 @@ class AsyncLoop:
             period.dropped_more += 1
 
     def _screen(
-        self, msg: Message, f: Flight, staleness: int, period: _Period, now: float
+        self, msg: Message, f: Flight, staleness: int, period: _Period, now: float, rnd: int
     ) -> Buffered | None:
         """The reply as a buffer entry, or None (declined or dropped, with its reason)."""
         node = f.node
@@ -600,6 +683,8 @@ class AsyncLoop:
         metrics = first_metrics(msg)
         compute = None if metrics is None else numbers(metrics).get(TRAIN_TIME)
         self._link(node).observe(now - f.pushed_at, nbytes + f.nbytes, compute)
+        if self._query is not None and (energy := energy_after(msg, node, rnd)) is not None:
+            self.registry.note_energy(device, energy)  # what it has left (status-max-age)
         period.accepted.append(device)
         period.staleness.append(staleness)
         return Buffered(msg, staleness, f.base, device, f.version)
@@ -719,6 +804,8 @@ class AsyncLoop:
             "in_flight": len(flights),
             "server_lr": self.settings.server_lr_at(version, self._num_versions),
         }
+        if self._query is not None:  # the energy slot clock when this version was made
+            extra["slot"] = self.fleet.slot(version + self._ticks)
         return RoundResult(
             round=version,
             session=ctx.session,
@@ -762,6 +849,7 @@ class AsyncLoop:
             "registry": self.registry.state_dict(),
             "norms": list(self.norms),
             "started": [[int(n), int(c)] for n, c in self._started.items()],
+            "ticks": int(self._ticks),
             "version": int(version),
             "dispatches": int(dispatches),
             "buffer": _encode_buffer(buffer),
@@ -774,6 +862,8 @@ class AsyncLoop:
         self.norms.clear()
         self.norms.extend(float(n) for n in state.get("norms", []))
         self._started = {int(n): int(c) for n, c in state.get("started", [])}
+        # (Absent before the energy slot clock: no round moved on without a version.)
+        self._ticks = int(state.get("ticks", 0))
         self._restored = {}
         if "buffer" in state:  # a checkpoint of this version or later
             entries = _decode_buffer(state["buffer"])
@@ -903,12 +993,16 @@ def rebase(msg: Message, current: ArrayRecord, base: ArrayRecord, weight: float)
     return msg
 
 
-def _numbered(content: RecordDict, dispatch: int) -> RecordDict:
-    """``content`` with ``async-dispatch`` = ``dispatch`` in its train config (a copy of the
-    config; the arrays are shared, not copied)."""
+def _numbered(content: RecordDict, dispatch: int, slot: int | None = None) -> RecordDict:
+    """``content`` with ``async-dispatch`` = ``dispatch`` (and the energy slot clock's
+    ``slot``, when there is one) in its train config (a copy of the config; the arrays are
+    shared, not copied)."""
     out: dict[str, Any] = dict(content.items())
+    extra: dict[str, int] = (
+        {DISPATCH: dispatch} if slot is None else {DISPATCH: dispatch, "slot": slot}
+    )
     for name, record in content.config_records.items():
-        out[name] = ConfigRecord({**dict(record), DISPATCH: dispatch})
+        out[name] = ConfigRecord({**dict(record), **extra})
     return RecordDict(out)
 
 

@@ -90,6 +90,11 @@ class LoopStrategy(StrategyHooks, Strategy):
         stops the round (stopping: resting) overrides it."""
         hooks_of(self.inner).plan_status(server_round, arrays, nodes, ask)
 
+    def choose_to_start(
+        self, clock_round: int, arrays: ArrayRecord, idle: Sequence[int], count: int, ask: Ask
+    ) -> list[int] | None:
+        return hooks_of(self.inner).choose_to_start(clock_round, arrays, idle, count, ask)
+
     def register_devices(self, device_ids: Iterable[str]) -> None:
         hooks_of(self.inner).register_devices(device_ids)
 

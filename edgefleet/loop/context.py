@@ -207,6 +207,9 @@ class RoundContext:
     # unknown this round, not departed
     status_errors: dict[int, str] = field(default_factory=dict)
     fleet: FleetFacts = field(default_factory=FleetFacts)  # the run's clock and cap
+    # made by the asynchronous loop: a version being built, whose train messages the loop
+    # addresses one device at a time (no status phase, no plan made before configure_train)
+    asynchronous: bool = False
     # the model this round's train messages carry when a wrapper replaces the loop's (a
     # session's start, or its auxiliary rounds' pilot model): set by the sessions wrapper
     start_from: ArrayRecord | None = None

@@ -59,6 +59,15 @@ class StrategyHooks:
         the query to those not yet answered this round and returns the answers); the
         answers are in the round context. Runs before ``configure_train``."""
 
+    def choose_to_start(
+        self, clock_round: int, arrays: ArrayRecord, idle: Sequence[int], count: int, ask: Ask
+    ) -> list[int] | None:
+        """The asynchronous loop's call when ``count`` slots are free: which of the ``idle``
+        nodes start training now (at most ``count``, in order), asking their status with
+        ``ask`` on the slot clock's round ``clock_round``; None: no preference (the loop
+        starts the longest idle). Only a strategy that declares ``dispatch`` is asked."""
+        return None
+
     def register_devices(self, device_ids: Iterable[str]) -> None:
         """Devices heard from, for a strategy that keeps per-device state."""
 

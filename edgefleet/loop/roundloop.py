@@ -444,15 +444,10 @@ class RoundLoop:
             if (device := self.registry.device_of(msg.metadata.dst_node_id)) is not None:
                 self.registry.note_energy(device, None)
         for reply in replies:
-            record = None if reply.has_error() else reply.content.get(ENERGY_RECORD)
-            if not isinstance(record, ConfigRecord):
-                continue
             node = self.node_of(reply)
-            feasible = parse_feasible(record.get(FEASIBLE))
-            if (device := self.registry.device_of(node)) is None or feasible is None:
-                continue
-            battery = parse_battery(node, record.get(BATTERY_LEVEL))
-            self.registry.note_energy(device, EnergyState(rnd, feasible, battery))
+            state = energy_after(reply, node, rnd)
+            if state is not None and (device := self.registry.device_of(node)) is not None:
+                self.registry.note_energy(device, state)
 
     def _why_empty(self, sent: int, replies: int, accepted: int, row: ScreeningRow) -> str:
         """Why a round aggregated nobody (a wrapper that chose nobody says more itself)."""
@@ -729,6 +724,18 @@ def numbers(record: Mapping[str, object] | None) -> dict[str, float]:
         for k, v in (record or {}).items()
         if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
     }
+
+
+def energy_after(reply: Message, node: int, rnd: int) -> EnergyState | None:
+    """What a train reply's ``energy`` record (the energy mod's, after the device paid for
+    its training) says of ``node``'s battery in round ``rnd``; None without a well-formed one."""
+    record = None if reply.has_error() else reply.content.get(ENERGY_RECORD)
+    if not isinstance(record, ConfigRecord):
+        return None
+    feasible = parse_feasible(record.get(FEASIBLE))
+    if feasible is None:
+        return None
+    return EnergyState(rnd, feasible, parse_battery(node, record.get(BATTERY_LEVEL)))
 
 
 def device_order(device: str) -> tuple[int, int | str]:

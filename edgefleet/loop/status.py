@@ -99,7 +99,9 @@ class Declaration:
     asynchronous loop refuses it with this reason). ``device_memory``: it keeps each
     device's last update and counts it in every model (SAGA memory), so it already gives
     rarely replying devices their share (the asynchronous loop refuses participation
-    weights beside it)."""
+    weights beside it). ``dispatch``: in the asynchronous loop it chooses which idle device
+    starts when a slot frees (the hook ``choose_to_start``, asking statuses on the slot
+    clock), so its ``status`` need is met there too."""
 
     owner: str
     slots_per_round: int | None = None
@@ -111,6 +113,7 @@ class Declaration:
     first_timeout: float | None = None
     round_barrier: str | None = None
     device_memory: bool = False
+    dispatch: bool = False
 
 
 def fleet_facts(declarations: Iterable[Declaration]) -> FleetFacts:

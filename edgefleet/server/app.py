@@ -82,9 +82,10 @@ def build_strategy(
         sessions > stopping > energy-aware selection > CA-HFP reconstruction > aggregator
 
     (each wrapper only when its keys turn it on; reconstruction always; in asynchronous
-    mode only the layers marked ``in_async`` (the robust rule, reconstruction, data-free
-    stopping) wrap the aggregator: the asynchronous loop aggregates its buffer with it and
-    the run config refuses the other wrappers). Why this order:
+    mode only the layers marked ``in_async`` (the robust rule, reconstruction, energy-age
+    selection, data-free stopping) wrap the aggregator: the asynchronous loop aggregates its
+    buffer with it, asks the selection whom to start as slots free, and the run config
+    refuses the other wrappers). Why this order:
 
     - **Sessions** (``WarmStartInitializer``) outermost: a session boundary changes the
       device set and the model every layer inside starts from; it announces boundaries
@@ -204,6 +205,7 @@ LAYERS: tuple[Layer, ...] = (
             query_timeout=query_timeout(cfg),
             first_answer_timeout=first_answer_timeout(cfg),
         ),
+        in_async=True,  # async: it chooses who starts as slots free (choose_to_start)
     ),
     Layer(
         "data-free stopping",
@@ -518,6 +520,7 @@ def run_async(
         reply_timeout=cfg.server.round_timeout,
         node_wait_timeout=cfg.server.node_wait_timeout,
         checkpoint=checkpointer.save,  # mid-buffer too: no accepted update is lost
+        max_empty=cfg.server.max_empty_rounds,
     )
     checkpointer.loop_state = loop.state_dict
     arrays, first = central.initial, 1

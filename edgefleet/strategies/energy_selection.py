@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from logging import INFO, WARNING
+from logging import DEBUG, INFO, WARNING
 from typing import Any
 
 import numpy as np
@@ -327,6 +327,15 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
                 status=True,
                 timeout=self.query_timeout,
                 first_timeout=self.first_answer_timeout,
+                dispatch=True,  # async: it chooses who starts when a slot frees
+                round_barrier=(
+                    f"{type(self).__name__}(deadline={self.deadline:g}) skips devices whose "
+                    "round is slower than the deadline; the asynchronous loop has no round to "
+                    "wait for (a slow device's update arrives stale and is discounted): use "
+                    "deadline=0 there"
+                    if self.deadline
+                    else None
+                ),
             )
         ]
 
@@ -342,12 +351,46 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         """The round's selection, made in the loop's status phase: ``ask`` is its only way to
         learn a battery. ``configure_train`` then sends to the selected devices."""
         ctx = current_round()
-        registry, heard = ctx.registry, ctx.status
-        row = ctx.section(SelectionRow)
         plan = ctx.own(self, _Plan)
         plan.planned = True
-        nodes = sorted(n for n in nodes if n not in registry.retired)
+        nodes = sorted(n for n in nodes if n not in ctx.registry.retired)
         plan.online = len(nodes)
+        plan.nodes = self._choose(server_round, arrays, nodes, ask, self.max_devices)
+        if not plan.nodes:
+            row = ctx.section(SelectionRow)
+            screening = ctx.section(ScreeningRow)
+            screening.no_participants = (
+                f"energy-age selection: nobody left after selection.deadline skipped "
+                f"{len(row.deadline_skipped)} device(s)"
+                if row.deadline_skipped
+                else self._why_nobody(nodes, ctx.status)
+            )
+            log(WARNING, "Round %d: nobody selected: %s", server_round, screening.no_participants)
+
+    def choose_to_start(
+        self, clock_round: int, arrays: ArrayRecord, idle: Sequence[int], count: int, ask: Ask
+    ) -> list[int] | None:
+        """In the asynchronous loop: the oldest feasible idle devices, at most ``count``
+        (the free slots), asked on the slot clock's round ``clock_round``. The version's row
+        adds up every such choice (``status_queries``, ``selected``)."""
+        retired = current_round().registry.retired
+        nodes = sorted(n for n in idle if n not in retired)
+        return self._choose(clock_round, arrays, nodes, ask, count, level=DEBUG)
+
+    def _choose(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        nodes: list[int],
+        ask: Ask,
+        count: int,
+        level: int = INFO,
+    ) -> list[int]:
+        """The oldest feasible of ``nodes``, at most ``count``, asking in age order a batch at
+        a time (module docstring); their nodes, in selection order."""
+        ctx = current_round()
+        registry, heard = ctx.registry, ctx.status
+        row = ctx.section(SelectionRow)
         known = registry.known
         # Answers an outer component had asked for (every node, under sessions).
         self._note({n: heard[n] for n in nodes if n in heard})
@@ -393,34 +436,27 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
             out = {d: heard[node_of[d]].feasible for d in devices if node_of[d] in heard}
             return {**out, **{d: True for d in devices if d in reused and d not in out}}
 
-        row.selected, _ = select_in_batches(order, feasible, self.max_devices, batch)
+        selected, _ = select_in_batches(order, feasible, count, batch)
+        row.selected.extend(selected)
         if reused:
-            row.status_reused = len(reused)
+            row.status_reused = (row.status_reused or 0) + len(reused)
         # A retried device's count starts over only once it is selected (and so re-timed); one
         # let through but not chosen (younger than M others, or without energy) stays let
         # through next round.
-        row.deadline_retried = [d for d in retried if d in row.selected] or None
+        row.deadline_retried = [d for d in retried if d in selected] or None
         for device in row.deadline_retried or ():
             self._skips.pop(device, None)
-        log(
-            INFO,
-            "energy-age selection: %s",
-            selection_line(
-                row.selected, len(nodes),
-                {d: reused[d] if d in reused else heard[node_of[d]].battery for d in row.selected},
-                row.status_queries, len(reused),
-            ),
-        )  # fmt: skip
-        plan.nodes = [node_of[d] for d in row.selected]
-        if not row.selected:
-            screening = ctx.section(ScreeningRow)
-            screening.no_participants = (
-                f"energy-age selection: nobody left after selection.deadline skipped "
-                f"{len(row.deadline_skipped)} device(s)"
-                if row.deadline_skipped
-                else self._why_nobody(nodes, heard)
-            )
-            log(WARNING, "Round %d: nobody selected: %s", server_round, screening.no_participants)
+        if selected or level >= INFO:
+            log(
+                level,
+                "energy-age selection: %s",
+                selection_line(
+                    selected, len(nodes),
+                    {d: reused[d] if d in reused else heard[node_of[d]].battery for d in selected},
+                    row.status_queries, len(reused),
+                ),
+            )  # fmt: skip
+        return [node_of[d] for d in selected]
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -428,6 +464,8 @@ class EnergyAgeSelection(LoopStrategy, RoundCallback):
         ctx = current_round()
         plan = ctx.own(self, _Plan)
         if not plan.planned:
+            if ctx.asynchronous:  # a version's template: the loop addresses it, slot and all
+                return self.inner.configure_train(server_round, arrays, config, grid)
             raise RuntimeError(
                 "EnergyAgeSelection selects in the round loop's status phase: run it with "
                 "strategy.start(...) or RoundLoop, which runs the phase before configure_train"
