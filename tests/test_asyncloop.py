@@ -411,6 +411,25 @@ def test_eh_fedsag_runs_async() -> None:
     assert 3.0 <= w <= 6.0, w  # six versions of a step of at most 1, stale ones discounted
 
 
+def test_async_energy_age_asks_a_silent_node_once_a_clock_round() -> None:
+    """A node listed online that never answers (a dead board until its heartbeat expires)
+    costs the loop a status query's timeout each time it is asked: once per clock round,
+    not once per poll."""
+    from edgefleet.strategies.energy_selection import EnergyAgeSelection
+
+    grid = _battery_fleet(0.3)
+    asked: list[int] = []
+    grid.handlers[200] = lambda msg: asked.append(1)  # type: ignore[index, func-returns-value]
+    kw = {"min_available_nodes": 1, "min_train_nodes": 1}
+    strategy = EnergyAgeSelection(FedAvg(**kw), max_devices=4, slots_per_round=3, seed=3,
+                                  query_timeout=0.02)  # fmt: skip
+    loop = AsyncLoop(strategy, grid, AsyncSettings(buffer_size=2, concurrency=3),
+                     clock=grid.clock, sleep=lambda _: None, max_empty=0)  # fmt: skip
+    out = loop.run(rec(w=np.zeros(1, np.float32)), 6)
+    assert out.rounds_run == 6
+    assert 0 < len(asked) <= 6 + loop._ticks  # one clock round before each version, + ticks
+
+
 def test_async_energy_age_ends_a_run_whose_fleet_cannot_pay() -> None:
     """No harvest: each device pays for one round from its full battery and never again;
     the run ends after run.max-empty-rounds slot-clock rounds in a row, saying why."""

@@ -436,7 +436,7 @@ class AsyncLoop:
         while version < num_versions:
             if template is None:
                 return self._end(arrays, version, "the strategy configured no train message")
-            # Fill the free slots, longest-idle device first.
+            # Fill the free slots, longest-idle device first (or whom the strategy chooses).
             free = s.concurrency - len(flights)
             busy = {f.node for f in flights.values()}
             # (Asking a deployment's SuperLink for its nodes only when a slot is free.)
@@ -605,6 +605,11 @@ class AsyncLoop:
             todo = [n for n in nodes if n not in ctx.status and n not in ctx.status_errors]
             if todo:
                 query.ask(self.grid, todo, rnd)
+                # One that did not answer is not asked again until the clock moves: the loop
+                # comes here every poll, and each ask of a silent node waits its timeout.
+                for n in todo:
+                    if n not in ctx.status:
+                        ctx.status_errors.setdefault(n, "no answer to the status query")
             return {n: ctx.status[n] for n in nodes if n in ctx.status}
 
         with in_round(ctx):
