@@ -47,7 +47,7 @@ lf = _module()
         (["--aggregation", "sync,later"], "--aggregation: unknown ['later']; valid: sync, async"),
         (["--variants", "sync,fast"], "unknown word 'fast'; valid: none, deadline, sync, async"),
         (["--variants", "async,async"], "'async' is given twice"),
-        (["--variants", "deadline+async"], "does not yet support selection.mode = 'energy-age'"),
+        (["--variants", "deadline+async"], "does not yet support selection.deadline = 20.0"),
         (["--set", "async.buffer-size=0"], "'async.buffer-size' = 0: must be >= 1"),
         (["--baseline", "/nonexistent.json"], "--baseline /nonexistent.json: not a link_fleet"),
     ],
