@@ -343,6 +343,7 @@ class AsyncLoop:
         self.max_empty = max_empty
         self._ticks = 0  # slot-clock rounds moved on without a version (checkpointed)
         self._empty = 0  # of them in a row
+        self._nobody_for: tuple[int, tuple[int, ...], int] | None = None  # see _choose
         self.strategy, self.grid, self.settings = strategy, grid, settings
         self.evaluate_fn, self.evaluate_every = evaluate_fn, evaluate_every
         self.callbacks = [*hooks_of(strategy).round_callbacks(), *callbacks]
@@ -600,6 +601,12 @@ class AsyncLoop:
         in the version's context until the clock moves or the device trains."""
         query = self._query
         assert query is not None
+        # The loop comes here on every poll while a slot is free. When nobody could start
+        # and nothing has changed since (the same idle nodes, slots and clock round), the
+        # answer is the same: not asked again (nor the selection's seeded tie order drawn).
+        key = (rnd, tuple(idle), free)
+        if key == self._nobody_for:
+            return []
 
         def ask(nodes: Sequence[int]) -> Mapping[int, Any]:
             todo = [n for n in nodes if n not in ctx.status and n not in ctx.status_errors]
@@ -617,7 +624,9 @@ class AsyncLoop:
         if chosen is None:
             return idle[:free]
         allowed = set(idle)
-        return [n for n in chosen if n in allowed][:free]
+        start = [n for n in chosen if n in allowed][:free]
+        self._nobody_for = None if start else key
+        return start
 
     def _spends(self, ctx: RoundContext, node: int) -> None:
         """``node`` was sent a model to train: what it said of its battery no longer holds."""
@@ -867,8 +876,13 @@ class AsyncLoop:
         self.norms.clear()
         self.norms.extend(float(n) for n in state.get("norms", []))
         self._started = {int(n): int(c) for n, c in state.get("started", [])}
-        # (Absent before the energy slot clock: no round moved on without a version.)
-        self._ticks = int(state.get("ticks", 0))
+        # (Absent before the energy slot clock: no round moved on without a version.) A file
+        # is data: a clock that went back would make every battery refuse the next message.
+        ticks = state.get("ticks", 0)
+        if not (isinstance(ticks, int) and not isinstance(ticks, bool) and ticks >= 0):
+            raise ValueError(f"ticks = {ticks!r}: the slot clock's extra rounds must be a "
+                             "whole number >= 0")  # fmt: skip
+        self._ticks = ticks
         self._restored = {}
         if "buffer" in state:  # a checkpoint of this version or later
             entries = _decode_buffer(state["buffer"])
