@@ -190,19 +190,27 @@ class _ProcInfo:
 
 
 def _processes() -> Iterable[tuple[_ProcInfo, bytes]]:
-    """(pid, state, group, command line) and the raw environment of every visible process."""
+    """(pid, state, group, command line) and the raw environment of every visible process.
+    State ``exiting``: the leader thread has ended (the kernel shows it as a zombie) while
+    other threads still end, holding the process's files, and so its flocks."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
-            environ = (entry / "environ").read_bytes()
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
+            fields = stat.rpartition(")")[2].split()
+            state, source = fields[0], entry
+            if state == "Z":
+                # A zombie leader's own environ cannot be read; a live thread's can.
+                live = [t for t in (entry / "task").iterdir() if t.name != entry.name]
+                if live:
+                    state, source = "exiting", live[0]
+            environ = (source / "environ").read_bytes()
+            cmd = (source / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses.
-        fields = stat.rpartition(")")[2].split()
-        yield _ProcInfo(int(entry.name), fields[0], int(fields[2]), cmd.strip()), environ
+        yield _ProcInfo(int(entry.name), state, int(fields[2]), cmd.strip()), environ
 
 
 class FlowerFleet:

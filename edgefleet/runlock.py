@@ -39,6 +39,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -123,18 +124,28 @@ def release(run_dir: str | Path) -> None:
         os.close(held.fd)  # drops the flock
 
 
-def release_stopped(run_dir: str | Path) -> None:
+def release_stopped(run_dir: str | Path, wait: float = 5.0) -> None:
     """Remove the lock file of a writer that this process has just stopped (Ctrl-C,
     SIGTERM) and so could not release it: a clean stop leaves no lock for the resume to
-    warn about. A lock still held (the writer outlived its stop) or written under another
-    kernel is left alone."""
+    warn about. A lock still held after ``wait`` seconds (the writer outlived its stop) or
+    written under another kernel is left alone."""
     path = lock_path(run_dir)
     try:
         fd = os.open(path, os.O_RDWR)
     except OSError:
         return  # no lock file: the writer released it, or never took it
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Waited for, not tried once: a stopped process may still be closing its files
+        # (its last threads ending) when the stopper sees it gone.
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         previous = _read(fd)
         if _same_file(fd, path) and not (previous is not None and previous.elsewhere):
             path.unlink()

@@ -9,11 +9,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from edgefleet import runlock
+from edgefleet.processes import _processes
 from edgefleet.runlock import HOST, LOCK_FILE, RunLocked
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +39,21 @@ def _holder(run_dir: Path) -> subprocess.Popen[str]:
     )
     assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
     return proc
+
+
+# A writer whose main thread has ended while another still runs (as a stopped process's
+# last threads end): /proc shows its leader as a zombie, yet it holds its files and flock.
+EXITING_HOLDER = """
+import ctypes, os, sys, threading
+from edgefleet import runlock
+runlock.acquire(sys.argv[1])
+def last():
+    sys.stdin.readline()
+    os._exit(0)
+threading.Thread(target=last).start()
+print("locked", flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
 
 
 @pytest.fixture
@@ -82,7 +99,7 @@ def test_a_writer_stopped_by_its_runner_leaves_no_lock_to_warn_about(holder, cap
     """After Ctrl-C the runner has ended the ServerApp itself: it removes the lock file, so
     the resume takes the folder without "taking over the lock ... ended without releasing"."""
     run_dir, proc = holder
-    runlock.release_stopped(run_dir)  # the writer still runs: its lock stays
+    runlock.release_stopped(run_dir, wait=0.2)  # the writer still runs: its lock stays
     assert json.loads((run_dir / LOCK_FILE).read_text())["pid"] == proc.pid
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -269,3 +286,35 @@ def test_a_sweep_never_removes_a_folder_that_another_process_writes(tmp_path: Pa
         proc.wait()
     sweep.check()  # that writer is gone: the empty folder goes
     assert not run_dir.exists()
+
+
+def test_a_writer_still_ending_is_waited_for_not_taken_for_gone(tmp_path: Path) -> None:
+    """The CI failure of stop 52: the stopper saw the ServerApp's leader thread as a zombie,
+    called it gone, and tried the lock once while the last threads still held it."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", EXITING_HOLDER, str(run_dir)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        assert proc.stdout.readline() == "locked\n"
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{proc.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline, "the main thread did not end"
+            time.sleep(0.05)
+        states = {info.pid: info.state for info, _ in _processes()}
+        assert states[proc.pid] == "exiting"  # not "Z": a stopper waits for it
+        runlock.release_stopped(run_dir, wait=0.2)
+        assert (run_dir / LOCK_FILE).exists()  # still held: left alone
+        proc.stdin.write("\n")  # its last thread ends the process
+        proc.stdin.flush()
+        runlock.release_stopped(run_dir, wait=60)  # waits for the lock, then removes it
+        assert not (run_dir / LOCK_FILE).exists()
+    finally:
+        proc.kill()
+        proc.wait()
