@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import os
 import shutil
@@ -213,6 +214,48 @@ def _processes() -> Iterable[tuple[_ProcInfo, bytes]]:
         yield _ProcInfo(int(entry.name), state, int(fields[2]), cmd.strip()), environ
 
 
+RAY_TEMP_ROOT = "/tmp"
+RAY_TEMP_PREFIX = "efray-"
+_RAY_OWNER = ".edgefleet-owner"
+
+
+def _own(temp_dir: Path) -> int:
+    """Mark ``temp_dir`` as this process's: a flock on a file in it, which the kernel drops
+    when this process ends, however it ends. Not inherited by the processes it starts."""
+    fd = os.open(temp_dir / _RAY_OWNER, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def sweep_ray_temp_dirs(root: str | Path = RAY_TEMP_ROOT) -> list[Path]:
+    """Remove the Ray temp dirs (their logs grow with the run) that a fleet killed before it
+    could stop (``kill -9``, a crash) left in ``root``: ours (this user's, with an owner
+    file) whose owner's flock is free. Run before each Ray start, so a fleet that lives
+    for days and is killed now and then does not fill ``/tmp``. The removed dirs."""
+    removed = []
+    for temp_dir in Path(root).glob(RAY_TEMP_PREFIX + "*"):
+        try:
+            if temp_dir.is_symlink() or temp_dir.lstat().st_uid != os.getuid():
+                continue
+            # Ray has run in it: a dir just made, whose owner file is not locked yet, has none.
+            if not (temp_dir / "session_latest").is_symlink():
+                continue
+            fd = os.open(temp_dir / _RAY_OWNER, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue  # not one of ours (or an older run's, without an owner file)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # its fleet still runs
+            continue
+        try:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+            removed.append(temp_dir)
+        finally:
+            os.close(fd)
+    return removed
+
+
 class FlowerFleet:
     """Every Flower process of one run or test; stop them all with ``stop()`` (or
     ``with``). SuperNodes and the CLI's listings, which only tests and deploy scripts use,
@@ -241,6 +284,7 @@ class FlowerFleet:
         self.root_certificates: Path | None = None
         self.ray_address: str | None = None
         self.ray_temp_dirs: list[Path] = []
+        self._ray_owners: list[int] = []  # flocked owner files, one a temp dir (_own)
         self._ray_head: FlowerProcess | None = None
         self._ray_head_start: tuple[list[str], dict[str, str]] = ([], {})  # to start it again
         self._ray_head_port = 0  # the head's GCS port, chosen with its other ports
@@ -418,7 +462,9 @@ class FlowerFleet:
         self, name: str, role: list[str], num_cpus: int | None, num_gpus: int | None
     ) -> FlowerProcess:
         # Unix socket paths live under the temp dir and may not exceed 107 bytes.
-        temp_dir = Path(tempfile.mkdtemp(prefix="efray-", dir="/tmp"))
+        sweep_ray_temp_dirs()
+        temp_dir = Path(tempfile.mkdtemp(prefix=RAY_TEMP_PREFIX, dir=RAY_TEMP_ROOT))
+        self._ray_owners.append(_own(temp_dir))
         self.ray_temp_dirs.append(temp_dir)
         head = "--head" in role
         args = ["ray", "start", *role, "--block", "--disable-usage-stats", f"--temp-dir={temp_dir}"]
@@ -604,7 +650,9 @@ class FlowerFleet:
         if not self.members():
             for temp_dir in self.ray_temp_dirs:
                 shutil.rmtree(temp_dir, ignore_errors=True)
-            self.ray_temp_dirs = []
+            for fd in self._ray_owners:
+                os.close(fd)
+            self.ray_temp_dirs, self._ray_owners = [], []
 
     def survivors(self) -> list[str]:
         """``"pid (group g): command"`` for each of our processes still alive."""
