@@ -156,6 +156,9 @@ def test_participation_weights_by_hand() -> None:
     assert s.participation_weight(10, 10, 2) == 1.0  # interval 1 x 2 / 2: an equal share
     assert s.participation_weight(10, 40, 2) == 0.25  # 1/4 x 2 / 2 = 1/4: the floor 1/cap
     assert s.participation_weight(10, 80, 2) == 0.25
+    assert s.participation_weight(20, 1, 4, since=18) == 1.0  # joined at 18: interval 2
+    with pytest.raises(ValueError, match="version 5 since 5"):
+        s.participation_weight(5, 1, 4, since=5)
     assert AsyncSettings().participation_weight(20, 1, 4) == 1.0
     with pytest.raises(AsyncSettingError, match="participation 'fedau'; valid: none, interval"):
         AsyncSettings(participation="fedau")
@@ -181,6 +184,36 @@ def test_the_loop_weights_a_rare_device_by_its_participation_interval() -> None:
 
     np.testing.assert_allclose(run("interval"), [3.0, 2.0])
     np.testing.assert_allclose(run("none"), [3.0, 1.0])
+
+
+class _ComingAndGoing(VirtualTimeGrid):
+    """Node 1 always connected; node 2 leaves at t = 2; node 3 arrives at t = 3.2."""
+
+    def get_node_ids(self) -> list[int]:
+        return [n for n in (1, 2, 3) if (n == 1 or (n == 2 and self.now < 2)
+                                         or (n == 3 and self.now >= 3.2))]  # fmt: skip
+
+
+def test_participation_weights_count_from_arrival_and_forget_who_left() -> None:
+    """Buffer 1, each device its own direction, so a coordinate of the model is the sum of
+    its device's weights. Node 1 answers each second; node 2 once at t = 1.5, then leaves
+    (its next message never returns); node 3 is first seen at t = 4 (version 5) and answers
+    at 4.5. Weights, interval x K / n:
+    v1 node 1: 1/1 x 1/1 = 1;      v2 node 2: 2/1 x 1/2 = 1 (nodes 1, 2 connected)
+    v3 node 1: 3/2 x 1/1 = 1.5 (node 2 gone: n = 1, not 2);  v4: 4/3;  v5: 5/4
+    v6 node 3: (6 - 5)/1 x 1/2 = 0.5 (its interval from its arrival: not 6/1 x 1/3 = 2)."""
+    durations = {1: lambda k: 1.0, 2: lambda k: 1.5 if k == 0 else 1000.0, 3: lambda k: 0.5}
+    grid = _ComingAndGoing(
+        {n: mover(np.eye(3, dtype=np.float32)[n - 1], 1) for n in (1, 2, 3)},
+        lambda node, k: durations[node](k),
+    )
+    s = AsyncSettings(buffer_size=1, concurrency=3, staleness="constant",
+                      participation="interval", participation_cap=100.0)  # fmt: skip
+    rows = Rows()
+    loop = AsyncLoop(FedAvg(), grid, s, callbacks=[rows], clock=grid.clock, sleep=lambda _: None)
+    out = loop.run(rec(w=np.zeros(3, np.float32)), 6).arrays["w"].numpy()
+    assert [r.extra["accepted"] for r in rows.results] == [1] * 6
+    np.testing.assert_allclose(out, [1 + 1.5 + 4 / 3 + 1.25, 1.0, 0.5], rtol=1e-6)
 
 
 def test_participation_weights_beside_a_server_memory_are_refused() -> None:

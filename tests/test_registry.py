@@ -287,3 +287,19 @@ def test_a_devices_kept_fraction_is_kept_checked_and_checkpointed() -> None:
     del old["devices"]["a"]["kept_fraction"]  # a checkpoint from before the field
     loaded.load_state_dict(old)
     assert loaded.snapshot({3})[0]["kept_fraction"] is None
+
+
+def test_the_version_a_device_joined_at_is_kept_once_and_checked_on_load() -> None:
+    reg = DeviceRegistry()
+    reg.bind(1, "0")
+    reg.note_joined("0", 7)
+    reg.note_joined("0", 9)  # the first is kept
+    reg.note_joined("unbound", 3)  # no record to keep it in
+    state = reg.state_dict()
+    assert state["devices"]["0"]["joined"] == 7 and set(state["devices"]) == {"0"}
+    again = DeviceRegistry()
+    again.load_state_dict(state)
+    assert again.devices["0"].participation.joined == 7
+    state["devices"]["0"]["joined"] = -1
+    with pytest.raises(RegistryError, match="a version must be an integer >= 0, not -1"):
+        again.load_state_dict(state)

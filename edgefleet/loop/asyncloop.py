@@ -374,6 +374,14 @@ class AsyncLoop:
         # its rows use: the registry counts only devices bound to an id, and a ClientApp
         # without EdgeFleet's mods has none. A resumed run starts from the registry's counts.
         self._updates: dict[str, int] = {}
+        # A device's interval counts from the version at which it joined the fleet (its node
+        # first seen connected), not from the run's start: a device that arrives at version 100
+        # has not been absent for 100 versions. The fleet's size n counts the devices that
+        # have sent an update and are connected now: a departed one no longer shrinks every
+        # weight.
+        self._joined: dict[str, int] = {}
+        self._node_of: dict[str, int] = {}  # device -> node of its last accepted update
+        self._seen: dict[int, int] = {}  # connected node -> version it was first seen at
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -428,6 +436,10 @@ class AsyncLoop:
         self._num_versions = num_versions  # (the server step's schedule spans the run)
         self._updates = {d: r.participation.count for d, r in self.registry.devices.items()
                          if r.participation.count}  # fmt: skip
+        self._joined = {d: r.participation.joined for d, r in self.registry.devices.items()
+                        if r.participation.joined is not None}  # fmt: skip
+        bound = {d: self.registry.devices[d].node for d in self._updates}
+        self._node_of = {d: n for d, n in bound.items() if n not in self.registry.retired}
         ctx = self._context(version + 1)
         template = self._template(ctx, version + 1, arrays, train_config)
         idle_since: float | None = None
@@ -441,7 +453,10 @@ class AsyncLoop:
             free = s.concurrency - len(flights)
             busy = {f.node for f in flights.values()}
             # (Asking a deployment's SuperLink for its nodes only when a slot is free.)
-            idle = [n for n in self.grid.get_node_ids() if n not in busy] if free > 0 else []
+            nodes = self.grid.get_node_ids() if free > 0 else []
+            if free > 0:  # (bounded: the nodes connected now)
+                self._seen = {n: self._seen.get(n, version) for n in nodes}
+            idle = [n for n in nodes if n not in busy]
             # (A resumed run's devices that were in flight first, in their order.)
             idle.sort(key=lambda n: (resend.get(n, len(resend)), self._started.get(n, -1), n))
             rnd = version + 1 + self._ticks  # the slot clock's round
@@ -781,10 +796,21 @@ class AsyncLoop:
         if self.settings.participation == "none":
             return [1.0] * len(buffer)
         here = Counter(b.device for b in buffer)
-        devices = len(self._updates) + sum(1 for d in here if d not in self._updates)
+        online = set(self.grid.get_node_ids())
+        present = {d for d, node in self._node_of.items() if node in online}
+        devices = len(present | set(here))
         return [self.settings.participation_weight(
-                    version, self._updates.get(b.device, 0) + here[b.device], devices)
+                    version, self._updates.get(b.device, 0) + here[b.device], devices,
+                    since=self._joined_at(b))
                 for b in buffer]  # fmt: skip
+
+    def _joined_at(self, b: Buffered) -> int:
+        """The version at which ``b``'s device joined: kept from its first accepted update,
+        else when its node was first seen (or, not seen, the version it was sent)."""
+        joined = self._joined.get(b.device)
+        if joined is None:
+            joined = min(self._seen.get(b.msg.metadata.src_node_id, b.version), b.version)
+        return joined
 
     def _result(
         self,
@@ -799,8 +825,11 @@ class AsyncLoop:
         last: bool,
     ) -> RoundResult:
         participants = [b.device for b in used]
-        for device in participants:
-            self._updates[device] = self._updates.get(device, 0) + 1
+        for b in used:
+            self._joined.setdefault(b.device, self._joined_at(b))
+            self._updates[b.device] = self._updates.get(b.device, 0) + 1
+            self._node_of[b.device] = b.msg.metadata.src_node_id
+            self.registry.note_joined(b.device, self._joined[b.device])
         self.registry.note_round(
             version, participants, period.declined, period.rejected, period.unreachable
         )

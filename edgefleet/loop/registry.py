@@ -233,6 +233,7 @@ class Participation:
     last_seen: int = 0
     count: int = 0
     last_trained: int = 0
+    joined: int | None = None  # async: the version it joined at (participation weights)
 
 
 @dataclass
@@ -284,7 +285,7 @@ class DeviceRecord:
     def state_dict(self) -> dict[str, Any]:
         # Flat, as before the record was split by concern: checkpoints stay loadable both ways.
         sub = self.submodel
-        return {
+        out = {
             "node": self.node,
             "kept_fraction": sub.kept_fraction,
             "kept_channels": None
@@ -300,6 +301,15 @@ class DeviceRecord:
             "unreachable": self.outcomes.unreachable,
             "rejections": [list(r) for r in self.outcomes.rejections],
         }
+        if self.participation.joined is not None:  # async participation weights only
+            out["joined"] = self.participation.joined
+        return out
+
+
+def _version(value: Any) -> int:
+    if isinstance(value, bool) or int(value) != value or value < 0:
+        raise ValueError(f"a version must be an integer >= 0, not {value!r}")
+    return int(value)
 
 
 class DeviceRegistry:
@@ -543,6 +553,12 @@ class DeviceRegistry:
         record = self.devices.get(device)
         return () if record is None else record.answer.labels
 
+    def note_joined(self, device: str, version: int) -> None:
+        """Async participation weights: ``device`` joined the fleet at ``version`` (kept
+        from its first update; a name not bound has no record to keep it)."""
+        if (record := self.devices.get(device)) is not None and record.participation.joined is None:
+            record.participation.joined = version
+
     def note_round(
         self,
         rnd: int,
@@ -640,6 +656,7 @@ class DeviceRegistry:
                         last_seen=int(r.get("last_seen", 0)),
                         count=int(r.get("participations", 0)),
                         last_trained=int(r.get("last_trained", 0)),
+                        joined=None if r.get("joined") is None else _version(r["joined"]),
                     ),
                     outcomes=Outcomes(
                         declines=int(r.get("declines", 0)),

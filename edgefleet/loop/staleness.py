@@ -19,8 +19,10 @@ asynchronous run: their data enters the model a few times against the fast devic
 interval, as FedAU does for devices of unknown participation rates (Wang and Ji, "A
 Lightweight Method for Tackling Unknown Participation Statistics in Federated Averaging",
 ICLR 2024), counted here in versions (:meth:`AsyncSettings.participation_weight`): a device
-with 1 update in ``v`` versions has interval ``v``; normalised by ``K / n`` (``n`` devices,
-``K`` updates a version), so a fleet whose devices reply at equal rates gets 1 everywhere;
+with 1 update in the ``v`` versions since it joined has interval ``v``; normalised by
+``K / n`` (``n`` devices that have sent an update and are connected now, ``K`` updates a
+version), so a fleet whose devices reply at equal rates gets 1 everywhere, and one whose
+devices come and go is not skewed by the time a device was away or the devices that left;
 bounded to [1/cap, cap] (FedAU bounds its estimate too: a device's first updates say little
 of its rate).
 
@@ -167,15 +169,21 @@ class AsyncSettings:
                 f"participation_cap={self.participation_cap!r} must be a finite number >= 1"
             )
 
-    def participation_weight(self, version: int, updates: int, devices: int) -> float:
+    def participation_weight(
+        self, version: int, updates: int, devices: int, since: int = 0
+    ) -> float:
         """The multiplier of an update that makes ``version`` from a device whose
-        ``updates``-th accepted update it is (this one included), in a fleet of ``devices``
-        that have sent one (module docstring): 1 with ``participation = "none"``."""
+        ``updates``-th accepted update it is (this one included) since it joined at version
+        ``since``, in a fleet of ``devices`` that have sent one and are connected (module
+        docstring): 1 with ``participation = "none"``."""
         if self.participation == "none":
             return 1.0
-        if version < 1 or updates < 1 or devices < 1:
-            raise ValueError(f"version {version}, updates {updates}, devices {devices}: each >= 1")
-        interval = version / updates
+        if version - since < 1 or updates < 1 or devices < 1 or since < 0:
+            raise ValueError(
+                f"version {version} since {since}, updates {updates}, devices {devices}: "
+                "each >= 1 (version after since)"
+            )
+        interval = (version - since) / updates
         weight = self.buffer_size * interval / devices
         return float(min(self.participation_cap, max(1.0 / self.participation_cap, weight)))
 
