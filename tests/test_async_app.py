@@ -80,6 +80,8 @@ def test_an_async_run_resumes_from_its_last_version(tmp_path: Path) -> None:
         # who starts is chosen by battery and age; the slot clock resumes with the run
         "selection.mode": "energy-age",
         "energy.capacity": 8.0,
+        # a device's join version (its participation interval) is in the checkpoint too
+        "async.participation": "interval",
     }
     fed = {"num-supernodes": 3}
     run_once(tmp_path, "r", fed, {**config, "num-server-rounds": 2}, 300, "inprocess")
@@ -91,6 +93,11 @@ def test_an_async_run_resumes_from_its_last_version(tmp_path: Path) -> None:
     assert saved.loop["buffer"]["entries"] == [] and saved.loop["version"] == 2
     assert saved.loop["in_flight"] == []
     before = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    devices = saved.loop["registry"]["devices"]
+    took_part = {d for r in before for d in r["participants"]}
+    assert took_part and {d: devices[d].get("joined") for d in took_part} == dict.fromkeys(
+        took_part, 0
+    )  # every node was connected at version 0
     (run_dir / "summary.json").unlink()  # as if the ServerApp had died after version 2
     more = {**config, "num-server-rounds": 4, "resume": True,
             "resume-changes": "num-server-rounds"}  # fmt: skip
@@ -116,6 +123,8 @@ def test_an_async_run_resumes_from_its_last_version(tmp_path: Path) -> None:
     assert all(r["status_queries"] > 0 and r["selected"] for r in rows)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["versions"] == 4 and summary["rounds_run"] == 4
+    after = load_checkpoint(run_dir / FILENAME).loop["registry"]["devices"]
+    assert all(after[d]["joined"] == 0 for d in took_part)  # kept across the resume
 
 
 def test_async_rebuilds_each_submodel_against_the_version_it_was_cut_from(
