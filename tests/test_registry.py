@@ -303,3 +303,7 @@ def test_the_version_a_device_joined_at_is_kept_once_and_checked_on_load() -> No
     state["devices"]["0"]["joined"] = -1
     with pytest.raises(RegistryError, match="a version must be an integer >= 0, not -1"):
         again.load_state_dict(state)
+    for bad in (float("inf"), 2.5, "7", True):  # a damaged file: refused with the reason
+        state["devices"]["0"]["joined"] = bad
+        with pytest.raises(RegistryError, match="a version must be an integer >= 0"):
+            again.load_state_dict(state)

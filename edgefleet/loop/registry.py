@@ -307,9 +307,10 @@ class DeviceRecord:
 
 
 def _version(value: Any) -> int:
-    if isinstance(value, bool) or int(value) != value or value < 0:
+    # isinstance, not int(): int(inf) raises OverflowError, which the loader does not catch
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"a version must be an integer >= 0, not {value!r}")
-    return int(value)
+    return value
 
 
 class DeviceRegistry:
